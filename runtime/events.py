@@ -1,0 +1,332 @@
+"""Events broadcast on the bus (SPEC 1.4, 3, 4.6, 5.10, 6) as one msgspec tagged union.
+
+Every event carries ``type`` (the tag), ``session_id``, ``seq`` (monotonic per session, stamped by the
+bus when it is published) and ``ts`` (wall-clock seconds). Encode and decode with :func:`encode_event`
+and :func:`decode_event`, which reuse one encoder and one decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from runtime.messages import Usage
+
+CompactionTrigger = Literal["threshold", "overflow", "manual", "usage_overflow"]
+CompactionMode = Literal["summarize", "hard_reset", "truncate"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=False):
+    session_id: str
+    seq: int = 0
+    ts: float = 0.0
+
+    @property
+    def type(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+
+# --- session lifecycle -------------------------------------------------------------------------------
+
+
+class SessionStarted(Event, tag="session_started"):
+    model: str
+    context_window: int
+    resumed: bool = False
+
+
+class SessionStopped(Event, tag="session_stopped"):
+    reason: str = "stopped"
+
+
+class SessionHibernated(Event, tag="session_hibernated"):
+    pass
+
+
+class SessionDead(Event, tag="session_dead"):
+    message: str
+
+
+class ModelChanged(Event, tag="model_changed"):
+    model: str
+    context_window: int
+
+
+class Branched(Event, tag="branched"):
+    leaf_id: str | None
+
+
+# --- agent loop (SPEC 3) -----------------------------------------------------------------------------
+
+
+class AgentStart(Event, tag="agent_start"):
+    turn_id: str
+    prompt_id: str | None = None
+
+
+class RequestStart(Event, tag="request_start"):
+    turn_id: str
+    attempt: int
+    model: str
+    messages: int
+    estimated_tokens: int
+
+
+class TextDelta(Event, tag="text_delta"):
+    turn_id: str
+    delta: str
+
+
+class ReasoningDelta(Event, tag="reasoning_delta"):
+    turn_id: str
+    delta: str
+
+
+class ToolCallDelta(Event, tag="tool_call_delta"):
+    turn_id: str
+    index: int
+    call_id: str | None
+    name: str | None
+    arguments_delta: str
+
+
+class StreamStalled(Event, tag="stream_stalled"):
+    turn_id: str
+    seconds: float
+
+
+class MessageAppended(Event, tag="message_appended"):
+    message_id: str
+    role: str
+    kind: str | None = None
+
+
+class ToolExecutionStart(Event, tag="tool_execution_start"):
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolOutput(Event, tag="tool_output"):
+    turn_id: str
+    call_id: str
+    chunk: str
+
+
+class ToolExecutionEnd(Event, tag="tool_execution_end"):
+    turn_id: str
+    call_id: str
+    name: str
+    is_error: bool
+    duration: float
+    output_chars: int
+    truncated: bool = False
+
+
+class ApprovalRequest(Event, tag="approval_request"):
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ApprovalResponse(Event, tag="approval_response"):
+    call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+class TurnEnd(Event, tag="turn_end"):
+    turn_id: str
+    stop_reason: str
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class AgentEnd(Event, tag="agent_end"):
+    turn_id: str
+    status: Literal["ok", "aborted", "error"]
+    usage: Usage = msgspec.field(default_factory=Usage)
+    context_window: int = 0
+    context_tokens: int = 0
+
+
+class MessageQueued(Event, tag="message_queued"):
+    prompt_id: str
+    position: int
+
+
+class AgentAbort(Event, tag="agent_abort"):
+    turn_id: str | None
+    repaired_calls: int = 0
+
+
+class AgentRecovered(Event, tag="agent_recovered"):
+    messages: int
+    repaired_calls: int = 0
+
+
+class ProviderRetry(Event, tag="provider_retry"):
+    turn_id: str | None
+    attempt: int
+    max_attempts: int
+    delay: float
+    error: str
+    status_code: int | None = None
+
+
+class Error(Event, tag="error"):
+    message: str
+    code: str = "error"
+    turn_id: str | None = None
+    retryable: bool = False
+
+
+# --- usage (SPEC 4) ----------------------------------------------------------------------------------
+
+
+class UsageUpdate(Event, tag="usage_update"):
+    usage: Usage
+    totals: Usage
+    context_window: int
+    context_tokens: int
+    estimated: bool = False
+
+
+class Calibration(Event, tag="calibration"):
+    estimated_tokens: int
+    actual_tokens: int
+    error: float
+    ratio: float
+
+
+class UsageOverflow(Event, tag="usage_overflow"):
+    input_tokens: int
+    context_window: int
+
+
+# --- compaction (SPEC 5.10) --------------------------------------------------------------------------
+
+
+class CompactionStart(Event, tag="compaction_start"):
+    trigger: CompactionTrigger
+    messages_before: int
+    tokens_before: int
+
+
+class CompactionEnd(Event, tag="compaction_end"):
+    trigger: CompactionTrigger
+    messages_before: int
+    messages_after: int
+    tokens_before: int
+    tokens_after: int
+    summary_chars: int
+    mode: CompactionMode
+    fallback: bool = False
+
+
+class CompactionFailed(Event, tag="compaction_failed"):
+    error: str
+    reason: str = "error"
+    context_exceeded: bool = False
+    tokens: int = 0
+    window: int = 0
+    trigger: CompactionTrigger | None = None
+
+
+class ToolResultsArchived(Event, tag="tool_results_archived"):
+    archived: int
+    strategy: str
+    summary_chars: int
+
+
+class ToolOutputsCleared(Event, tag="tool_outputs_cleared"):
+    cleared: int
+    tokens_freed: int
+
+
+# --- bus and persistence -----------------------------------------------------------------------------
+
+
+class SubscriberLagged(Event, tag="subscriber_lagged"):
+    dropped: int
+
+
+class LogRecovered(Event, tag="log_recovered"):
+    path: str
+    torn_bytes: int
+
+
+class PersistenceError(Event, tag="persistence_error"):
+    path: str
+    error: str
+
+
+class ActorRestarted(Event, tag="actor_restarted"):
+    actor: str
+    error: str
+    restarts: int
+
+
+AnyEvent = (
+    SessionStarted
+    | SessionStopped
+    | SessionHibernated
+    | SessionDead
+    | ModelChanged
+    | Branched
+    | AgentStart
+    | RequestStart
+    | TextDelta
+    | ReasoningDelta
+    | ToolCallDelta
+    | StreamStalled
+    | MessageAppended
+    | ToolExecutionStart
+    | ToolOutput
+    | ToolExecutionEnd
+    | ApprovalRequest
+    | ApprovalResponse
+    | TurnEnd
+    | AgentEnd
+    | MessageQueued
+    | AgentAbort
+    | AgentRecovered
+    | ProviderRetry
+    | Error
+    | UsageUpdate
+    | Calibration
+    | UsageOverflow
+    | CompactionStart
+    | CompactionEnd
+    | CompactionFailed
+    | ToolResultsArchived
+    | ToolOutputsCleared
+    | SubscriberLagged
+    | LogRecovered
+    | PersistenceError
+    | ActorRestarted
+)
+
+EVENT_TYPES: frozenset[str] = frozenset(
+    cls.__struct_config__.tag  # type: ignore[misc]
+    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    ev: Event = _decoder.decode(data)
+    return ev
+
+
+def event_to_builtins(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(event)
+    return out
