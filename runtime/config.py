@@ -31,7 +31,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
-class CompactionConfig(_Section):
+class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 5."""
 
     auto: bool = True  # 5.1
@@ -61,7 +61,7 @@ class CompactionConfig(_Section):
     clear_min_freed_tokens: NonNegInt = 20_000  # 5.9
 
 
-class ToolOutputConfig(_Section):
+class ToolOutputConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 3.5 (reference 001)."""
 
     max_lines: PosInt = 2_000
@@ -72,7 +72,7 @@ class ToolOutputConfig(_Section):
     spill_dir: str | None = None  # None = <sessions_dir>/<session>.spill
 
 
-class RetryConfig(_Section):
+class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 3.7."""
 
     max_attempts: PosInt = 3
@@ -82,7 +82,7 @@ class RetryConfig(_Section):
     request_timeout: PosFloat = 600.0
 
 
-class TokenConfig(_Section):
+class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 4.3, 4.4."""
 
     exact: bool = True
@@ -92,7 +92,7 @@ class TokenConfig(_Section):
     apply_calibration: bool = False
 
 
-class ModelsConfig(_Section):
+class ModelsConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 4.5."""
 
     fallback_context_window: PosInt = 128_000
@@ -100,7 +100,7 @@ class ModelsConfig(_Section):
     max_output_tokens: dict[str, PosInt] = msgspec.field(default_factory=dict)
 
 
-class AgentConfig(_Section):
+class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 3."""
 
     model: str = "agentcell-local"
@@ -114,7 +114,7 @@ class AgentConfig(_Section):
     max_output_tokens: PosInt | None = None
 
 
-class PersistenceConfig(_Section):
+class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 2.3."""
 
     sessions_dir: str = "~/.agentcell/sessions"
@@ -124,13 +124,13 @@ class PersistenceConfig(_Section):
     hibernate_after: NonNegFloat | None = None  # seconds idle before a session parks its actors
 
 
-class BusConfig(_Section):
+class BusConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 1.4."""
 
     subscriber_queue: PosInt = 10_000
 
 
-class ServerConfig(_Section):
+class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 7.2."""
 
     host: str = "127.0.0.1"
@@ -138,7 +138,7 @@ class ServerConfig(_Section):
     token: str | None = None  # None = generated and printed at start
 
 
-class RuntimeConfig(_Section):
+class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 1.1."""
 
     dispatcher_threads: PosInt = 2
@@ -146,7 +146,7 @@ class RuntimeConfig(_Section):
     batch_size: PosInt = 64  # messages an actor handles before yielding its thread
 
 
-class Config(_Section):
+class Config(_Section, frozen=True, forbid_unknown_fields=True):
     compaction: CompactionConfig = msgspec.field(default_factory=CompactionConfig)
     tool_output: ToolOutputConfig = msgspec.field(default_factory=ToolOutputConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
@@ -169,9 +169,6 @@ class Config(_Section):
         base = msgspec.to_builtins(self)
         _deep_merge(base, _expand_dotted(overrides))
         return _convert(base)
-
-    def to_toml(self) -> bytes:
-        return msgspec.toml.encode(self)
 
 
 def _expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,42 +30,42 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_de
 # --- session lifecycle -------------------------------------------------------------------------------
 
 
-class SessionStarted(Event, tag="session_started"):
+class SessionStarted(Event, frozen=True, tag="session_started"):
     model: str
     context_window: int
     resumed: bool = False
 
 
-class SessionStopped(Event, tag="session_stopped"):
+class SessionStopped(Event, frozen=True, tag="session_stopped"):
     reason: str = "stopped"
 
 
-class SessionHibernated(Event, tag="session_hibernated"):
+class SessionHibernated(Event, frozen=True, tag="session_hibernated"):
     pass
 
 
-class SessionDead(Event, tag="session_dead"):
+class SessionDead(Event, frozen=True, tag="session_dead"):
     message: str
 
 
-class ModelChanged(Event, tag="model_changed"):
+class ModelChanged(Event, frozen=True, tag="model_changed"):
     model: str
     context_window: int
 
 
-class Branched(Event, tag="branched"):
+class Branched(Event, frozen=True, tag="branched"):
     leaf_id: str | None
 
 
 # --- agent loop (SPEC 3) -----------------------------------------------------------------------------
 
 
-class AgentStart(Event, tag="agent_start"):
+class AgentStart(Event, frozen=True, tag="agent_start"):
     turn_id: str
     prompt_id: str | None = None
 
 
-class RequestStart(Event, tag="request_start"):
+class RequestStart(Event, frozen=True, tag="request_start"):
     turn_id: str
     attempt: int
     model: str
@@ -73,17 +73,17 @@ class RequestStart(Event, tag="request_start"):
     estimated_tokens: int
 
 
-class TextDelta(Event, tag="text_delta"):
+class TextDelta(Event, frozen=True, tag="text_delta"):
     turn_id: str
     delta: str
 
 
-class ReasoningDelta(Event, tag="reasoning_delta"):
+class ReasoningDelta(Event, frozen=True, tag="reasoning_delta"):
     turn_id: str
     delta: str
 
 
-class ToolCallDelta(Event, tag="tool_call_delta"):
+class ToolCallDelta(Event, frozen=True, tag="tool_call_delta"):
     turn_id: str
     index: int
     call_id: str | None
@@ -91,31 +91,31 @@ class ToolCallDelta(Event, tag="tool_call_delta"):
     arguments_delta: str
 
 
-class StreamStalled(Event, tag="stream_stalled"):
+class StreamStalled(Event, frozen=True, tag="stream_stalled"):
     turn_id: str
     seconds: float
 
 
-class MessageAppended(Event, tag="message_appended"):
+class MessageAppended(Event, frozen=True, tag="message_appended"):
     message_id: str
     role: str
     kind: str | None = None
 
 
-class ToolExecutionStart(Event, tag="tool_execution_start"):
+class ToolExecutionStart(Event, frozen=True, tag="tool_execution_start"):
     turn_id: str
     call_id: str
     name: str
     arguments: str
 
 
-class ToolOutput(Event, tag="tool_output"):
+class ToolOutput(Event, frozen=True, tag="tool_output"):
     turn_id: str
     call_id: str
     chunk: str
 
 
-class ToolExecutionEnd(Event, tag="tool_execution_end"):
+class ToolExecutionEnd(Event, frozen=True, tag="tool_execution_end"):
     turn_id: str
     call_id: str
     name: str
@@ -125,26 +125,26 @@ class ToolExecutionEnd(Event, tag="tool_execution_end"):
     truncated: bool = False
 
 
-class ApprovalRequest(Event, tag="approval_request"):
+class ApprovalRequest(Event, frozen=True, tag="approval_request"):
     turn_id: str
     call_id: str
     name: str
     arguments: str
 
 
-class ApprovalResponse(Event, tag="approval_response"):
+class ApprovalResponse(Event, frozen=True, tag="approval_response"):
     call_id: str
     approved: bool
     reason: str | None = None
 
 
-class TurnEnd(Event, tag="turn_end"):
+class TurnEnd(Event, frozen=True, tag="turn_end"):
     turn_id: str
     stop_reason: str
     usage: Usage = msgspec.field(default_factory=Usage)
 
 
-class AgentEnd(Event, tag="agent_end"):
+class AgentEnd(Event, frozen=True, tag="agent_end"):
     turn_id: str
     status: Literal["ok", "aborted", "error"]
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -152,22 +152,22 @@ class AgentEnd(Event, tag="agent_end"):
     context_tokens: int = 0
 
 
-class MessageQueued(Event, tag="message_queued"):
+class MessageQueued(Event, frozen=True, tag="message_queued"):
     prompt_id: str
     position: int
 
 
-class AgentAbort(Event, tag="agent_abort"):
+class AgentAbort(Event, frozen=True, tag="agent_abort"):
     turn_id: str | None
     repaired_calls: int = 0
 
 
-class AgentRecovered(Event, tag="agent_recovered"):
+class AgentRecovered(Event, frozen=True, tag="agent_recovered"):
     messages: int
     repaired_calls: int = 0
 
 
-class ProviderRetry(Event, tag="provider_retry"):
+class ProviderRetry(Event, frozen=True, tag="provider_retry"):
     turn_id: str | None
     attempt: int
     max_attempts: int
@@ -176,7 +176,7 @@ class ProviderRetry(Event, tag="provider_retry"):
     status_code: int | None = None
 
 
-class Error(Event, tag="error"):
+class Error(Event, frozen=True, tag="error"):
     message: str
     code: str = "error"
     turn_id: str | None = None
@@ -186,7 +186,7 @@ class Error(Event, tag="error"):
 # --- usage (SPEC 4) ----------------------------------------------------------------------------------
 
 
-class UsageUpdate(Event, tag="usage_update"):
+class UsageUpdate(Event, frozen=True, tag="usage_update"):
     usage: Usage
     totals: Usage
     context_window: int
@@ -194,14 +194,14 @@ class UsageUpdate(Event, tag="usage_update"):
     estimated: bool = False
 
 
-class Calibration(Event, tag="calibration"):
+class Calibration(Event, frozen=True, tag="calibration"):
     estimated_tokens: int
     actual_tokens: int
     error: float
     ratio: float
 
 
-class UsageOverflow(Event, tag="usage_overflow"):
+class UsageOverflow(Event, frozen=True, tag="usage_overflow"):
     input_tokens: int
     context_window: int
 
@@ -209,13 +209,13 @@ class UsageOverflow(Event, tag="usage_overflow"):
 # --- compaction (SPEC 5.10) --------------------------------------------------------------------------
 
 
-class CompactionStart(Event, tag="compaction_start"):
+class CompactionStart(Event, frozen=True, tag="compaction_start"):
     trigger: CompactionTrigger
     messages_before: int
     tokens_before: int
 
 
-class CompactionEnd(Event, tag="compaction_end"):
+class CompactionEnd(Event, frozen=True, tag="compaction_end"):
     trigger: CompactionTrigger
     messages_before: int
     messages_after: int
@@ -226,7 +226,7 @@ class CompactionEnd(Event, tag="compaction_end"):
     fallback: bool = False
 
 
-class CompactionFailed(Event, tag="compaction_failed"):
+class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     error: str
     reason: str = "error"
     context_exceeded: bool = False
@@ -235,13 +235,13 @@ class CompactionFailed(Event, tag="compaction_failed"):
     trigger: CompactionTrigger | None = None
 
 
-class ToolResultsArchived(Event, tag="tool_results_archived"):
+class ToolResultsArchived(Event, frozen=True, tag="tool_results_archived"):
     archived: int
     strategy: str
     summary_chars: int
 
 
-class ToolOutputsCleared(Event, tag="tool_outputs_cleared"):
+class ToolOutputsCleared(Event, frozen=True, tag="tool_outputs_cleared"):
     cleared: int
     tokens_freed: int
 
@@ -249,21 +249,21 @@ class ToolOutputsCleared(Event, tag="tool_outputs_cleared"):
 # --- bus and persistence -----------------------------------------------------------------------------
 
 
-class SubscriberLagged(Event, tag="subscriber_lagged"):
+class SubscriberLagged(Event, frozen=True, tag="subscriber_lagged"):
     dropped: int
 
 
-class LogRecovered(Event, tag="log_recovered"):
+class LogRecovered(Event, frozen=True, tag="log_recovered"):
     path: str
     torn_bytes: int
 
 
-class PersistenceError(Event, tag="persistence_error"):
+class PersistenceError(Event, frozen=True, tag="persistence_error"):
     path: str
     error: str
 
 
-class ActorRestarted(Event, tag="actor_restarted"):
+class ActorRestarted(Event, frozen=True, tag="actor_restarted"):
     actor: str
     error: str
     restarts: int
@@ -309,10 +309,7 @@ AnyEvent = (
     | ActorRestarted
 )
 
-EVENT_TYPES: frozenset[str] = frozenset(
-    cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
-)
+EVENT_TYPES: frozenset[str] = frozenset(str(cls.__struct_config__.tag) for cls in AnyEvent.__args__)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AnyEvent)

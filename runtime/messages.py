@@ -161,7 +161,9 @@ def user(text: str, *images: str, **kw: Any) -> Message:
     return Message(role="user", parts=parts, **kw)
 
 
-def assistant(text: str = "", *, tool_calls: Sequence[ToolCallPart] = (), reasoning: str = "", **kw: Any) -> Message:
+def assistant(
+    text: str = "", *, tool_calls: Sequence[ToolCallPart] = (), reasoning: str = "", **kw: Any
+) -> Message:
     parts: list[Part] = []
     if reasoning:
         parts.append(ReasoningPart(reasoning))
@@ -243,7 +245,7 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
 
 def message_from_openai(data: Any, **kw: Any) -> Message:
     """Build a Message from an OpenAI chat message (a dict, or litellm's ``Message`` object)."""
-    role = _get(data, "role") or "assistant"
+    role: Role = _get(data, "role") or "assistant"
     if role not in ("system", "user", "assistant", "tool"):
         raise ValueError(f"unknown message role {role!r}")
     content = _get(data, "content")

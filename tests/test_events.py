@@ -1,0 +1,66 @@
+"""Events: a tagged union with session id, sequence number and timestamp (SPEC 1.4, 5.10)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from runtime import events as ev
+from runtime.messages import Usage
+
+
+def test_every_event_round_trips_through_json() -> None:
+    for cls in ev.AnyEvent.__args__:  # type: ignore[attr-defined]
+        fields = {}
+        for f in msgspec.structs.fields(cls):
+            if f.required and f.name != "session_id":
+                fields[f.name] = _sample(f.type)
+        event = cls(session_id="s1", seq=7, ts=1.5, **fields)
+        data = ev.encode_event(event)
+        decoded = ev.decode_event(data)
+        assert decoded == event
+        assert msgspec.json.decode(data)["type"] == event.type
+
+
+def _sample(tp: object) -> object:
+    if tp is int:
+        return 3
+    if tp is float:
+        return 0.25
+    if tp is bool:
+        return True
+    if tp is Usage:
+        return Usage(input_tokens=1)
+    args = getattr(tp, "__args__", ())
+    if args and all(isinstance(a, str) for a in args):  # Literal
+        return args[0]
+    if args:
+        return _sample(args[0])
+    return "x"
+
+
+def test_compaction_events_carry_the_spec_fields() -> None:
+    start = ev.CompactionStart(session_id="s", trigger="overflow", messages_before=40, tokens_before=9000)
+    end = ev.CompactionEnd(
+        session_id="s",
+        trigger="overflow",
+        messages_before=40,
+        messages_after=6,
+        tokens_before=9000,
+        tokens_after=1200,
+        summary_chars=800,
+        mode="summarize",
+    )
+    failed = ev.CompactionFailed(session_id="s", error="x", context_exceeded=True, tokens=10, window=8)
+    as_dict = ev.event_to_builtins(end)
+    assert as_dict["type"] == "compaction_end" and as_dict["tokens_after"] == 1200
+    assert start.type == "compaction_start" and failed.type == "compaction_failed"
+
+
+def test_unknown_event_type_is_rejected() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        ev.decode_event(b'{"type": "nope", "session_id": "s"}')
+
+
+def test_event_types_lists_every_tag() -> None:
+    assert {"compaction_start", "compaction_end", "usage_update", "subscriber_lagged"} <= ev.EVENT_TYPES
