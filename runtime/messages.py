@@ -21,6 +21,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 # Kinds of message that context management creates or marks (SPEC 2.1, 5.9).
 KIND_TOOL_RESULT: Final = "tool_result"
 KIND_TOOL_RESULT_ARCHIVED: Final = "tool_result_archived"
+KIND_TOOL_CALL_ARCHIVED: Final = "tool_call_archived"  # the assistant half of an archived tool step (5.9)
 KIND_TOOL_SUMMARY: Final = "tool_summary"
 KIND_COMPACTION_SUMMARY: Final = "compaction_summary"
 KIND_TOOL_OUTPUT_CLEARED: Final = "tool_output_cleared"
