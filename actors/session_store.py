@@ -1,0 +1,439 @@
+"""The session store actor: owns one session's tree and log (SPEC 2.2, 2.3).
+
+It is the only writer of its session's log. On start it takes the session lock, replays the log (so a
+restarted store, or a resumed session, is exactly what was acknowledged before) and reports a torn last
+line with ``log_recovered``. It answers queries from its in-memory tree and appends through the
+runtime's shared :class:`~runtime.store.writer.LogWriter`, never touching the disk in a handler.
+
+Writes are acknowledged only once the writer has confirmed them:
+
+* with ``reply_to`` (an actor ref, told the reply; or a callable, called with it), the reply is a
+  :class:`Stored` sent after the write — ``Stored.error`` says if it failed;
+* through ``ask`` without ``reply_to``, the answer is a future (``pykka.ThreadingFuture``) that resolves
+  to the :class:`Stored` after the write, or raises the write's ``OSError``.
+
+A command that does not fit the tree (an unknown parent or leaf, a duplicate id) raises ``ValueError``
+in the handler: an ``ask`` gets it, a ``tell`` crashes the store, and supervision restarts it from the log.
+A failed write (e.g. ENOSPC) is broadcast as ``persistence_error`` and crashes the store on purpose: its
+memory is ahead of the disk, and the restart rebuilds it from what was really written.
+
+Queries (:class:`GetContext`, :class:`GetMessages`, :class:`GetTree`) reflect every command received so
+far, acknowledged or not. Answers reach ``reply_to`` when given, and are the ``ask`` result otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import pykka
+
+from runtime import events as ev
+from runtime.actor import PooledActor
+from runtime.events import CompactionMode, CompactionTrigger
+from runtime.ids import validate_session_id
+from runtime.messages import Message
+from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
+from runtime.store.log import SessionLog, load_tree
+from runtime.store.sessions import SessionDirectory, SessionLock, SessionLockedError, SessionNotFoundError
+from runtime.store.tree import SessionTree
+from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
+
+log = logging.getLogger("agentcell.store")
+
+ReplyTo = pykka.ActorRef[Any] | Callable[[Any], Any] | None
+Publish = Callable[[ev.Event], Any]
+Estimator = Callable[[Sequence[Message]], int]
+
+_RELEASE_WAIT = 2.0  # seconds a restarting store waits for its predecessor in this process to let go
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+
+class Append(msgspec.Struct, frozen=True):
+    """Append one message or several (in order) to the leaf, or as children of ``parent_id``."""
+
+    messages: tuple[Message, ...] | Message
+    parent_id: str | None = None
+    reply_to: ReplyTo = None
+
+
+class RecordCompaction(msgspec.Struct, frozen=True, kw_only=True):
+    """Record a compaction at the leaf (see :meth:`SessionTree.record_compaction`)."""
+
+    summary: Message
+    first_kept_id: str | None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    mode: CompactionMode = "summarize"
+    trigger: CompactionTrigger = "threshold"
+    artifacts: tuple[str, ...] = ()
+    reply_to: ReplyTo = None
+
+
+class Overlay(msgspec.Struct, frozen=True):
+    """Replace messages of the path by id in the views (archived or cleared tool results)."""
+
+    replacements: tuple[Message, ...]
+    reply_to: ReplyTo = None
+
+
+class Branch(msgspec.Struct, frozen=True):
+    """Move the leaf to ``leaf_id`` (``None``: before the first message)."""
+
+    leaf_id: str | None
+    reply_to: ReplyTo = None
+
+
+class SetMetadata(msgspec.Struct, frozen=True):
+    """Record a session setting, e.g. ``SetMetadata("model", "gpt-4o")``."""
+
+    key: str
+    value: Any
+    reply_to: ReplyTo = None
+
+
+class SyncTurn(msgspec.Struct, frozen=True):
+    """A turn ended: make the log durable under the ``turn`` policy."""
+
+    reply_to: ReplyTo = None
+
+
+class GetContext(msgspec.Struct, frozen=True):
+    """Ask for the model-facing view: answered with a :class:`ContextView`."""
+
+    reply_to: ReplyTo = None
+
+
+class GetMessages(msgspec.Struct, frozen=True):
+    """Ask for the user's view: answered with a :class:`MessagesView`."""
+
+    reply_to: ReplyTo = None
+
+
+class GetTree(msgspec.Struct, frozen=True):
+    """Ask for a copy of the whole tree: answered with a :class:`SessionTree` the caller owns."""
+
+    reply_to: ReplyTo = None
+
+
+class _WriteFailed(msgspec.Struct, frozen=True):
+    error: Exception
+
+
+class StoreWriteError(RuntimeError):
+    """The store stopped because its log could not be written; it restarts from what is on disk."""
+
+
+# -- replies ----------------------------------------------------------------------------------------------
+
+
+class Stored(msgspec.Struct, frozen=True):
+    """A write was done (``error is None``) or failed. ``entries`` are what it recorded."""
+
+    session_id: str
+    entries: tuple[Entry, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class ContextView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model sees of the session, as of the store's latest command.
+
+    ``messages[usage_floor:]`` were appended after the latest compaction: provider usage from before
+    that point must be ignored (SPEC 4.2). ``estimated_tokens`` comes from the store's estimator and is
+    0 when it has none.
+    """
+
+    session_id: str
+    leaf_id: str | None
+    messages: tuple[Message, ...]
+    usage_floor: int = 0
+    latest_compaction: CompactionEntry | None = None
+    model: str | None = None
+    estimated_tokens: int = 0
+
+
+class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
+    """What a user sees of the session: the whole path, overlays applied, summaries as markers."""
+
+    session_id: str
+    leaf_id: str | None
+    messages: tuple[Message, ...]
+
+
+# -- the actor --------------------------------------------------------------------------------------------
+
+
+class SessionStore(PooledActor):
+    """Owns one session's tree and log.
+
+    ``header`` starts a new session when there is no log yet; with a log on disk (a restart) the log
+    wins. ``header=None`` resumes and fails with :class:`SessionNotFoundError` when there is no log.
+    ``fsync`` overrides the writer's policy for this session; ``estimator`` (e.g. a token counter's
+    ``count_messages``) fills :attr:`ContextView.estimated_tokens`.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        directory: SessionDirectory,
+        writer: LogWriter,
+        header: Header | None,
+        publish: Publish,
+        *,
+        fsync: FsyncPolicy | None = None,
+        estimator: Estimator | None = None,
+    ) -> None:
+        super().__init__()
+        self.session_id = validate_session_id(session_id)
+        self.directory = directory
+        self.writer = writer
+        self.publish = publish
+        self.estimator = estimator
+        self._header = header
+        self._log = SessionLog(directory.log_path(session_id), writer, fsync=fsync)
+        self._tree = SessionTree()
+        self._lock: SessionLock | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        """Take the lock, wait out writes of an earlier incarnation, replay the log (or create it)."""
+        try:
+            self.directory.ensure()
+            self._lock = self._take_lock()
+            self._open()
+        except BaseException as exc:
+            self._release_lock_now()
+            self._emit(ev.Error, message=f"cannot open session {self.session_id}: {exc}", code="store_open")
+            raise
+
+    def _take_lock(self) -> SessionLock:
+        # An earlier store of this session in this process releases its lock from the writer thread once
+        # its last writes are done; a restart may get here first, so wait a moment for that one.
+        deadline = time.monotonic() + _RELEASE_WAIT
+        while True:
+            self._log.reset()  # writes queued by an earlier incarnation land before we read the log
+            try:
+                return self.directory.lock(self.session_id)
+            except SessionLockedError as exc:
+                if not exc.held_by_this_process or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.005)
+
+    def _open(self) -> None:
+        path = self._log.path
+        if path.is_file() and path.stat().st_size > 0:
+            tree, info = load_tree(path)
+            self._tree = tree
+            if info.torn:
+                self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
+            return
+        if self._header is None:
+            raise SessionNotFoundError(f"no stored session {self.session_id!r} in {self.directory.root}")
+        if self._header.session_id != self.session_id:
+            raise ValueError(f"header is for session {self._header.session_id!r}, not {self.session_id!r}")
+        header = msgspec.structs.replace(self._header, config=scrub_secrets(self._header.config))
+        self._tree = SessionTree(header)
+        self._write((header,), None)
+
+    def on_stop(self) -> None:
+        self._close_log()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self._close_log()
+
+    def _close_log(self) -> None:
+        """Release the lock once the writer has written (and synced) everything queued for this log."""
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        try:
+            self._log.close(lambda _error: lock.release())
+        except WriterClosedError:
+            lock.release()
+
+    def _release_lock_now(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    # -- messages ---------------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        tree = self._tree
+        match message:
+            case GetContext(reply_to=reply_to):
+                return self._answer(reply_to, self.view())
+            case Append(messages=messages, parent_id=parent_id, reply_to=reply_to):
+                batch = (messages,) if isinstance(messages, Message) else tuple(messages)
+                _check_appendable(tree, batch, parent_id)  # all or nothing
+                entries = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
+                return self._write(entries, reply_to)
+            case SyncTurn(reply_to=reply_to):
+                return self._sync(reply_to)
+            case RecordCompaction():
+                entry = tree.record_compaction(
+                    message.summary,
+                    message.first_kept_id,
+                    tokens_before=message.tokens_before,
+                    tokens_after=message.tokens_after,
+                    mode=message.mode,
+                    trigger=message.trigger,
+                    artifacts=message.artifacts,
+                )
+                return self._write((entry,), message.reply_to)
+            case Overlay(replacements=replacements, reply_to=reply_to):
+                return self._write((tree.overlay(replacements),), reply_to)
+            case Branch(leaf_id=leaf_id, reply_to=reply_to):
+                return self._write((tree.branch(leaf_id),), reply_to)
+            case SetMetadata(key=key, value=value, reply_to=reply_to):
+                return self._write((tree.set_metadata(key, value),), reply_to)
+            case GetMessages(reply_to=reply_to):
+                view = MessagesView(
+                    session_id=self.session_id, leaf_id=tree.leaf_id, messages=tuple(tree.messages())
+                )
+                return self._answer(reply_to, view)
+            case GetTree(reply_to=reply_to):
+                return self._answer(reply_to, tree.copy())
+            case _WriteFailed(error=error):
+                raise StoreWriteError(f"the log {self._log.path} could not be written: {error}") from error
+            case _:
+                return super().on_receive(message)
+
+    # -- plain methods (usable through a proxy) ---------------------------------------------------------
+
+    def view(self) -> ContextView:
+        """The model-facing view (what :class:`GetContext` answers)."""
+        tree = self._tree
+        messages = tuple(tree.context())
+        return ContextView(
+            session_id=self.session_id,
+            leaf_id=tree.leaf_id,
+            messages=messages,
+            usage_floor=tree.usage_floor,
+            latest_compaction=tree.latest_compaction,
+            model=tree.model,
+            estimated_tokens=self.estimator(messages) if self.estimator is not None else 0,
+        )
+
+    def context(self) -> list[Message]:
+        """The model-facing messages."""
+        return self._tree.context()
+
+    def messages(self) -> list[Message]:
+        """The user's view of the path."""
+        return self._tree.messages()
+
+    def leaf_id(self) -> str | None:
+        return self._tree.leaf_id
+
+    def entries(self) -> list[Entry]:
+        """Every entry of the session, in log order."""
+        return self._tree.entries()
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo) -> pykka.Future[Stored] | None:
+        """Queue ``entries``; acknowledge (reply, or resolve the returned future) once they are written."""
+        future: pykka.Future[Stored] | None = None if reply_to is not None else pykka.ThreadingFuture()
+        session_id, publish, me, path = self.session_id, self.publish, self.actor_ref, str(self._log.path)
+
+        def done(error: Exception | None) -> None:
+            if error is None:
+                for entry in entries:
+                    if isinstance(entry, MessageEntry):
+                        m = entry.message
+                        publish(
+                            ev.MessageAppended(
+                                session_id=session_id,
+                                ts=time.time(),
+                                message_id=m.id,
+                                role=m.role,
+                                kind=m.kind,
+                            )
+                        )
+                _settle(reply_to, future, Stored(session_id, entries))
+                return
+            publish(ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error)))
+            _settle(reply_to, future, Stored(session_id, entries, error=str(error)), error)
+            try:
+                me.tell(_WriteFailed(error))
+            except pykka.ActorDeadError:
+                pass
+
+        if len(entries) == 1:
+            self._log.append(entries[0], done)
+        else:
+            self._log.append_many(list(entries), done)
+        return future
+
+    def _sync(self, reply_to: ReplyTo) -> pykka.Future[Stored] | None:
+        future: pykka.Future[Stored] | None = None if reply_to is not None else pykka.ThreadingFuture()
+        session_id, publish, path = self.session_id, self.publish, str(self._log.path)
+
+        def done(error: Exception | None) -> None:
+            if error is not None:
+                publish(
+                    ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error))
+                )
+            _settle(reply_to, future, Stored(session_id, error=None if error is None else str(error)), error)
+
+        self._log.sync(done)
+        return future
+
+    def _answer(self, reply_to: ReplyTo, value: Any) -> Any:
+        if reply_to is None:
+            return value
+        _deliver(reply_to, value)
+        return None
+
+    def _emit(self, event_type: type[ev.Event], **fields: Any) -> None:
+        try:
+            self.publish(event_type(session_id=self.session_id, ts=time.time(), **fields))
+        except Exception:
+            log.exception("publishing %s failed", event_type.__name__)
+
+
+def _check_appendable(tree: SessionTree, batch: tuple[Message, ...], parent_id: str | None) -> None:
+    if not batch:
+        raise ValueError("Append needs at least one message")
+    if parent_id is not None and parent_id not in tree:
+        raise ValueError(f"parent {parent_id!r} is not in the session")
+    seen: set[str] = set()
+    for m in batch:
+        if m.id in tree or m.id in seen:
+            raise ValueError(f"message id {m.id!r} is already in the session")
+        seen.add(m.id)
+
+
+def _settle(
+    reply_to: ReplyTo, future: pykka.Future[Stored] | None, reply: Stored, error: Exception | None = None
+) -> None:
+    if reply_to is not None:
+        _deliver(reply_to, reply)
+    elif future is not None:
+        if error is None:
+            future.set(reply)
+        else:
+            future.set_exception((type(error), error, error.__traceback__))
+
+
+def _deliver(reply_to: pykka.ActorRef[Any] | Callable[[Any], Any], value: Any) -> None:
+    try:
+        if isinstance(reply_to, pykka.ActorRef):
+            reply_to.tell(value)
+        else:
+            reply_to(value)
+    except pykka.ActorDeadError:
+        log.debug("reply to a stopped actor dropped: %r", value)
+    except Exception:
+        log.exception("a store reply callback raised")

@@ -1,0 +1,161 @@
+"""The records of a session log (SPEC 2.3): one msgspec tagged union, one JSON line each.
+
+A log starts with a :class:`Header` and then holds, in the order they happened, the entries that build
+the session tree: messages, compactions and overlays (the tree's nodes), branch moves and metadata
+changes. Nothing is ever rewritten: a compaction or an overlay is a new entry, and the views a model or
+a user sees are computed from the entries (:mod:`runtime.store.tree`).
+
+Every entry carries ``v``, the format version. A reader refuses a version it does not know rather than
+guessing what a newer writer meant.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from runtime.events import CompactionMode, CompactionTrigger
+from runtime.messages import Message, new_id
+
+FORMAT_VERSION: Final = 1
+
+
+class _Entry(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    v: int = FORMAT_VERSION
+
+
+class Header(_Entry, frozen=True, tag="header"):
+    """The first line of every log: what the session was started with."""
+
+    session_id: str
+    created_at: float = msgspec.field(default_factory=time.time)
+    model: str = ""
+    system_prompt: str = ""
+    workspace: str | None = None
+    api_base: str | None = None  # the provider endpoint; the API key is never stored
+    tools: list[str] = msgspec.field(default_factory=list)
+    config: dict[str, Any] = msgspec.field(default_factory=dict)  # per-session overrides, secrets removed
+
+
+class MessageEntry(_Entry, frozen=True, tag="message"):
+    """A message added to the tree as a child of ``parent_id`` (``None``: a root). ``id`` is the message's."""
+
+    id: str
+    parent_id: str | None
+    message: Message
+
+
+class CompactionEntry(_Entry, frozen=True, tag="compaction"):
+    """A compaction: a node on the path whose summary stands for the path's history before it.
+
+    The model-facing view after it is the summary, then the path's messages from ``first_kept_id`` up to
+    this node, then everything after it. ``first_kept_id=None`` means the summary replaces the whole
+    history (hard reset). ``id`` is the summary message's id.
+    """
+
+    id: str
+    parent_id: str | None
+    summary: Message
+    first_kept_id: str | None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    mode: CompactionMode = "summarize"
+    trigger: CompactionTrigger = "threshold"
+    artifacts: list[str] = msgspec.field(default_factory=list)
+
+
+class OverlayEntry(_Entry, frozen=True, tag="overlay"):
+    """A node that replaces, in the views of every path through it, earlier messages of the same id.
+
+    Used to archive old tool results (a copy with ``agent_visible=False``) or to clear an old tool output
+    to a placeholder. The originals stay in the log and in :meth:`SessionTree.get`.
+    """
+
+    id: str = msgspec.field(default_factory=new_id)
+    parent_id: str | None = None
+    replacements: list[Message] = msgspec.field(default_factory=list)
+
+
+class BranchEntry(_Entry, frozen=True, tag="branch"):
+    """The current leaf moved to ``leaf_id`` (``None``: before the first message)."""
+
+    leaf_id: str | None
+
+
+class MetadataEntry(_Entry, frozen=True, tag="metadata"):
+    """A session-level setting changed (e.g. ``model``); the latest value of a key wins."""
+
+    key: str
+    value: Any
+
+
+Entry = Header | MessageEntry | CompactionEntry | OverlayEntry | BranchEntry | MetadataEntry
+NodeEntry = MessageEntry | CompactionEntry | OverlayEntry
+"""Entries that are nodes of the tree: they have an ``id`` and a ``parent_id``."""
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Entry)
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """One log line: the entry as JSON followed by a newline."""
+    buf = bytearray()
+    _encoder.encode_into(entry, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def decode_entry(line: bytes | str) -> Entry:
+    """Decode one log line (without or with its newline); raises ``msgspec.DecodeError``/``ValidationError``."""
+    entry: Entry = _decoder.decode(line)
+    return entry
+
+
+def decode_entries(data: bytes) -> list[Entry]:
+    """Decode newline-delimited entries in one call (raises on the first bad line, without saying which)."""
+    entries: list[Entry] = _decoder.decode_lines(data)
+    return entries
+
+
+# Whole key names, or their last ``_``/``-`` separated words: ``api_key``, ``openai_api_key``, ``token``,
+# ``client_secret`` — but not ``max_tokens``.
+_SECRET_KEY = re.compile(
+    r"(?:^|[_-])(?:api[_-]?key|secret|token|access[_-]?token|password|passwd|authorization|credentials?)$",
+    re.I,
+)
+
+
+def scrub_secrets(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` without keys that look like credentials, at any depth (SPEC 9)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if _SECRET_KEY.search(str(key)):
+            continue
+        out[key] = scrub_secrets(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def new_header(
+    session_id: str,
+    *,
+    model: str,
+    system_prompt: str = "",
+    workspace: str | None = None,
+    api_base: str | None = None,
+    tools: list[str] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Header:
+    """A header for a new session, with credentials removed from the per-session config."""
+    return Header(
+        session_id=session_id,
+        model=model,
+        system_prompt=system_prompt,
+        workspace=workspace,
+        api_base=api_base,
+        tools=list(tools or ()),
+        config=scrub_secrets(config or {}),
+    )

@@ -1,0 +1,127 @@
+"""The event transcript (SPEC 2.3, reference 003): every broadcast event of a session, one JSON line each.
+
+:class:`TranscriptWriter` is an event-bus sink for the whole runtime: it appends each event to
+``<root>/<session>.events.jsonl`` through the shared :class:`~runtime.store.writer.LogWriter`, so the
+publisher never waits on the disk. :func:`read_transcript` reads one back, e.g. to resume a
+Server-Sent-Events stream after a given ``seq``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from runtime.events import AnyEvent, Event, encode_event
+from runtime.ids import InvalidSessionId
+from runtime.store.log import CorruptLogError, truncate_torn_tail
+from runtime.store.sessions import SessionDirectory
+from runtime.store.writer import FsyncPolicy, LogWriter, StrPath, WriterClosedError
+
+log = logging.getLogger("agentcell.store")
+
+OnTranscriptError = Callable[[str, Exception], None]
+"""Called (on the writer thread) with the session id and the error when a transcript write fails."""
+
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+class TranscriptWriter:
+    """Appends every event it is given to its session's transcript. Use it as a bus sink: ``sink(event)``.
+
+    ``exclude`` names event types to leave out (e.g. ``{"text_delta"}`` for a leaner record; by default
+    every event is kept). The first event of a session in this process first cuts a torn line a crash
+    may have left at the end of its transcript, so appends always start on a clean line.
+    """
+
+    def __init__(
+        self,
+        directory: SessionDirectory,
+        writer: LogWriter,
+        *,
+        exclude: Iterable[str] = (),
+        on_error: OnTranscriptError | None = None,
+        fsync: FsyncPolicy | None = None,
+    ) -> None:
+        self.directory = directory
+        self.writer = writer
+        self.exclude = frozenset(exclude)
+        self.on_error = on_error
+        self.fsync = fsync
+        self._sessions: dict[str, tuple[str, Callable[[Exception | None], None]]] = {}
+
+    def __call__(self, event: Event) -> None:
+        if event.type in self.exclude:
+            return
+        target = self._sessions.get(event.session_id)
+        if target is None:
+            target = self._open(event.session_id)
+            if target is None:
+                return
+        path, on_done = target
+        try:
+            self.writer.append(path, encode_event(event) + b"\n", on_done, fsync=self.fsync)
+        except WriterClosedError as exc:
+            self._report(event.session_id, exc)
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is cached about a session (after it is deleted)."""
+        self._sessions.pop(session_id, None)
+
+    def _open(self, session_id: str) -> tuple[str, Callable[[Exception | None], None]] | None:
+        try:
+            path = os.fspath(self.directory.transcript_path(session_id))
+        except InvalidSessionId:
+            return None  # not a session's event (e.g. a runtime-wide one): nothing to write it to
+        self.directory.ensure()
+        target = (path, functools.partial(self._done, session_id))
+        self._sessions[session_id] = target
+        self.writer.call(path, truncate_torn_tail, target[1])
+        return target
+
+    def _done(self, session_id: str, error: Exception | None) -> None:
+        if error is not None:
+            self._report(session_id, error)
+
+    def _report(self, session_id: str, error: Exception) -> None:
+        if self.on_error is not None:
+            self.on_error(session_id, error)
+        else:
+            log.error("transcript of session %s: %s", session_id, error)
+
+
+def read_transcript(path: StrPath, after_seq: int = 0) -> list[Event]:
+    """The events of a transcript with ``seq`` greater than ``after_seq``, in order.
+
+    A torn last line (a crash mid-write) is skipped; any other bad line raises :class:`CorruptLogError`.
+    A missing transcript reads as empty.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    body = data[: data.rfind(b"\n") + 1]
+    try:
+        events: list[Event] = _decoder.decode_lines(body)
+    except msgspec.DecodeError:
+        events = _decode_by_line(path, body)
+    if after_seq <= 0:
+        return events
+    return [e for e in events if e.seq > after_seq]
+
+
+def _decode_by_line(path: StrPath, body: bytes) -> list[Event]:
+    lines = body.split(b"\n")[:-1]
+    events: list[Event] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            events.append(_decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            if number == len(lines) and not isinstance(exc, msgspec.ValidationError):
+                break  # a torn last line
+            raise CorruptLogError(path, number, f"not a valid event ({exc})") from None
+    return events

@@ -1,0 +1,384 @@
+"""The session tree (SPEC 2.2, 2.3): pure state, no I/O.
+
+Messages, compactions and overlays are nodes linked to their parent; the *leaf* is where the next
+message goes, and the nodes from the root to the leaf are the *path*: the conversation. ``branch`` moves
+the leaf to any node, so a new message starts a sibling branch; nothing is ever removed.
+
+Two views are computed from the path:
+
+* :meth:`SessionTree.messages` — what a user sees: every message of the path with overlays applied, and
+  each compaction's summary as a marker where it happened.
+* :meth:`SessionTree.context` — what the model sees: for the latest compaction on the path, its summary,
+  then the path's messages from its ``first_kept_id`` up to it, then everything after it; overlays
+  applied and ``agent_visible=False`` messages left out.
+
+Every mutating method builds an entry and hands it to :meth:`SessionTree.apply`, the one code path
+that replay from a log uses as well, so a replayed tree is the tree that wrote the log. The views of the
+current path are cached and extended in O(1) when a message is appended to the leaf; a branch move,
+compaction or overlay makes them rebuild once, lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from runtime.events import CompactionMode, CompactionTrigger
+from runtime.messages import Message
+from runtime.store.entries import (
+    BranchEntry,
+    CompactionEntry,
+    Entry,
+    Header,
+    MessageEntry,
+    MetadataEntry,
+    NodeEntry,
+    OverlayEntry,
+)
+
+
+class SessionTree:
+    """One session's messages as a tree with a current leaf. Not thread-safe: one owner (the store actor)."""
+
+    def __init__(self, header: Header | None = None) -> None:
+        self.header: Header | None = None
+        self._applied: list[Entry] = []
+        self._nodes: dict[str, NodeEntry] = {}
+        self._children: dict[str | None, list[str]] = {}
+        self._metadata: dict[str, Any] = {}
+        self._leaf: str | None = None
+        self._message_count = 0
+        self._compaction_count = 0
+        # The current path and what is derived from it. ``_path_valid`` false: rebuild on next use.
+        self._path_valid = True
+        self._path: list[NodeEntry] = []
+        self._index: dict[str, int] = {}  # node id -> position on the path
+        self._overlays: dict[str, Message] = {}  # message id -> its replacement on this path
+        self._compaction_pos: int | None = None  # position of the latest compaction on the path
+        # Cached views; ``None``: rebuild from the path on next use.
+        self._context: list[Message] | None = []
+        self._usage_floor = 0
+        self._messages: list[Message] | None = []
+        if header is not None:
+            self.apply(header)
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[Entry]) -> SessionTree:
+        """Rebuild a tree by applying ``entries`` in order (raises ``ValueError`` on an inconsistent one)."""
+        tree = cls()
+        for entry in entries:
+            tree.apply(entry)
+        return tree
+
+    # -- mutations: each builds an entry and applies it ------------------------------------------------
+
+    def append(self, message: Message, parent_id: str | None = None) -> MessageEntry:
+        """Add ``message`` as a child of ``parent_id`` (default: the current leaf); it becomes the leaf."""
+        entry = MessageEntry(
+            id=message.id, parent_id=self._leaf if parent_id is None else parent_id, message=message
+        )
+        self.apply(entry)
+        return entry
+
+    def record_compaction(
+        self,
+        summary: Message,
+        first_kept_id: str | None,
+        *,
+        tokens_before: int = 0,
+        tokens_after: int = 0,
+        mode: CompactionMode = "summarize",
+        trigger: CompactionTrigger = "threshold",
+        artifacts: Sequence[str] = (),
+    ) -> CompactionEntry:
+        """Record a compaction as a child of the current leaf.
+
+        ``first_kept_id`` names the node of the current path from which history is kept verbatim
+        (usually a message of :meth:`context`); ``None`` means the summary replaces everything before it.
+        """
+        entry = CompactionEntry(
+            id=summary.id,
+            parent_id=self._leaf,
+            summary=summary,
+            first_kept_id=first_kept_id,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            mode=mode,
+            trigger=trigger,
+            artifacts=list(artifacts),
+        )
+        self.apply(entry)
+        return entry
+
+    def overlay(self, replacements: Iterable[Message]) -> OverlayEntry:
+        """Replace messages of the current path, by id, in both views (the originals are kept)."""
+        entry = OverlayEntry(parent_id=self._leaf, replacements=list(replacements))
+        self.apply(entry)
+        return entry
+
+    def branch(self, leaf_id: str | None) -> BranchEntry:
+        """Move the leaf to the node ``leaf_id`` (``None``: before the first message)."""
+        entry = BranchEntry(leaf_id=leaf_id)
+        self.apply(entry)
+        return entry
+
+    def set_metadata(self, key: str, value: Any) -> MetadataEntry:
+        """Record a session-level setting, e.g. ``("model", "gpt-4o")``."""
+        entry = MetadataEntry(key=key, value=value)
+        self.apply(entry)
+        return entry
+
+    def apply(self, entry: Entry) -> None:
+        """Apply one entry: the single code path of both live changes and replay.
+
+        Raises ``ValueError`` (and changes nothing) when the entry does not fit the tree: a duplicate id,
+        an unknown parent or leaf, a kept id or replacement that is not on the path.
+        """
+        match entry:
+            case MessageEntry():
+                if entry.id != entry.message.id:
+                    raise ValueError(
+                        f"message entry {entry.id!r} holds a message with id {entry.message.id!r}"
+                    )
+                self._attach(entry)
+                self._message_count += 1
+            case CompactionEntry():
+                self._attach(entry)
+                self._compaction_count += 1
+            case OverlayEntry():
+                self._attach(entry)
+            case BranchEntry():
+                self._move_leaf(entry.leaf_id)
+            case MetadataEntry():
+                self._metadata[entry.key] = entry.value
+            case Header():
+                if self._applied:
+                    raise ValueError("a header must be the first entry of a session")
+                self.header = entry
+            case _:
+                raise ValueError(f"not a session entry: {type(entry).__name__}")
+        self._applied.append(entry)
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    @property
+    def leaf_id(self) -> str | None:
+        """The node the next message is appended to (``None``: an empty path)."""
+        return self._leaf
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The latest value of every metadata key (a copy)."""
+        return dict(self._metadata)
+
+    @property
+    def model(self) -> str | None:
+        """The session's current model: the latest ``model`` metadata, else the header's."""
+        value = self._metadata.get("model")
+        if isinstance(value, str):
+            return value
+        return self.header.model if self.header is not None else None
+
+    @property
+    def compaction_count(self) -> int:
+        """Compactions recorded in the whole tree (every branch)."""
+        return self._compaction_count
+
+    @property
+    def latest_compaction(self) -> CompactionEntry | None:
+        """The latest compaction on the current path."""
+        self._ensure_path()
+        if self._compaction_pos is None:
+            return None
+        node = self._path[self._compaction_pos]
+        assert isinstance(node, CompactionEntry)
+        return node
+
+    def __len__(self) -> int:
+        """The number of messages in the whole tree (every branch; summaries not counted)."""
+        return self._message_count
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
+
+    def get(self, node_id: str) -> NodeEntry | None:
+        """The node ``node_id`` as it was recorded (an overlaid message's original), or ``None``."""
+        return self._nodes.get(node_id)
+
+    def children(self, node_id: str | None) -> list[str]:
+        """Ids of the nodes whose parent is ``node_id`` (``None``: the roots), oldest first."""
+        return list(self._children.get(node_id, ()))
+
+    def entries(self) -> list[Entry]:
+        """Every entry applied so far, in order: what the log holds."""
+        return list(self._applied)
+
+    def path(self) -> list[NodeEntry]:
+        """The nodes from the root to the leaf."""
+        self._ensure_path()
+        return list(self._path)
+
+    def messages(self) -> list[Message]:
+        """The user's view: the path's messages with overlays applied, compaction summaries as markers.
+
+        Hidden messages are included; a renderer skips those with ``user_visible=False``.
+        """
+        self._ensure_path()
+        if self._messages is None:
+            self._messages = [
+                self._user_message(node) for node in self._path if not isinstance(node, OverlayEntry)
+            ]
+        return list(self._messages)
+
+    def context(self) -> list[Message]:
+        """The model's view of the path (see the module docstring)."""
+        return list(self._ensure_context())
+
+    @property
+    def usage_floor(self) -> int:
+        """Index of the first message of :meth:`context` appended after the latest compaction.
+
+        Everything before it (the summary and the kept messages) predates the compaction, so provider
+        usage reported for it must be ignored (SPEC 4.2). ``0`` when the path has no compaction.
+        """
+        self._ensure_context()
+        return self._usage_floor
+
+    def context_since_compaction(self) -> list[Message]:
+        """The messages of :meth:`context` appended after the latest compaction."""
+        return self._ensure_context()[self._usage_floor :]
+
+    def copy(self) -> SessionTree:
+        """An independent tree with the same entries."""
+        return SessionTree.from_entries(self._applied)
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _attach(self, node: NodeEntry) -> None:
+        if node.id in self._nodes:
+            raise ValueError(f"node id {node.id!r} is already in the session")
+        parent = node.parent_id
+        if parent is not None and parent not in self._nodes:
+            raise ValueError(f"parent {parent!r} of {node.id!r} is not in the session")
+        if isinstance(node, CompactionEntry) and node.first_kept_id is not None:
+            if self._on_path(parent, node.first_kept_id) is None:
+                raise ValueError(f"compaction keeps from {node.first_kept_id!r}, which is not on the path")
+        elif isinstance(node, OverlayEntry):
+            for message in node.replacements:
+                if not isinstance(self._on_path(parent, message.id), MessageEntry):
+                    raise ValueError(f"overlay replaces {message.id!r}, which is not a message on the path")
+        if parent != self._leaf:
+            self._leaf = parent
+            self._invalidate_path()
+        self._nodes[node.id] = node
+        self._children.setdefault(parent, []).append(node.id)
+        self._leaf = node.id
+        if not self._path_valid:
+            return
+        self._index[node.id] = len(self._path)
+        self._path.append(node)
+        if isinstance(node, MessageEntry):
+            if self._context is not None and node.message.agent_visible:
+                self._context.append(node.message)
+            if self._messages is not None:
+                self._messages.append(node.message)
+        elif isinstance(node, CompactionEntry):
+            self._compaction_pos = len(self._path) - 1
+            self._context = None
+            if self._messages is not None:
+                self._messages.append(node.summary)
+        else:
+            self._overlays.update((m.id, m) for m in node.replacements)
+            self._context = None
+            self._messages = None
+
+    def _on_path(self, leaf_id: str | None, node_id: str) -> NodeEntry | None:
+        """The node ``node_id`` if it lies on the path from the root to ``leaf_id``."""
+        if leaf_id == self._leaf:
+            self._ensure_path()
+            position = self._index.get(node_id)
+            return None if position is None else self._path[position]
+        while leaf_id is not None:
+            node = self._nodes[leaf_id]
+            if leaf_id == node_id:
+                return node
+            leaf_id = node.parent_id
+        return None
+
+    def _move_leaf(self, leaf_id: str | None) -> None:
+        if leaf_id is not None and leaf_id not in self._nodes:
+            raise ValueError(f"cannot branch to {leaf_id!r}: no such node in the session")
+        if leaf_id != self._leaf:
+            self._leaf = leaf_id
+            self._invalidate_path()
+
+    def _invalidate_path(self) -> None:
+        self._path_valid = False
+        self._context = None
+        self._messages = None
+
+    def _ensure_path(self) -> None:
+        if self._path_valid:
+            return
+        path: list[NodeEntry] = []
+        node_id = self._leaf
+        while node_id is not None:
+            node = self._nodes[node_id]
+            path.append(node)
+            node_id = node.parent_id
+        path.reverse()
+        self._path = path
+        self._index = {node.id: i for i, node in enumerate(path)}
+        self._overlays = {}
+        self._compaction_pos = None
+        for i, node in enumerate(path):
+            if isinstance(node, OverlayEntry):
+                self._overlays.update((m.id, m) for m in node.replacements)
+            elif isinstance(node, CompactionEntry):
+                self._compaction_pos = i
+        self._path_valid = True
+
+    def _ensure_context(self) -> list[Message]:
+        self._ensure_path()
+        if self._context is None:
+            if self._compaction_pos is None:
+                self._usage_floor = 0
+                self._context = self._visible(0, len(self._path))
+            else:
+                head = self._compacted_view(self._compaction_pos)
+                self._usage_floor = len(head)
+                head.extend(self._visible(self._compaction_pos + 1, len(self._path)))
+                self._context = head
+        return self._context
+
+    def _compacted_view(self, position: int) -> list[Message]:
+        """The compaction at ``position``: its summary, then what it keeps verbatim."""
+        node = self._path[position]
+        assert isinstance(node, CompactionEntry)
+        view = [node.summary]
+        if node.first_kept_id is None:
+            return view
+        start = self._index[node.first_kept_id]
+        if isinstance(self._path[start], CompactionEntry):
+            # Kept from an earlier summary: keep that compaction's own view, then what followed it.
+            view.extend(self._compacted_view(start))
+            start += 1
+        view.extend(self._visible(start, position))
+        return view
+
+    def _visible(self, start: int, stop: int) -> list[Message]:
+        """Agent-visible messages (overlays applied) of ``path[start:stop]``; other nodes skipped."""
+        overlays = self._overlays
+        out: list[Message] = []
+        for node in self._path[start:stop]:
+            if isinstance(node, MessageEntry):
+                message = overlays.get(node.id, node.message) if overlays else node.message
+                if message.agent_visible:
+                    out.append(message)
+        return out
+
+    def _user_message(self, node: NodeEntry) -> Message:
+        if isinstance(node, CompactionEntry):
+            return node.summary
+        assert isinstance(node, MessageEntry)
+        return self._overlays.get(node.id, node.message)

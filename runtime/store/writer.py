@@ -1,0 +1,397 @@
+"""The log writer: one background thread per runtime that appends to every session's files (SPEC 2.3).
+
+Callers never touch the disk. They hand a line (or several) to :meth:`LogWriter.append` and get on with
+their work; the writer thread takes everything queued since its last round, groups it per file, writes
+each file's lines with one ``write`` and, depending on the fsync policy, makes them durable:
+
+* ``always`` — every batch is fsynced before it is acknowledged: an acknowledged line survives power loss.
+* ``turn`` (default) — lines are written to the OS at once (they survive a crash of the process) and
+  fsynced when the session calls :meth:`LogWriter.sync` at the end of a turn.
+* ``never`` — written to the OS, never fsynced by us.
+
+Acknowledgement is a callback, ``on_done(error)``, run on the writer thread once the operation is done
+(``None``) or failed (the ``OSError``, e.g. ENOSPC). Callbacks must be quick and must not block: tell an
+actor, set a future. Nothing is dropped silently: a failed write is undone (the file is truncated back),
+and every later write to that file fails too until :meth:`LogWriter.reset`, so a log never gets a gap.
+
+One thread serves any number of sessions; open files are kept in a small LRU so 100,000 sessions do not
+need 100,000 descriptors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+FsyncPolicy = Literal["always", "turn", "never"]
+OnDone = Callable[[Exception | None], None]
+StrPath = str | os.PathLike[str]
+
+FSYNC_POLICIES: Final = ("always", "turn", "never")
+
+log = logging.getLogger("agentcell.store")
+
+_APPEND, _SYNC, _WRITE_FILE, _CALL, _CLOSE, _BARRIER = range(6)
+_OPEN_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_FILE_MODE: Final = 0o600  # transcripts and logs hold conversations: owner only
+_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+
+class WriterClosedError(RuntimeError):
+    """An operation was handed to a writer that has been closed."""
+
+
+class LogWriteError(OSError):
+    """A write was refused because an earlier write to the same file failed (see :meth:`LogWriter.reset`)."""
+
+
+@dataclass(slots=True)
+class _Op:
+    kind: int
+    path: str
+    data: bytes = b""
+    on_done: OnDone | None = None
+    policy: FsyncPolicy = "turn"
+    fn: Callable[[str], object] | None = None
+    event: threading.Event | None = None
+
+
+@dataclass(slots=True)
+class WriterStats:
+    """Counters since the writer started (read them for benchmarks)."""
+
+    operations: int = 0
+    batches: int = 0
+    writes: int = 0
+    bytes: int = 0
+    fsyncs: int = 0
+    errors: int = 0
+
+
+class LogWriter:
+    """Batches and writes log lines for every session of a runtime on one background thread.
+
+    ``fsync`` is the default policy; each call may override it (a session configured differently).
+    ``max_open_files`` bounds the descriptors kept open between writes.
+    """
+
+    def __init__(
+        self, fsync: FsyncPolicy = "turn", *, max_open_files: int = 256, name: str = "agentcell-log-writer"
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        if max_open_files < 1:
+            raise ValueError("max_open_files must be at least 1")
+        self.fsync: FsyncPolicy = fsync
+        self.max_open_files = max_open_files
+        self.stats = WriterStats()
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Op] = []
+        self._closed = False
+        self._files: OrderedDict[str, int] = OrderedDict()  # path -> fd, least recently used first
+        self._unsynced: set[str] = set()  # written since their last fsync
+        self._failed: dict[str, OSError] = {}  # files with an undone write: refuse until reset()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    # -- operations (any thread) -----------------------------------------------------------------------
+
+    def append(
+        self, path: StrPath, data: bytes, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None
+    ) -> None:
+        """Append ``data`` (whole lines) to ``path``, creating it; ``on_done`` once written (and fsynced
+        under ``always``)."""
+        self._put(_Op(_APPEND, os.fspath(path), data, on_done, fsync or self.fsync))
+
+    def sync(self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None) -> None:
+        """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end."""
+        self._put(_Op(_SYNC, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
+
+    def write_file(
+        self, path: StrPath, data: bytes, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None
+    ) -> None:
+        """Write a whole file (an artifact), creating its folder; replaces an existing file atomically."""
+        self._put(_Op(_WRITE_FILE, os.fspath(path), data, on_done, fsync or self.fsync))
+
+    def call(self, path: StrPath, fn: Callable[[str], object], on_done: OnDone | None = None) -> None:
+        """Run ``fn(path)`` on the writer thread, in order with the other operations on ``path``."""
+        self._put(_Op(_CALL, os.fspath(path), on_done=on_done, fn=fn))
+
+    def close_file(
+        self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None
+    ) -> None:
+        """After the operations queued for ``path``, make it durable (unless ``never``) and close it."""
+        self._put(_Op(_CLOSE, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
+
+    def reset(self, path: StrPath, timeout: float | None = None) -> None:
+        """Block until every operation queued for ``path`` is done, then close it and forget a failed write.
+
+        A session calls this before reading its log at start, so no write of an earlier incarnation can
+        land after it has read the file.
+        """
+        done = threading.Event()
+        self._put(_Op(_BARRIER, os.fspath(path), event=done))
+        if not done.wait(timeout):
+            raise TimeoutError(f"the log writer did not reach {os.fspath(path)} within {timeout} s")
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every operation queued so far is done."""
+        done = threading.Event()
+        self._put(_Op(_BARRIER, "", event=done))
+        if not done.wait(timeout):
+            raise TimeoutError(f"the log writer did not drain within {timeout} s")
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Drain the queue, make files durable (unless ``never``), close them and stop the thread."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        atexit.unregister(self.close)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pending(self) -> int:
+        """Operations queued and not yet taken by the writer thread."""
+        with self._cond:
+            return len(self._queue)
+
+    def open_files(self) -> int:
+        """Descriptors currently held open."""
+        return len(self._files)
+
+    def _put(self, op: _Op) -> None:
+        with self._cond:
+            if self._closed:
+                raise WriterClosedError("the log writer is closed")
+            self._queue.append(op)
+            if len(self._queue) == 1:
+                self._cond.notify()
+
+    # -- the writer thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                batch, self._queue = self._queue, []
+                closing = self._closed
+            if batch:
+                self._process(batch)
+            if closing and not batch:
+                break
+        self._shutdown()
+
+    def _process(self, batch: list[_Op]) -> None:
+        stats = self.stats
+        stats.batches += 1
+        stats.operations += len(batch)
+        per_file: dict[str, list[_Op]] = {}
+        barriers: list[_Op] = []
+        for op in batch:
+            if op.kind == _BARRIER and not op.path:
+                barriers.append(op)
+            else:
+                per_file.setdefault(op.path, []).append(op)
+        for path, ops in per_file.items():
+            try:
+                self._process_file(path, ops)
+            except Exception as exc:  # a bug, not an I/O error: fail the operations, keep the thread alive
+                log.exception("log writer failed on %s", path)
+                for op in ops:
+                    _finish(op, exc)
+        for op in barriers:
+            _finish(op, None)
+
+    def _process_file(self, path: str, ops: list[_Op]) -> None:
+        run: list[_Op] = []  # consecutive appends, written together
+        for op in ops:
+            if op.kind == _APPEND:
+                run.append(op)
+                continue
+            if run:
+                self._write_run(path, run)
+                run = []
+            error: Exception | None = None
+            try:
+                if op.kind == _SYNC:
+                    self._sync(path, op.policy)
+                elif op.kind == _WRITE_FILE:
+                    self._write_whole(path, op.data, op.policy)
+                elif op.kind == _CALL:
+                    assert op.fn is not None
+                    self._release(path)
+                    op.fn(path)
+                elif op.kind == _CLOSE:
+                    self._sync(path, op.policy)
+                    self._release(path)
+                elif op.kind == _BARRIER:
+                    self._release(path)
+                    self._failed.pop(path, None)
+            except OSError as exc:
+                self.stats.errors += 1
+                error = exc
+            _finish(op, error)
+        if run:
+            self._write_run(path, run)
+
+    def _write_run(self, path: str, run: list[_Op]) -> None:
+        failed = self._failed.get(path)
+        if failed is not None:
+            error: OSError = LogWriteError(
+                failed.errno or errno.EIO, f"an earlier write to {path} failed ({failed.strerror or failed})"
+            )
+            for op in run:
+                _finish(op, error)
+            return
+        data = run[0].data if len(run) == 1 else b"".join(op.data for op in run)
+        try:
+            fd = self._fd(path, run[0].policy)
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, data)
+                if any(op.policy == "always" for op in run):
+                    _fdatasync(fd)
+                    self.stats.fsyncs += 1
+                else:
+                    self._unsynced.add(path)
+            except OSError:
+                self._undo(path, fd, start)
+                raise
+        except OSError as exc:
+            self.stats.errors += 1
+            for op in run:
+                _finish(op, exc)
+            return
+        self.stats.writes += 1
+        self.stats.bytes += len(data)
+        for op in run:
+            _finish(op, None)
+
+    def _undo(self, path: str, fd: int, size: int) -> None:
+        """Cut a failed write back to ``size``; if that fails too, refuse the file until reset()."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            self._failed[path] = exc
+        self._release(path)
+
+    def _sync(self, path: str, policy: FsyncPolicy) -> None:
+        if policy == "never" or path not in self._unsynced:
+            return
+        fd = self._files.get(path)
+        if fd is None:  # evicted since the write: fsync through a fresh descriptor (same inode)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                _fdatasync(fd)
+            finally:
+                os.close(fd)
+        else:
+            _fdatasync(fd)
+        self.stats.fsyncs += 1
+        self._unsynced.discard(path)
+
+    def _write_whole(self, path: str, data: bytes, policy: FsyncPolicy) -> None:
+        folder = os.path.dirname(path) or "."
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
+        try:
+            _write_all(fd, data)
+            if policy != "never":
+                _fdatasync(fd)
+                self.stats.fsyncs += 1
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if policy != "never":
+            _fsync_dir(folder)
+        self.stats.writes += 1
+        self.stats.bytes += len(data)
+
+    def _fd(self, path: str, policy: FsyncPolicy) -> int:
+        fd = self._files.get(path)
+        if fd is not None:
+            self._files.move_to_end(path)
+            return fd
+        while len(self._files) >= self.max_open_files:
+            oldest = next(iter(self._files))
+            self._release(oldest)
+        try:
+            fd = os.open(path, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE)
+            created = True
+        except FileExistsError:
+            fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
+            created = False
+        self._files[path] = fd
+        if created and policy != "never":
+            _fsync_dir(os.path.dirname(path) or ".")  # the new name must survive a crash too
+        return fd
+
+    def _release(self, path: str) -> None:
+        fd = self._files.pop(path, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                log.warning("closing %s failed", path, exc_info=True)
+
+    def _shutdown(self) -> None:
+        with self._cond:  # operations that raced with close(): fail them rather than drop them
+            leftover, self._queue = self._queue, []
+        for op in leftover:
+            _finish(op, WriterClosedError("the log writer closed before this operation ran"))
+        for path in list(self._files):
+            if path in self._unsynced and self.fsync != "never":
+                try:
+                    self._sync(path, self.fsync)
+                except OSError:
+                    log.warning("fsync of %s at close failed", path, exc_info=True)
+            self._release(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # pragma: no cover - a regular file never does this
+            raise OSError(errno.EIO, "write wrote nothing")
+        view = view[written:]
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories
+    finally:
+        os.close(fd)
+
+
+def _finish(op: _Op, error: Exception | None) -> None:
+    if op.event is not None:
+        op.event.set()
+    if op.on_done is None:
+        return
+    try:
+        op.on_done(error)
+    except Exception:
+        log.exception("a log writer callback raised")

@@ -1,0 +1,264 @@
+"""The session tree (SPEC 2.2, 2.3): branches, the computed model view, and replay from the log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.messages import (
+    KIND_COMPACTION_SUMMARY,
+    KIND_TOOL_RESULT_ARCHIVED,
+    Message,
+    assistant,
+    tool_result,
+    user,
+)
+from runtime.store.entries import CompactionEntry, MessageEntry, OverlayEntry, new_header
+from runtime.store.log import SessionLog, load_tree
+from runtime.store.tree import SessionTree
+from runtime.store.writer import LogWriter
+
+
+def summary(text: str = "summary") -> Message:
+    return user(text, kind=KIND_COMPACTION_SUMMARY, metadata={"read_files": ["a.py"], "modified_files": []})
+
+
+def texts(messages: list[Message]) -> list[str]:
+    return [m.text for m in messages]
+
+
+def test_append_follows_the_leaf_and_the_path_is_the_conversation() -> None:
+    tree = SessionTree(new_header("s", model="m"))
+    a = tree.append(user("a"))
+    b = tree.append(assistant("b"))
+    assert a.parent_id is None and b.parent_id == a.id
+    assert tree.leaf_id == b.id
+    assert [n.id for n in tree.path()] == [a.id, b.id]
+    assert texts(tree.context()) == texts(tree.messages()) == ["a", "b"]
+
+
+def test_branch_starts_a_sibling_and_nothing_is_deleted() -> None:
+    tree = SessionTree()
+    a = tree.append(user("a"))
+    b = tree.append(assistant("b"))
+    tree.branch(a.id)
+    c = tree.append(assistant("c"))
+    assert c.parent_id == a.id
+    assert texts(tree.context()) == ["a", "c"]
+    assert len(tree) == 3
+    assert tree.children(a.id) == [b.id, c.id]
+    assert tree.get(b.id) == b
+    tree.branch(None)
+    root2 = tree.append(user("fresh start"))
+    assert root2.parent_id is None
+    assert texts(tree.context()) == ["fresh start"]
+    assert len(tree.children(None)) == 2
+
+
+def test_append_with_an_explicit_parent_branches_in_one_step() -> None:
+    tree = SessionTree()
+    a = tree.append(user("a"))
+    tree.append(assistant("b"))
+    tree.append(user("c"), parent_id=a.id)
+    assert texts(tree.context()) == ["a", "c"]
+
+
+def test_compaction_view_is_summary_then_kept_span_then_newer_messages() -> None:
+    tree = SessionTree()
+    ids = [tree.append(user(f"m{i}")).id for i in range(6)]
+    entry = tree.record_compaction(summary(), ids[4], tokens_before=900, tokens_after=300)
+    tree.append(assistant("after"))
+    assert texts(tree.context()) == ["summary", "m4", "m5", "after"]
+    assert tree.usage_floor == 3
+    assert texts(tree.context_since_compaction()) == ["after"]
+    assert tree.latest_compaction == entry
+    # The user's view keeps everything, with the summary as a marker where the compaction happened.
+    assert texts(tree.messages()) == ["m0", "m1", "m2", "m3", "m4", "m5", "summary", "after"]
+
+
+def test_hard_reset_compaction_replaces_the_whole_history() -> None:
+    tree = SessionTree()
+    for i in range(4):
+        tree.append(user(f"m{i}"))
+    tree.record_compaction(summary(), None, mode="hard_reset")
+    tree.append(user("next"))
+    assert texts(tree.context()) == ["summary", "next"]
+    assert tree.usage_floor == 1
+
+
+def test_a_second_compaction_can_keep_from_the_first_summary() -> None:
+    tree = SessionTree()
+    ids = [tree.append(user(f"m{i}")).id for i in range(4)]
+    first = tree.record_compaction(summary("s1"), ids[2])
+    tree.append(user("x"))
+    tree.record_compaction(summary("s2"), first.id)
+    assert texts(tree.context()) == ["s2", "s1", "m2", "m3", "x"]
+    later = tree.context()[3].id
+    tree.record_compaction(summary("s3"), later)
+    assert texts(tree.context()) == ["s3", "m3", "x"]
+
+
+def test_hidden_messages_are_left_out_of_the_model_view_only() -> None:
+    tree = SessionTree()
+    tree.append(user("visible"))
+    tree.append(user("note to the user", agent_visible=False))
+    assert texts(tree.context()) == ["visible"]
+    assert texts(tree.messages()) == ["visible", "note to the user"]
+
+
+def test_overlay_archives_a_tool_result_on_paths_through_it_only() -> None:
+    tree = SessionTree()
+    call = tree.append(assistant("calling"))
+    result = tree.append(tool_result("c1", "read_file", "big output"))
+    archived = msgspec.structs.replace(result.message, agent_visible=False, kind=KIND_TOOL_RESULT_ARCHIVED)
+    tree.overlay([archived])
+    tree.append(user("go on"))
+    assert texts(tree.context()) == ["calling", "go on"]
+    assert [m.kind for m in tree.messages()] == [None, KIND_TOOL_RESULT_ARCHIVED, None]
+    original = tree.get(result.id)
+    assert isinstance(original, MessageEntry) and original.message.agent_visible
+    tree.branch(result.id)  # a path that does not pass through the overlay sees the original
+    assert texts(tree.context()) == ["calling", "big output"]
+    assert call.id in tree
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t, ids: t.append(user("dup", id=ids[0])),
+        lambda t, ids: t.append(user("orphan"), parent_id="nope"),
+        lambda t, ids: t.branch("nope"),
+        lambda t, ids: t.record_compaction(summary(), "nope"),
+        lambda t, ids: t.overlay([user("replacement", id="nope")]),
+    ],
+    ids=["duplicate-id", "unknown-parent", "unknown-leaf", "kept-id-off-path", "overlay-off-path"],
+)
+def test_inconsistent_changes_raise_and_leave_the_tree_unchanged(change: object) -> None:
+    tree = SessionTree()
+    ids = [tree.append(user(f"m{i}")).id for i in range(3)]
+    before = (tree.entries(), tree.leaf_id, tree.context(), tree.messages())
+    with pytest.raises(ValueError):
+        change(tree, ids)  # type: ignore[operator]
+    assert (tree.entries(), tree.leaf_id, tree.context(), tree.messages()) == before
+
+
+def test_kept_id_on_another_branch_is_refused() -> None:
+    tree = SessionTree()
+    a = tree.append(user("a"))
+    b = tree.append(user("b"))
+    tree.branch(a.id)
+    tree.append(user("c"))
+    with pytest.raises(ValueError, match="not on the path"):
+        tree.record_compaction(summary(), b.id)
+
+
+def test_model_metadata_overrides_the_header() -> None:
+    tree = SessionTree(new_header("s", model="small"))
+    assert tree.model == "small"
+    tree.set_metadata("model", "large")
+    assert tree.model == "large"
+    assert SessionTree.from_entries(tree.entries()).model == "large"
+
+
+# -- property: any sequence of changes replays from the log to the same tree ----------------------------
+
+
+@dataclass
+class _Snapshot:
+    """The oracle: the views after each node, derived from the operations, not from the tree's code."""
+
+    context: list[Message] = field(default_factory=list)
+    floor: int = 0
+    user: list[Message] = field(default_factory=list)
+
+
+def _apply_random_change(data: st.DataObject, tree: SessionTree, model: dict[str | None, _Snapshot]) -> None:
+    current = model[tree.leaf_id]
+    nodes = list(model)  # insertion order: deterministic for hypothesis
+    kind = data.draw(
+        st.sampled_from(["append", "append", "append", "hidden", "branch", "compact", "overlay"])
+    )
+    if kind in ("append", "hidden"):
+        message = user(f"m{len(tree)}", id=f"m{len(tree)}", agent_visible=kind == "append")
+        tree.append(message)
+        context = [*current.context, message] if message.agent_visible else list(current.context)
+        model[message.id] = _Snapshot(context, current.floor, [*current.user, message])
+    elif kind == "branch":
+        tree.branch(data.draw(st.sampled_from(nodes)))
+    elif kind == "compact":
+        candidates = [m.id for m in current.context]
+        keep = data.draw(st.sampled_from([None, *candidates]))
+        s = msgspec.structs.replace(summary(f"s{tree.compaction_count}"), id=f"s{tree.compaction_count}")
+        tree.record_compaction(s, keep, mode="summarize" if keep else "hard_reset")
+        start = candidates.index(keep) if keep is not None else len(candidates)
+        context = [s, *current.context[start:]]
+        model[s.id] = _Snapshot(context, len(context), [*current.user, s])
+    else:
+        visible = [m for m in current.context if m.kind != KIND_COMPACTION_SUMMARY]
+        if not visible:
+            return
+        targets = data.draw(
+            st.lists(st.sampled_from(visible), min_size=1, max_size=3, unique_by=lambda m: m.id)
+        )
+        hide = data.draw(st.booleans())
+        replacements = {
+            m.id: msgspec.structs.replace(m, agent_visible=not hide, parts=user(m.text + "'").parts)
+            for m in targets
+        }
+        entry = tree.overlay(replacements.values())
+        context: list[Message] = []
+        floor = current.floor
+        for i, m in enumerate(current.context):
+            new = replacements.get(m.id, m)
+            if new.agent_visible:
+                context.append(new)
+            elif i < current.floor:
+                floor -= 1
+        model[entry.id] = _Snapshot(context, floor, [replacements.get(m.id, m) for m in current.user])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_changes_replay_from_the_log_to_the_same_tree_and_views(
+    data: st.DataObject, tmp_path: Path
+) -> None:
+    tree = SessionTree(new_header("s", model="m"))
+    model: dict[str | None, _Snapshot] = {None: _Snapshot()}
+    for _ in range(data.draw(st.integers(1, 40))):
+        _apply_random_change(data, tree, model)
+        expected = model[tree.leaf_id]
+        assert tree.context() == expected.context
+        assert tree.usage_floor == expected.floor
+        assert tree.messages() == expected.user
+
+    path = tmp_path / f"{len(list(tmp_path.iterdir()))}.jsonl"
+    writer = LogWriter("never")
+    try:
+        SessionLog(path, writer).append_many(tree.entries())
+        writer.flush()
+    finally:
+        writer.close()
+    replayed, info = load_tree(path)
+    assert not info.torn
+    assert replayed.entries() == tree.entries()
+    assert replayed.leaf_id == tree.leaf_id
+    assert replayed.path() == tree.path()
+    assert replayed.context() == tree.context()
+    assert replayed.messages() == tree.messages()
+    assert replayed.usage_floor == tree.usage_floor
+    assert replayed.latest_compaction == tree.latest_compaction
+
+
+def test_nodes_of_every_kind_are_on_the_path() -> None:
+    tree = SessionTree()
+    m = tree.append(user("a"))
+    o = tree.overlay([msgspec.structs.replace(m.message, agent_visible=False)])
+    c = tree.record_compaction(summary(), None)
+    kinds = [type(n) for n in tree.path()]
+    assert kinds == [MessageEntry, OverlayEntry, CompactionEntry]
+    assert tree.leaf_id == c.id and o.parent_id == m.id
