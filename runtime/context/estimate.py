@@ -1,0 +1,250 @@
+"""The context estimate (SPEC 4.2), the compaction trigger (5.1) and the context breakdown (4.6). Pure.
+
+One formula serves the compaction decision and the display, so the two can never disagree::
+
+    estimate = last_input_tokens + last_output_tokens + count(messages added since that response)
+
+"That response" is the newest assistant message in the model-facing context that carries usage, was
+appended after the latest compaction (index >= ``usage_floor``) and did not end in ``aborted`` or
+``error``. Without one (a new session, right after a compaction, only failed turns), the estimate is a
+full count of system prompt + tools + messages, labelled estimated.
+
+Everything here is a function of its arguments: no actors, no I/O. ``count`` is usually
+``TokenCounter.count_message``, whose per-message cache makes a turn's estimate cost O(new messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import msgspec
+
+from runtime.config import CompactionConfig
+from runtime.messages import Message
+
+BASIS_LAST_RESPONSE: Final = "last_response"
+BASIS_FULL: Final = "full"
+
+# Stop reasons whose usage does not describe the context (SPEC 4.2).
+UNTRUSTED_STOP_REASONS: Final = frozenset({"aborted", "error"})
+
+# Where each figure of ContextStats comes from.
+ACTUAL: Final = "actual"  # the provider's own usage numbers
+ESTIMATED: Final = "estimated"  # counted here
+ACTUAL_PLUS_ESTIMATE: Final = "actual+estimated"  # the last actual usage plus counted new messages
+BACK_CALCULATED: Final = "back_calculated"  # total minus the estimated parts
+CONFIGURED: Final = "configured"  # from the compaction config and the model's window
+
+
+class ContextEstimate(msgspec.Struct, frozen=True, kw_only=True):
+    """The estimated size of the next request's input, and how it was reached."""
+
+    tokens: int
+    estimated: bool  # True: a full count; False: anchored on the last response's actual usage
+    last_input_tokens: int | None = None
+    last_output_tokens: int | None = None
+    new_messages_tokens: int = 0  # counted: the messages after the last response (all of them if none)
+    basis: str = BASIS_FULL
+
+
+def usable_response(msg: Message) -> bool:
+    """Whether ``msg`` is a response whose usage can anchor the estimate."""
+    return (
+        msg.role == "assistant"
+        and msg.usage is not None
+        and msg.usage.input_tokens > 0
+        and msg.stop_reason not in UNTRUSTED_STOP_REASONS
+    )
+
+
+def last_response_index(messages: Sequence[Message], usage_floor: int = 0) -> int | None:
+    """Index of the newest usable response at or after ``usage_floor``; None when there is none.
+
+    Scans backwards, so the cost is the number of messages since that response.
+    """
+    floor = max(0, usage_floor)
+    for i in range(len(messages) - 1, floor - 1, -1):
+        if usable_response(messages[i]):
+            return i
+    return None
+
+
+def estimate_context(
+    messages: Sequence[Message],
+    *,
+    count: Callable[[Message], int],
+    system_tokens: int,
+    tools_tokens: int,
+    usage_floor: int = 0,
+) -> ContextEstimate:
+    """The estimated input size of a request made now (SPEC 4.2).
+
+    ``messages`` is the model-facing context (a compaction summary first when there is one);
+    ``usage_floor`` the index of its first message appended after the latest compaction. Messages that
+    are not agent-visible are not sent, so they are not counted.
+    """
+    anchor = last_response_index(messages, usage_floor)
+    if anchor is None:
+        body = sum(count(m) for m in messages if m.agent_visible)
+        return ContextEstimate(
+            tokens=system_tokens + tools_tokens + body,
+            estimated=True,
+            new_messages_tokens=body,
+            basis=BASIS_FULL,
+        )
+    usage = messages[anchor].usage
+    assert usage is not None  # usable_response checked it
+    new = 0
+    for i in range(anchor + 1, len(messages)):
+        if messages[i].agent_visible:
+            new += count(messages[i])
+    return ContextEstimate(
+        tokens=usage.input_tokens + usage.output_tokens + new,
+        estimated=False,
+        last_input_tokens=usage.input_tokens,
+        last_output_tokens=usage.output_tokens,
+        new_messages_tokens=new,
+        basis=BASIS_LAST_RESPONSE,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The compaction trigger (SPEC 5.1)
+
+
+def reserve_tokens(window: int, config: CompactionConfig) -> int:
+    """The output buffer kept free below the window: ``reserve_tokens``, at most half the window (so a
+    small model still has room for a conversation)."""
+    return min(config.reserve_tokens, window // 2)
+
+
+def effective_limit(window: int | None, config: CompactionConfig) -> int | None:
+    """The context size compaction keeps below: window − reserve; ``max_tokens`` when the window is
+    unknown. A configured ``max_tokens`` also caps a known window's limit. None: no token limit."""
+    if window is None or window <= 0:
+        return config.max_tokens
+    limit = window - reserve_tokens(window, config)
+    if config.max_tokens is not None:
+        limit = min(limit, config.max_tokens)
+    return limit
+
+
+def compaction_threshold(window: int | None, config: CompactionConfig) -> int | None:
+    """The estimate, in tokens, at which automatic compaction triggers: ``threshold × limit``."""
+    limit = effective_limit(window, config)
+    return None if limit is None else int(limit * config.threshold)
+
+
+def should_compact(
+    estimate: int | ContextEstimate, window: int | None, config: CompactionConfig, message_count: int = 0
+) -> bool:
+    """Whether automatic compaction is due: auto is on and the estimate reached the threshold, or the
+    context holds at least ``max_messages`` messages (the message-count trigger, off by default)."""
+    if not config.auto:
+        return False
+    tokens = estimate.tokens if isinstance(estimate, ContextEstimate) else estimate
+    threshold = compaction_threshold(window, config)
+    if threshold is not None and tokens >= threshold:
+        return True
+    return config.max_messages is not None and message_count >= config.max_messages
+
+
+# ---------------------------------------------------------------------------------------------------
+# The breakdown (SPEC 4.6)
+
+
+class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
+    """How full a session's context is, and what it is made of (SPEC 4.6).
+
+    ``total`` is the same estimate the compaction trigger uses. The system prompt and tools are always
+    estimated; ``messages`` is back-calculated (total − system − tools) so the parts add up to the total,
+    floored at 0 with ``messages_floored`` set when the estimates of the other parts exceed the total.
+    ``sources`` says for each figure whether it is actual, estimated, back-calculated or configured.
+    """
+
+    window: int
+    total: int
+    estimated: bool
+    basis: str
+    system_prompt: int
+    tools: int
+    messages: int
+    messages_floored: bool
+    last_input_tokens: int | None
+    last_output_tokens: int | None
+    new_messages_tokens: int
+    reserve: int
+    limit: int | None
+    free: int
+    compaction_threshold: int | None
+    will_compact: bool
+    message_count: int
+    last_estimate_error: float | None = None
+    calibration_ratio: float | None = None
+    sources: dict[str, str] = msgspec.field(default_factory=dict)
+
+    @property
+    def percent(self) -> float:
+        """The total as a percentage of the window."""
+        return 100.0 * self.total / self.window if self.window > 0 else 0.0
+
+
+def context_stats(
+    messages: Sequence[Message],
+    *,
+    count: Callable[[Message], int],
+    system_tokens: int,
+    tools_tokens: int,
+    window: int,
+    config: CompactionConfig,
+    usage_floor: int = 0,
+    last_error: float | None = None,
+    calibration_ratio: float | None = None,
+) -> ContextStats:
+    """The breakdown of SPEC 4.6, built on :func:`estimate_context` and :func:`should_compact`.
+
+    ``last_error`` is the relative error of the last estimate ((estimated − actual) ÷ actual) and
+    ``calibration_ratio`` the running actual ÷ estimated ratio, both from the usage tracker.
+    """
+    est = estimate_context(
+        messages, count=count, system_tokens=system_tokens, tools_tokens=tools_tokens, usage_floor=usage_floor
+    )
+    back = est.tokens - system_tokens - tools_tokens
+    reserve = reserve_tokens(window, config) if window > 0 else 0
+    if est.estimated:
+        total_source = ESTIMATED
+    else:
+        total_source = ACTUAL if est.new_messages_tokens == 0 else ACTUAL_PLUS_ESTIMATE
+    return ContextStats(
+        window=window,
+        total=est.tokens,
+        estimated=est.estimated,
+        basis=est.basis,
+        system_prompt=system_tokens,
+        tools=tools_tokens,
+        messages=max(0, back),
+        messages_floored=back < 0,
+        last_input_tokens=est.last_input_tokens,
+        last_output_tokens=est.last_output_tokens,
+        new_messages_tokens=est.new_messages_tokens,
+        reserve=reserve,
+        limit=effective_limit(window, config),
+        free=max(0, window - est.tokens - reserve),
+        compaction_threshold=compaction_threshold(window, config),
+        will_compact=should_compact(est, window, config, len(messages)),
+        message_count=len(messages),
+        last_estimate_error=last_error,
+        calibration_ratio=calibration_ratio,
+        sources={
+            "total": total_source,
+            "system_prompt": ESTIMATED,
+            "tools": ESTIMATED,
+            "messages": ESTIMATED if est.estimated else BACK_CALCULATED,
+            "last_input_tokens": ACTUAL,
+            "last_output_tokens": ACTUAL,
+            "new_messages_tokens": ESTIMATED,
+            "reserve": CONFIGURED,
+            "compaction_threshold": CONFIGURED,
+        },
+    )
