@@ -1,0 +1,640 @@
+"""Compaction, the pure part (SPEC 5.2-5.8): where to cut, what to ask the summarizer, what comes out.
+
+Sans-I/O in three steps, so the compactor actor only moves data:
+
+1. :func:`plan_compaction` picks the cut (:func:`find_cut_point`), splits the history into the summarized
+   and the kept part, and builds the isolated summarizer calls (:class:`SummaryRequest`), each clipped so
+   that it fits the summarizer model's own window.
+2. The actor sends the requests to the model and collects the answers (``None`` for a failed call).
+3. :func:`finish_compaction` turns the answers into the summary message and the new context, falls back to
+   a deterministic summary where allowed, and applies the progress guard (SPEC 5.6).
+
+``messages`` everywhere is the model-facing conversation without the system prompt, oldest first; when the
+session was compacted before, it starts with the previous summary message. Token counts come only from the
+caller's ``count`` (a message counter, e.g. the usage tracker's cached tiktoken counter); messages hidden
+from the model (``agent_visible=False``) cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final, Literal
+
+import msgspec
+
+from runtime.config import CompactionConfig
+from runtime.context.estimate import effective_limit
+from runtime.context.file_ops import FileOps, extract_file_ops
+from runtime.context.prompts import (
+    SPLIT_TURN_HEADING,
+    SUMMARIZER_SYSTEM,
+    SUMMARY_PREFIX,
+    clip_head_tail,
+    render_message,
+    summary_body,
+    summary_message_text,
+    summary_request_prompt,
+)
+from runtime.events import CompactionMode, CompactionTrigger
+from runtime.messages import (
+    KIND_COMPACTION_SUMMARY,
+    KIND_TOOL_SUMMARY,
+    Message,
+    TextPart,
+)
+
+CountTokens = Callable[[Message], int]
+CountText = Callable[[str], int]
+RequestKind = Literal["history", "turn_prefix", "update", "tool_summary"]
+
+# A model asked for N output tokens rarely writes more than ~4 chars each; allow 6 before clipping, so a
+# provider that ignores max_tokens cannot hand us a summary that defeats the point of compacting.
+CHARS_PER_OUTPUT_TOKEN: Final = 6
+# Room left in the summarizer's window for the chat format's own overhead (roles, separators).
+WINDOW_MARGIN_TOKENS: Final = 32
+WINDOW_MARGIN_FRACTION: Final = 0.01
+# A deterministic (fallback) summary quotes the last user request and the previous summary, clipped.
+FALLBACK_REQUEST_CHARS: Final = 600
+
+_NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data
+
+
+class CutPoint(msgspec.Struct, frozen=True):
+    """Where the kept part begins.
+
+    ``index`` is the first kept message (``len(messages)`` when nothing is kept). ``split_turn_start`` is
+    set when the kept part begins inside a turn and at least ``split_turn_min_messages`` of that turn are
+    summarized: it is the index of the turn's user message, and that beginning gets its own summary.
+    ``forced`` says the cut is the ``force`` fallback (keep the last few messages), not a turn boundary.
+    """
+
+    index: int
+    split_turn_start: int | None = None
+    forced: bool = False
+
+
+class SummaryRequest(msgspec.Struct, frozen=True):
+    """One isolated summarizer call (no tools): send ``system`` and ``prompt``, allow ``max_tokens``.
+
+    ``omitted`` counts the oldest messages left out so the call fits the summarizer's window.
+    """
+
+    kind: RequestKind
+    system: str
+    prompt: str
+    max_tokens: int
+    omitted: int = 0
+
+
+class CompactionPlan(msgspec.Struct, frozen=True):
+    """What a compaction will do, before the summarizer runs.
+
+    ``history`` + ``turn_prefix`` are the summarized messages (``history`` starts with the previous summary
+    when there is one) and ``kept`` the rest: together they are the input, in order. ``requests`` are the
+    summarizer calls to make, in order; :func:`finish_compaction` takes one answer per request.
+    """
+
+    mode: CompactionMode
+    trigger: CompactionTrigger
+    cut: CutPoint | None
+    history: list[Message]
+    turn_prefix: list[Message]
+    kept: list[Message]
+    requests: list[SummaryRequest]
+    previous_summary: Message | None
+    file_ops: FileOps
+    config: CompactionConfig
+
+    @property
+    def summarized(self) -> list[Message]:
+        """Every message the summary replaces, in order."""
+        return self.history + self.turn_prefix
+
+    @property
+    def first_kept_id(self) -> str | None:
+        """Id of the first kept message; ``None`` when the summary replaces everything (hard reset)."""
+        return self.kept[0].id if self.kept else None
+
+    @property
+    def messages_before(self) -> int:
+        return len(self.history) + len(self.turn_prefix) + len(self.kept)
+
+    @property
+    def summarizer_input(self) -> str:
+        """Every request's prompt, for the summarizer-input artifact (SPEC 2.3)."""
+        return "\n\n".join(f"=== {r.kind} ===\n{r.prompt}" for r in self.requests)
+
+
+class CompactionResult(msgspec.Struct, frozen=True):
+    """A compaction to record: ``summary`` replaces every message before ``first_kept_id``.
+
+    ``messages`` is the new model-facing conversation (the summary, then the kept messages).
+    ``fallback`` says a deterministic summary stood in for a failed summarizer call.
+    """
+
+    summary: Message
+    first_kept_id: str | None
+    messages: list[Message]
+    mode: CompactionMode
+    trigger: CompactionTrigger
+    messages_before: int
+    tokens_before: int
+    tokens_after: int
+    summarized_count: int
+    fallback: bool
+    file_ops: FileOps
+
+    @property
+    def messages_after(self) -> int:
+        return len(self.messages)
+
+    @property
+    def summary_chars(self) -> int:
+        return len(self.summary.text)
+
+
+class CompactionFailure(msgspec.Struct, frozen=True):
+    """A compaction that must be discarded. The history is unchanged.
+
+    ``reason`` is ``no_progress`` (the progress guard, SPEC 5.6) or ``summarizer_failed`` (no answer and no
+    fallback allowed). ``context_exceeded`` says the context is already over the limit, so the session
+    cannot continue as it is (in hard-reset mode it is dead: SPEC 5.8).
+    """
+
+    reason: Literal["no_progress", "summarizer_failed"]
+    message: str
+    context_exceeded: bool
+    mode: CompactionMode
+    trigger: CompactionTrigger
+    tokens_before: int
+    tokens_after: int | None = None
+
+
+class NothingToCompact(msgspec.Struct, frozen=True):
+    """The history offers nothing worth compacting (e.g. it all fits in the kept budget)."""
+
+    reason: str
+
+
+# ---------------------------------------------------------------------------------------------------
+# Budgets
+
+
+def keep_recent_budget(
+    window: int | None,
+    config: CompactionConfig,
+    *,
+    emergency: bool = False,
+    override: int | None = None,
+) -> int:
+    """The token budget of the kept recent messages (SPEC 5.2, 6.3).
+
+    ``override`` (manual compaction) wins; otherwise ``config.keep_recent_tokens``, else window/4, else
+    ``default_keep_recent_tokens`` when the window is unknown. An emergency keeps at most
+    window/``emergency_keep_divisor``. The result is clamped to half the effective limit.
+    """
+    if override is not None:
+        keep = override
+    elif config.keep_recent_tokens is not None:
+        keep = config.keep_recent_tokens
+    elif window:
+        keep = window // 4
+    else:
+        keep = config.default_keep_recent_tokens
+    if emergency and window:
+        keep = min(keep, window // config.emergency_keep_divisor)
+    limit = effective_limit(window, config)
+    if limit:
+        keep = min(keep, limit // 2)
+    return max(1, keep)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cut (SPEC 5.2, 5.3)
+
+
+def is_summary(msg: Message) -> bool:
+    """A previous compaction summary."""
+    return msg.kind == KIND_COMPACTION_SUMMARY or (
+        msg.role == "user" and msg.kind is None and msg.text.startswith(SUMMARY_PREFIX)
+    )
+
+
+def is_turn_start(msg: Message) -> bool:
+    """A user message that opens a turn (not a summary or tool digest, which are user messages too)."""
+    return msg.role == "user" and msg.kind not in _NOT_TURN_STARTS and not is_summary(msg)
+
+
+def find_cut_point(
+    messages: Sequence[Message],
+    *,
+    keep_tokens: int,
+    count: CountTokens,
+    force: bool = False,
+    force_keep: int = 2,
+    split_turn_min_messages: int = 5,
+) -> CutPoint | None:
+    """Where to cut ``messages`` so that the newest ``keep_tokens`` worth are kept, or ``None``.
+
+    Walks back from the newest message, adding up tokens, to the message that crosses ``keep_tokens``;
+    the cut is the first turn start (user message) at or after it. A cut never separates an assistant
+    tool call from its results, and never keeps a tool result without its call.
+
+    When no turn starts at or after the crossing (the newest turn alone exceeds the budget), the cut lands
+    inside that turn, at the first message at or after the crossing that opens a tool-call group (or the
+    nearest one before it, when the crossing is inside the last group). If ``split_turn_min_messages`` or
+    more of the turn fall before the cut, the turn's start is reported as ``split_turn_start``; a shorter
+    beginning is simply summarized with the rest of the history.
+
+    ``None`` when everything fits in ``keep_tokens`` or no cut would summarize anything besides a previous
+    summary; with ``force``, the fallback is to keep only the last ``force_keep`` messages, moved earlier
+    (so more is kept) when that would split a call from its results, or later when no earlier cut exists.
+    """
+    n = len(messages)
+    if n == 0:
+        return None
+    # The cut must leave something besides previous summaries to summarize.
+    first = next((i for i, m in enumerate(messages) if not is_summary(m)), n)
+    lowest = first + 1
+    if lowest > n:
+        return None
+    valid = _valid_cuts(messages)
+
+    crossing = _crossing(messages, keep_tokens, count)
+    if crossing is not None:
+        start = max(crossing, lowest)
+        clean = next((i for i in range(start, n) if valid[i] and is_turn_start(messages[i])), None)
+        if clean is not None:
+            return CutPoint(clean)
+        inside = next((i for i in range(start, n) if valid[i]), None)
+        if inside is None:
+            inside = next((i for i in range(start - 1, lowest - 1, -1) if valid[i]), None)
+        if inside is not None:
+            if is_turn_start(messages[inside]):
+                return CutPoint(inside)
+            turn = next((i for i in range(inside - 1, -1, -1) if is_turn_start(messages[i])), None)
+            if turn is not None and inside - turn >= split_turn_min_messages:
+                return CutPoint(inside, split_turn_start=turn)
+            return CutPoint(inside)
+    if not force:
+        return None
+    return _forced_cut(valid, n, lowest, force_keep)
+
+
+def _valid_cuts(messages: Sequence[Message]) -> list[bool]:
+    """``valid[i]``: the kept part may start at ``i`` (``valid[n]`` is true: keep nothing).
+
+    A cut at ``i`` is invalid when a tool call before ``i`` has its result at or after ``i``, and when
+    ``messages[i]`` is a tool result (its call would be summarized, or it is an orphan).
+    """
+    n = len(messages)
+    call_at: dict[str, int] = {}
+    span = [0] * (n + 2)
+    for i, msg in enumerate(messages):
+        if msg.role == "assistant":
+            for call in msg.tool_calls:
+                call_at[call.id] = i
+        elif msg.role == "tool" and msg.tool_call_id is not None:
+            c = call_at.get(msg.tool_call_id)
+            if c is not None and c < i:
+                span[c + 1] += 1  # cuts in c+1 .. i would separate call c from result i
+                span[i + 1] -= 1
+    valid = [False] * (n + 1)
+    open_spans = 0
+    for i in range(n + 1):
+        open_spans += span[i]
+        valid[i] = open_spans == 0 and (i == n or messages[i].role != "tool")
+    return valid
+
+
+def _crossing(messages: Sequence[Message], keep_tokens: int, count: CountTokens) -> int | None:
+    """Index of the newest message whose addition makes the kept tail exceed ``keep_tokens``."""
+    total = 0
+    for i in range(len(messages) - 1, -1, -1):
+        msg = messages[i]
+        if msg.agent_visible:
+            total += count(msg)
+            if total > keep_tokens:
+                return i
+    return None
+
+
+def _forced_cut(valid: list[bool], n: int, lowest: int, force_keep: int) -> CutPoint | None:
+    target = max(n - force_keep, lowest)
+    index = next((i for i in range(target, lowest - 1, -1) if valid[i]), None)
+    if index is None:
+        index = next(i for i in range(target, n + 1) if valid[i])  # valid[n] is always true
+    return CutPoint(index, forced=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Planning (SPEC 5.4, 5.8)
+
+
+def plan_compaction(
+    messages: Sequence[Message],
+    *,
+    trigger: CompactionTrigger,
+    keep_tokens: int,
+    count: CountTokens,
+    config: CompactionConfig,
+    mode: CompactionMode | None = None,
+    force: bool = False,
+    previous_file_ops: FileOps | None = None,
+    instructions: str | None = None,
+    summarizer_window: int | None = None,
+    count_text: CountText | None = None,
+) -> CompactionPlan | NothingToCompact:
+    """Plan a compaction of ``messages`` (see the module docstring for the three steps).
+
+    ``mode`` defaults to ``config.mode``. ``summarize`` and ``truncate`` keep the newest ``keep_tokens``
+    (:func:`find_cut_point`, with ``force``); ``hard_reset`` summarizes everything. ``truncate`` makes no
+    requests. ``previous_file_ops`` defaults to the previous summary's metadata. ``instructions`` are the
+    focus of a manual compaction. With ``summarizer_window``, every request is clipped so that its system
+    prompt, prompt and ``max_tokens`` fit in it, measured with ``count_text`` (default: a conservative
+    character-based estimate).
+    """
+    mode = mode or config.mode
+    msgs = list(messages)
+    cut: CutPoint | None = None
+    if mode == "hard_reset":
+        if all(is_summary(m) for m in msgs):
+            return NothingToCompact("nothing to summarize besides the previous summary")
+        history, prefix, kept = msgs, [], []
+    else:
+        cut = find_cut_point(
+            msgs,
+            keep_tokens=keep_tokens,
+            count=count,
+            force=force,
+            force_keep=config.force_keep_messages,
+            split_turn_min_messages=config.split_turn_min_messages,
+        )
+        if cut is None:
+            return NothingToCompact(f"the history fits in the {keep_tokens}-token kept budget")
+        kept = msgs[cut.index :]
+        if cut.split_turn_start is not None:
+            history, prefix = msgs[: cut.split_turn_start], msgs[cut.split_turn_start : cut.index]
+        else:
+            history, prefix = msgs[: cut.index], []
+
+    previous = history[0] if history and is_summary(history[0]) else None
+    if previous_file_ops is None:
+        previous_file_ops = FileOps.from_metadata(previous.metadata) if previous else FileOps()
+    file_ops = previous_file_ops.merge(extract_file_ops(history + prefix))
+
+    requests: list[SummaryRequest] = []
+    if mode != "truncate":
+        builder = _RequestBuilder(config, summarizer_window, count_text or approx_tokens, instructions)
+        new_history = history[1:] if previous else history
+        if new_history:
+            kind: RequestKind = "update" if previous else "history"
+            previous_text = summary_body(previous.text) if previous else None
+            requests += builder.build(kind, new_history, previous_text)
+        if prefix:
+            requests += builder.build("turn_prefix", prefix, None)
+    return CompactionPlan(
+        mode=mode,
+        trigger=trigger,
+        cut=cut,
+        history=history,
+        turn_prefix=prefix,
+        kept=kept,
+        requests=requests,
+        previous_summary=previous,
+        file_ops=file_ops,
+        config=config,
+    )
+
+
+def approx_tokens(text: str) -> int:
+    """A deliberately high token estimate: ~3 ASCII chars per token, 1.5 tokens per other character."""
+    other = min(len(text.encode("utf-8")) - len(text), len(text))
+    return (len(text) - other) // 3 + (3 * other) // 2 + 1
+
+
+class _RequestBuilder:
+    """Builds summarizer requests that fit the summarizer's window."""
+
+    def __init__(
+        self,
+        config: CompactionConfig,
+        window: int | None,
+        measure: CountText,
+        instructions: str | None,
+    ) -> None:
+        self.config = config
+        self.window = window
+        self.measure = measure
+        self.instructions = instructions
+        out = config.summary_max_output_tokens
+        self.max_tokens = min(out, window // 4) if window else out
+
+    def build(self, kind: RequestKind, msgs: list[Message], previous: str | None) -> list[SummaryRequest]:
+        """One request for ``msgs`` (as a list, empty when even an empty transcript cannot fit)."""
+        max_tokens = max(1, self.max_tokens // 2) if kind == "turn_prefix" else self.max_tokens
+        visible = [m for m in msgs if m.agent_visible]
+        chars = self.config.summary_tool_result_chars
+        if self.window is None:
+            blocks = [render_message(m, tool_result_chars=chars) for m in visible]
+            return [self._request(kind, blocks, previous, max_tokens, omitted=0)]
+
+        room = self.window - max_tokens - self._margin() - self.measure(SUMMARIZER_SYSTEM)
+        if previous is not None:
+            previous = self._clip_to(previous, room // 2)
+        skeleton = self._prompt(kind, [], previous, omitted=len(visible))
+        budget = room - self.measure(skeleton)
+        if budget <= 0:
+            return []
+        newest_first = (render_message(m, tool_result_chars=chars) for m in reversed(visible))
+        taken = self._take(newest_first, budget)
+        while True:
+            request = self._request(
+                kind, taken[::-1], previous, max_tokens, omitted=len(visible) - len(taken)
+            )
+            used = self.measure(request.system) + self.measure(request.prompt) + max_tokens + self._margin()
+            if used <= self.window:
+                return [request]
+            if not taken:
+                return []
+            taken.pop()  # the oldest block; per-block counts can differ slightly from the whole
+
+    def _take(self, newest_first: Iterator[str], budget: int) -> list[str]:
+        taken: list[str] = []
+        used = 0
+        for block in newest_first:
+            tokens = self.measure(block) + 1  # + the blank line between blocks
+            if used + tokens <= budget:
+                taken.append(block)
+                used += tokens
+                continue
+            if not taken:  # the newest message alone is too big: keep its head and tail
+                taken.append(self._clip_to(block, budget - 1))
+            break
+        return taken
+
+    def _clip_to(self, text: str, tokens: int) -> str:
+        """``text`` clipped head and tail until it measures at most ``tokens``."""
+        size = self.measure(text)
+        while size > tokens and text:
+            chars = max(0, min(len(text) - 1, int(len(text) * tokens / size * 0.9)))
+            text = clip_head_tail(text, chars) if chars > 64 else text[:chars]
+            size = self.measure(text)
+        return text
+
+    def _margin(self) -> int:
+        assert self.window is not None
+        return WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
+
+    def _prompt(self, kind: RequestKind, blocks: list[str], previous: str | None, *, omitted: int) -> str:
+        return summary_request_prompt(
+            "\n\n".join(blocks),
+            kind=kind,
+            previous_summary=previous,
+            instructions=self.instructions,
+            omitted=omitted,
+        )
+
+    def _request(
+        self, kind: RequestKind, blocks: list[str], previous: str | None, max_tokens: int, *, omitted: int
+    ) -> SummaryRequest:
+        prompt = self._prompt(kind, blocks, previous, omitted=omitted)
+        return SummaryRequest(kind, SUMMARIZER_SYSTEM, prompt, max_tokens, omitted=omitted)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Finishing (SPEC 5.3-5.6, 5.8)
+
+
+def finish_compaction(
+    plan: CompactionPlan,
+    answers: Sequence[str | None],
+    *,
+    count: CountTokens,
+    tokens_before: int | None = None,
+    limit: int | None = None,
+) -> CompactionResult | CompactionFailure:
+    """Turn the summarizer's ``answers`` (one per request, ``None`` when a call failed) into the result.
+
+    Split-turn summaries are joined; a missing answer becomes the deterministic ``[Compacted N messages:
+    ...]`` summary of its part when fallback is allowed (never in ``hard_reset``). ``tokens_before`` is the
+    caller's estimate of the context (default: the messages' count); the new estimate is that minus the
+    summarized messages plus the summary. A result that does not reduce it by ``config.min_reduction`` is a
+    ``no_progress`` failure. ``limit`` (the effective context limit) decides ``context_exceeded``.
+    """
+    if len(answers) != len(plan.requests):
+        raise ValueError(f"expected {len(plan.requests)} answers (one per request), got {len(answers)}")
+    config = plan.config
+    summarized = plan.summarized
+    removed = sum(count(m) for m in summarized if m.agent_visible)
+    if tokens_before is None:
+        tokens_before = removed + sum(count(m) for m in plan.kept if m.agent_visible)
+    over_limit = limit is not None and tokens_before > limit
+
+    def fail(
+        reason: Literal["no_progress", "summarizer_failed"], why: str, after: int | None
+    ) -> CompactionFailure:
+        if over_limit:
+            why = f"Context limit exceeded and compaction failed: {why} Please start a new session."
+        return CompactionFailure(reason, why, over_limit, plan.mode, plan.trigger, tokens_before, after)
+
+    by_kind: dict[str, str | None] = {r.kind: a for r, a in zip(plan.requests, answers)}
+    allow_fallback = plan.mode == "truncate" or (config.fallback and plan.mode != "hard_reset")
+    used_fallback = False
+    parts: list[str] = []
+    for kind, msgs in _parts(plan):
+        answer = _clean_answer(by_kind.get(kind), plan, kind)
+        if answer is None and kind == "carry" and plan.previous_summary is not None:
+            answer = summary_body(plan.previous_summary.text)
+        if answer is None:
+            if not allow_fallback:
+                return fail("summarizer_failed", "the summarizer gave no summary and fallback is off.", None)
+            used_fallback = used_fallback or plan.mode != "truncate"
+            answer = fallback_summary(msgs, plan.previous_summary if kind != "turn_prefix" else None)
+        parts.append(f"{SPLIT_TURN_HEADING}\n\n{answer}" if kind == "turn_prefix" else answer)
+
+    text = summary_message_text("\n\n".join(parts), plan.file_ops.render())
+    summary = Message(
+        role="user",
+        parts=(TextPart(text),),
+        kind=KIND_COMPACTION_SUMMARY,
+        metadata=plan.file_ops.to_metadata(),
+    )
+    tokens_after = max(0, tokens_before - removed + count(summary))
+    if tokens_after > (1.0 - config.min_reduction) * tokens_before:
+        why = (
+            f"the compaction would only take the context from {tokens_before} to {tokens_after} tokens "
+            f"(less than the required {config.min_reduction:.0%} reduction), so it was discarded."
+        )
+        return fail("no_progress", why, tokens_after)
+    return CompactionResult(
+        summary=summary,
+        first_kept_id=plan.first_kept_id,
+        messages=[summary, *plan.kept],
+        mode=plan.mode,
+        trigger=plan.trigger,
+        messages_before=plan.messages_before,
+        tokens_before=tokens_before,
+        tokens_after=tokens_after,
+        summarized_count=len(summarized),
+        fallback=used_fallback,
+        file_ops=plan.file_ops,
+    )
+
+
+def _parts(plan: CompactionPlan) -> list[tuple[str, list[Message]]]:
+    """The summary's parts in order: the history (a request kind, or ``carry`` when only the previous
+    summary is there to carry over) and the beginning of a split turn."""
+    parts: list[tuple[str, list[Message]]] = []
+    new_history = plan.history[1:] if plan.previous_summary is not None else plan.history
+    if new_history:
+        parts.append(("update" if plan.previous_summary is not None else "history", new_history))
+    elif plan.previous_summary is not None:
+        parts.append(("carry", []))
+    if plan.turn_prefix:
+        parts.append(("turn_prefix", plan.turn_prefix))
+    return parts
+
+
+def _clean_answer(answer: str | None, plan: CompactionPlan, kind: str) -> str | None:
+    if answer is None:
+        return None
+    body = summary_body(answer)
+    if not body:
+        return None
+    request = next((r for r in plan.requests if r.kind == kind), None)
+    max_tokens = request.max_tokens if request else plan.config.summary_max_output_tokens
+    return clip_head_tail(body, max_tokens * CHARS_PER_OUTPUT_TOKEN)
+
+
+def fallback_summary(messages: Sequence[Message], previous: Message | None = None) -> str:
+    """The deterministic summary (SPEC 5.5): ``[Compacted N messages: ...]`` with role counts, the last
+    user request and the previous summary, clipped. (File lists are appended to every summary.)"""
+    new = [m for m in messages if not is_summary(m)]
+    roles = {"user": 0, "assistant": 0, "tool": 0, "system": 0}
+    for msg in new:
+        roles[msg.role] += 1
+    counts = ", ".join(
+        f"{n} {label}"
+        for label, n in (
+            ("user", roles["user"]),
+            ("assistant", roles["assistant"]),
+            ("tool results", roles["tool"]),
+            ("system", roles["system"]),
+        )
+        if n
+    )
+    lines = [f"[Compacted {len(new)} messages: {counts or 'none'}]"]
+    last_request = next((m for m in reversed(new) if is_turn_start(m) and m.text.strip()), None)
+    if last_request is not None:
+        quoted = clip_head_tail(last_request.text.strip(), FALLBACK_REQUEST_CHARS)
+        lines.append(f"Last user request in the compacted part:\n{quoted}")
+    if previous is not None:
+        earlier = summary_body(previous.text)
+        if earlier:
+            lines.append(f"Earlier summary:\n{earlier}")
+    return "\n\n".join(lines)
