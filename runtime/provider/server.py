@@ -1,0 +1,570 @@
+"""The local OpenAI-compatible provider: a Starlette app on uvicorn, in a background thread.
+
+``POST /v1/chat/completions`` (streamed as SSE or not) and ``GET /v1/models``. Replies come from a script
+selected by the request's ``model`` (see :mod:`runtime.provider.script`) or from the built-in policy
+(:mod:`runtime.provider.policy`). Usage is exact (:mod:`runtime.provider.usage`). A request over the
+context window fails with the configured vendor's overflow error (:mod:`runtime.provider.errors`).
+
+Example::
+
+    with LocalProvider(context_window=8_000, overflow_format="anthropic").start() as provider:
+        provider.add_script("hello", [Turn(text="Hi!")])
+        litellm.completion(model="openai/hello", api_base=provider.url, api_key="sk-local", messages=...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from runtime.provider import errors, policy
+from runtime.provider.script import Fault, FaultKind, ToolCallSpec, Turn
+from runtime.provider.usage import PromptCount, TokenCounter
+
+DEFAULT_MODEL: Final = "agentcell-local"
+_SSE_DONE: Final = b"data: [DONE]\n\n"
+_log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+_decode_body = msgspec.json.Decoder(dict[str, Any])
+
+
+class LoggedRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One request the provider received, and how it answered. Never holds the API key."""
+
+    model: str
+    body: dict[str, Any]
+    stream: bool
+    prompt_tokens: int
+    cached_tokens: int
+    status: int
+    outcome: str
+    """``ok``, ``overflow``, a fault kind (``rate_limit``, ``hang``, ...), or ``error``."""
+    source: str
+    """``script`` or ``policy`` (or ``-`` when no reply was chosen)."""
+    authorized: bool
+    received_at: float
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.body.get("messages") or []
+        return messages
+
+
+class _Script:
+    __slots__ = ("loop", "position", "turns")
+
+    def __init__(self, turns: Sequence[Turn], loop: bool) -> None:
+        self.turns = list(turns)
+        self.loop = loop
+        self.position = 0
+
+    def next_turn(self) -> Turn | None:
+        if self.position >= len(self.turns):
+            if not self.loop or not self.turns:
+                return None
+            self.position = 0
+        turn = self.turns[self.position]
+        self.position += 1
+        return turn
+
+
+class LocalProvider:
+    """An OpenAI-compatible chat-completions server on 127.0.0.1, deterministic and instrumented.
+
+    ``context_window``, ``overflow_format``, ``latency``, ``chunk_chars`` and ``chunk_delay`` are plain
+    attributes: change them at any time, the next request uses the new value.
+    """
+
+    def __init__(
+        self,
+        context_window: int = 128_000,
+        overflow_format: str = "openai",
+        latency: float = 0.0,
+        encoding: str = "o200k_base",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        chunk_chars: int = 24,
+        chunk_delay: float = 0.0,
+        log_size: int = 1_000,
+    ) -> None:
+        errors.overflow_error(overflow_format, 1, 1)  # fail fast on an unknown format
+        self.context_window = context_window
+        self.overflow_format = overflow_format
+        self.latency = latency
+        self.chunk_chars = max(1, chunk_chars)
+        self.chunk_delay = chunk_delay
+        self.host = host
+        self._port = port
+        self._api_key = api_key
+        self._counter = TokenCounter(encoding)
+        self._scripts: dict[str, _Script] = {}
+        self._faults: deque[Fault] = deque()
+        self._lock = threading.Lock()
+        self._log: deque[LoggedRequest] = deque(maxlen=log_size)
+        self._stopping = threading.Event()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"<LocalProvider {self.url if self.running else self.host} {state} window={self.context_window}>"
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one before :meth:`start`, 0 meaning "a free one")."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL to give a client: ``http://127.0.0.1:PORT/v1``."""
+        return f"http://{self.host}:{self._port}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout: float = 10.0) -> LocalProvider:
+        """Bind the port and serve from a daemon thread; returns once the server accepts connections."""
+        import uvicorn
+
+        if self.running:
+            return self
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self._port))
+        except OSError:
+            sock.close()
+            raise
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            loop="asyncio",
+            http="h11",
+            backlog=2048,
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=1,
+        )
+        server = uvicorn.Server(config)
+        self._server = server
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=server.run,
+            kwargs={"sockets": [sock]},
+            name=f"agentcell-provider:{self._port}",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the local provider did not start on {self.host}:{self._port}")
+            time.sleep(0.005)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving: hung requests end, open connections close; returns when the thread is gone."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> LocalProvider:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- scripting and faults -----------------------------------------------------------------------
+
+    def add_script(self, name: str, turns: Sequence[Turn], *, loop: bool = False) -> None:
+        """Requests for model ``name`` consume ``turns`` in order (from the start again when ``loop``).
+
+        A request after the last turn of a non-looping script fails with a 400 ``script_exhausted``.
+        Adding a script under an existing name replaces it and starts from its first turn.
+        """
+        with self._lock:
+            self._scripts[name] = _Script(turns, loop)
+
+    def remaining_turns(self, name: str) -> int:
+        """How many turns of script ``name`` have not been used yet."""
+        with self._lock:
+            script = self._scripts[name]
+            return len(script.turns) - script.position
+
+    def inject_fault(
+        self,
+        kind: FaultKind,
+        count: int = 1,
+        *,
+        retry_after: float | None = 1.0,
+        status: int | None = None,
+        after_chunks: int = 1,
+    ) -> None:
+        """Fail the next ``count`` requests (any model) with ``kind``, before any script or policy runs."""
+        fault = Fault(kind=kind, retry_after=retry_after, status=status, after_chunks=after_chunks)
+        with self._lock:
+            self._faults.extend([fault] * count)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    @property
+    def request_log(self) -> list[LoggedRequest]:
+        """The most recent requests, oldest first."""
+        return list(self._log)
+
+    def clear_log(self) -> None:
+        self._log.clear()
+
+    # -- HTTP handlers ------------------------------------------------------------------------------
+
+    async def _health(self, request: Request) -> Response:
+        return _json_response(200, {"status": "ok"})
+
+    async def _models(self, request: Request) -> Response:
+        with self._lock:
+            names = [DEFAULT_MODEL, *self._scripts]
+        created = int(time.time())
+        data = [{"id": n, "object": "model", "created": created, "owned_by": "agentcell"} for n in names]
+        return _json_response(200, {"object": "list", "data": data})
+
+    async def _chat_completions(self, request: Request) -> Response:
+        received = time.time()
+        authorized = self._authorized(request)
+        try:
+            body = _decode_body.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return _error_response(
+                errors.bad_request(f"We could not parse the JSON body of your request: {exc}")
+            )
+        model = _model_name(body.get("model"))
+        stream = bool(body.get("stream"))
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return _error_response(
+                errors.bad_request("'messages' must be an array of objects", param="messages")
+            )
+
+        def log(status: int, outcome: str, count: PromptCount | None = None, source: str = "-") -> None:
+            self._log.append(
+                LoggedRequest(
+                    model=model,
+                    body=body,
+                    stream=stream,
+                    prompt_tokens=count.prompt_tokens if count else 0,
+                    cached_tokens=count.cached_tokens if count else 0,
+                    status=status,
+                    outcome=outcome,
+                    source=source,
+                    authorized=authorized,
+                    received_at=received,
+                )
+            )
+
+        if not authorized:
+            log(401, "auth")
+            return _error_response(errors.auth_error())
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else None
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        count = self._counter.prompt(messages, tools)
+        if fault is None and count.prompt_tokens > self.context_window:
+            completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+            error = errors.overflow_error(
+                self.overflow_format, count.prompt_tokens, self.context_window, int(completion)
+            )
+            log(error.status, "overflow", count)
+            return _error_response(error)
+        source = "policy"
+        if fault is None:
+            turn, source, problem = self._next_turn(model, messages, tools)
+            if problem is not None:
+                log(problem.status, "error", count, source)
+                return _error_response(problem)
+            fault = turn.fault
+        else:
+            turn = Turn()
+        if fault is not None:
+            log(_fault_status(fault), fault.kind, count, source)
+            return await self._fault_response(request, fault, model, count, stream)
+        delay = self.latency if turn.latency is None else turn.latency
+        if delay > 0:
+            await asyncio.sleep(delay)
+        log(200, "ok", count, source)
+        reply = _Reply(turn, model, count, self._counter)
+        if not stream:
+            return _json_response(200, reply.completion())
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        frames = reply.sse_frames(self.chunk_chars, include_usage)
+        if self.chunk_delay <= 0:
+            return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(self._paced(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    def _authorized(self, request: Request) -> bool:
+        if self._api_key is None:
+            return True
+        header = request.headers.get("authorization", "")
+        return header == f"Bearer {self._api_key}"
+
+    def _next_turn(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[Turn, str, errors.ErrorResponse | None]:
+        with self._lock:
+            script = self._scripts.get(model)
+            turn = script.next_turn() if script is not None else None
+        if script is None:
+            return policy.respond(messages, tools), "policy", None
+        if turn is None:
+            problem = errors.bad_request(
+                f"The script {model!r} is exhausted: all {len(script.turns)} turns were used.",
+                code="script_exhausted",
+            )
+            return Turn(), "script", problem
+        return turn, "script", None
+
+    async def _paced(self, frames: Iterator[bytes]) -> AsyncIterator[bytes]:
+        for frame in frames:
+            yield frame
+            if frame is not _SSE_DONE:
+                await asyncio.sleep(self.chunk_delay)
+
+    async def _fault_response(
+        self, request: Request, fault: Fault, model: str, count: PromptCount, stream: bool
+    ) -> Response:
+        match fault.kind:
+            case "rate_limit":
+                return _error_response(errors.rate_limit_error(model, fault.retry_after))
+            case "server_error":
+                return _error_response(errors.server_error(fault.status))
+            case "overloaded":
+                return _error_response(errors.overloaded_error(fault.status))
+            case "auth":
+                return _error_response(errors.auth_error())
+            case "overflow":
+                prompt = max(count.prompt_tokens, self.context_window + 1)
+                return _error_response(
+                    errors.overflow_error(self.overflow_format, prompt, self.context_window)
+                )
+            case "hang":
+                await self._hang(request)
+                return Response(status_code=504)
+            case "reset":
+                if not stream or fault.after_chunks <= 0:
+                    self._reset_connection(request)
+                    return Response(status_code=500)
+                reply = _Reply(
+                    Turn(text="This reply is cut off in the middle " * 4), model, count, self._counter
+                )
+                frames = reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
+                return StreamingResponse(
+                    self._cut_after(request, frames, fault.after_chunks),
+                    media_type="text/event-stream",
+                    headers=_SSE_HEADERS,
+                )
+        raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
+
+    async def _hang(self, request: Request) -> None:
+        while not self._stopping.is_set():
+            if await request.is_disconnected():
+                return
+            await asyncio.sleep(0.05)
+
+    async def _cut_after(self, request: Request, frames: Iterator[bytes], count: int) -> AsyncIterator[bytes]:
+        for i, frame in enumerate(frames):
+            if i >= count:
+                break
+            yield frame
+            await asyncio.sleep(0.01)  # let the chunk reach the client before the cut
+        self._reset_connection(request)
+        await asyncio.sleep(0.01)  # let uvicorn notice the lost connection before the response ends
+
+    def _reset_connection(self, request: Request) -> None:
+        """Abort the request's TCP connection with an RST (SO_LINGER 0), as a crashed peer would."""
+        client = request.scope.get("client")
+        connections = self._server.server_state.connections if self._server is not None else ()
+        for connection in list(connections):
+            if getattr(connection, "client", None) == tuple(client or ()):
+                transport = connection.transport
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                transport.abort()
+                return
+        _log.warning("reset fault: no connection found for client %s", client)
+
+
+_SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _model_name(raw: Any) -> str:
+    name = raw if isinstance(raw, str) and raw else DEFAULT_MODEL
+    return name.removeprefix("openai/")
+
+
+def _fault_status(fault: Fault) -> int:
+    statuses = {"rate_limit": 429, "server_error": 500, "overloaded": 503, "auth": 401, "overflow": 400}
+    return fault.status or statuses.get(fault.kind, 0)
+
+
+def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _error_response(error: errors.ErrorResponse) -> Response:
+    return _json_response(error.status, error.body, error.headers)
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class _Reply:
+    """One reply rendered as a chat completion or as SSE chunks, with exact usage."""
+
+    def __init__(self, turn: Turn, model: str, count: PromptCount, counter: TokenCounter) -> None:
+        self.turn = turn
+        self.model = model
+        self.id = "chatcmpl-" + os.urandom(12).hex()
+        self.created = int(time.time())
+        self.calls = [(spec.id or f"call_{os.urandom(12).hex()}", spec) for spec in turn.tool_calls]
+        completion, reasoning = counter.completion(
+            turn.text, turn.reasoning, [(spec.name, spec.arguments) for spec in turn.tool_calls]
+        )
+        self.usage = {
+            "prompt_tokens": count.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": count.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": count.cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": reasoning,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+
+    def _thinking_blocks(self) -> list[dict[str, Any]] | None:
+        if not self.turn.reasoning or self.turn.reasoning_signature is None:
+            return None
+        return [
+            {"type": "thinking", "thinking": self.turn.reasoning, "signature": self.turn.reasoning_signature}
+        ]
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.turn.text or None}
+        if self.turn.reasoning:
+            message["reasoning_content"] = self.turn.reasoning
+        blocks = self._thinking_blocks()
+        if blocks:
+            message["thinking_blocks"] = blocks
+        if self.calls:
+            message["tool_calls"] = [_tool_call(call_id, spec) for call_id, spec in self.calls]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_agentcell",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.turn.effective_finish_reason,
+                }
+            ],
+            "usage": self.usage,
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_agentcell",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        return b"data: " + _json.encode(chunk) + b"\n\n"
+
+    def sse_frames(self, size: int, include_usage: bool) -> Iterator[bytes]:
+        """The reply as SSE frames: role, reasoning, content, tool calls (arguments split), finish, usage."""
+        yield self._chunk({"role": "assistant", "content": ""})
+        pieces = _pieces(self.turn.reasoning, size)
+        blocks = self._thinking_blocks()
+        for i, piece in enumerate(pieces):
+            delta: dict[str, Any] = {"reasoning_content": piece}
+            if blocks and i == len(pieces) - 1:
+                delta["thinking_blocks"] = [{**blocks[0], "thinking": ""}]
+            yield self._chunk(delta)
+        for piece in _pieces(self.turn.text, size):
+            yield self._chunk({"content": piece})
+        for index, (call_id, spec) in enumerate(self.calls):
+            head = {
+                "index": index,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": spec.name, "arguments": ""},
+            }
+            yield self._chunk({"tool_calls": [head]})
+            for piece in _pieces(spec.arguments, size):
+                yield self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+        yield self._chunk({}, self.turn.effective_finish_reason)
+        if include_usage:
+            usage_chunk = {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": "fp_agentcell",
+                "choices": [],
+                "usage": self.usage,
+            }
+            yield b"data: " + _json.encode(usage_chunk) + b"\n\n"
+        yield _SSE_DONE
+
+
+def _tool_call(call_id: str, spec: ToolCallSpec) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": spec.name, "arguments": spec.arguments}}
