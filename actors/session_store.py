@@ -24,6 +24,7 @@ far, acknowledged or not. Answers reach ``reply_to`` when given, and are the ``a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from runtime.events import CompactionMode, CompactionTrigger
 from runtime.ids import validate_session_id
 from runtime.messages import Message
 from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
-from runtime.store.log import SessionLog, load_tree
+from runtime.store.log import SessionLog, read_log, replay
 from runtime.store.sessions import SessionDirectory, SessionLock, SessionLockedError, SessionNotFoundError
 from runtime.store.tree import SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
@@ -48,7 +49,37 @@ ReplyTo = pykka.ActorRef[Any] | Callable[[Any], Any] | None
 Publish = Callable[[ev.Event], Any]
 Estimator = Callable[[Sequence[Message]], int]
 
-_RELEASE_WAIT = 2.0  # seconds a restarting store waits for its predecessor in this process to let go
+_RELEASE_WAIT = 5.0  # seconds a restarting store waits for its stopped predecessor to let go of the lock
+
+
+class _LockHolders:
+    """Which store of this process holds which session's lock.
+
+    A store releases its lock from the writer thread once its last writes are done, so a restarted store
+    may find the lock still held by its stopped predecessor (wait for it) — or by a live second store of
+    the same session (refuse at once).
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._refs: dict[str, pykka.ActorRef[Any]] = {}
+
+    def add(self, key: str, ref: pykka.ActorRef[Any]) -> None:
+        with self._guard:
+            self._refs[key] = ref
+
+    def remove(self, key: str, ref: pykka.ActorRef[Any]) -> None:
+        with self._guard:
+            if self._refs.get(key) is ref:
+                del self._refs[key]
+
+    def alive(self, key: str) -> bool:
+        with self._guard:
+            ref = self._refs.get(key)
+        return ref is not None and ref.is_alive()
+
+
+_holders = _LockHolders()
 
 
 # -- commands ---------------------------------------------------------------------------------------------
@@ -217,26 +248,33 @@ class SessionStore(PooledActor):
             raise
 
     def _take_lock(self) -> SessionLock:
-        # An earlier store of this session in this process releases its lock from the writer thread once
-        # its last writes are done; a restart may get here first, so wait a moment for that one.
+        key = str(self.directory.lock_path(self.session_id))
         deadline = time.monotonic() + _RELEASE_WAIT
         while True:
             self._log.reset()  # writes queued by an earlier incarnation land before we read the log
             try:
-                return self.directory.lock(self.session_id)
+                lock = self.directory.lock(self.session_id)
             except SessionLockedError as exc:
-                if not exc.held_by_this_process or time.monotonic() > deadline:
+                stopping_here = exc.held_by_this_process and not _holders.alive(key)
+                if not stopping_here or time.monotonic() > deadline:
                     raise
-            time.sleep(0.005)
+                time.sleep(0.005)
+                continue
+            _holders.add(key, self.actor_ref)
+            return lock
 
     def _open(self) -> None:
         path = self._log.path
-        if path.is_file() and path.stat().st_size > 0:
-            tree, info = load_tree(path)
-            self._tree = tree
-            if info.torn:
-                self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
+        try:
+            entries, info = read_log(path)
+        except FileNotFoundError:
+            entries, info = [], None
+        if info is not None and info.torn:
+            self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
+        if entries:
+            self._tree = replay(path, entries)
             return
+        # No log, or one that died before its header was written: a new session.
         if self._header is None:
             raise SessionNotFoundError(f"no stored session {self.session_id!r} in {self.directory.root}")
         if self._header.session_id != self.session_id:
@@ -256,15 +294,22 @@ class SessionStore(PooledActor):
         lock, self._lock = self._lock, None
         if lock is None:
             return
-        try:
-            self._log.close(lambda _error: lock.release())
-        except WriterClosedError:
+        key, me = str(lock.path), self.actor_ref
+
+        def release(_error: Exception | None = None) -> None:
             lock.release()
+            _holders.remove(key, me)
+
+        try:
+            self._log.close(release)
+        except WriterClosedError:
+            release()
 
     def _release_lock_now(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+            _holders.remove(str(lock.path), self.actor_ref)
 
     # -- messages ---------------------------------------------------------------------------------------
 

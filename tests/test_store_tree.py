@@ -211,15 +211,15 @@ def _apply_random_change(data: st.DataObject, tree: SessionTree, model: dict[str
             for m in targets
         }
         entry = tree.overlay(replacements.values())
-        context: list[Message] = []
+        remaining: list[Message] = []
         floor = current.floor
         for i, m in enumerate(current.context):
             new = replacements.get(m.id, m)
             if new.agent_visible:
-                context.append(new)
+                remaining.append(new)
             elif i < current.floor:
                 floor -= 1
-        model[entry.id] = _Snapshot(context, floor, [replacements.get(m.id, m) for m in current.user])
+        model[entry.id] = _Snapshot(remaining, floor, [replacements.get(m.id, m) for m in current.user])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,0 +1,272 @@
+"""The session store actor: acknowledged writes, views, restart from the log, the lock (SPEC 2.2, 2.3)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pykka
+import pytest
+
+from actors.session_store import (
+    Append,
+    Branch,
+    ContextView,
+    GetContext,
+    GetMessages,
+    GetTree,
+    Overlay,
+    RecordCompaction,
+    SessionStore,
+    SetMetadata,
+    Stored,
+    SyncTurn,
+)
+from runtime import events as ev
+from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_RESULT_ARCHIVED, assistant, tool_result, user
+from runtime.store.entries import MessageEntry, new_header
+from runtime.store.log import read_log
+from runtime.store.sessions import SessionDirectory
+from runtime.store.tree import SessionTree
+from runtime.store.writer import LogWriter
+
+
+class Events:
+    """A thread-safe publish callback that remembers what it was given."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.items: list[ev.Event] = []
+
+    def __call__(self, event: ev.Event) -> None:
+        with self._lock:
+            self.items.append(event)
+
+    def of(self, kind: type[ev.Event]) -> list[Any]:
+        with self._lock:
+            return [e for e in self.items if isinstance(e, kind)]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def writer() -> Iterator[LogWriter]:
+    w = LogWriter("turn")
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> SessionDirectory:
+    return SessionDirectory(tmp_path / "sessions")
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+def start(directory: SessionDirectory, writer: LogWriter, events: Events) -> Iterator[Callable[..., Any]]:
+    refs: list[pykka.ActorRef[Any]] = []
+
+    def start(session_id: str = "s1", *, header: bool = True, **kw: Any) -> pykka.ActorRef[Any]:
+        h = new_header(
+            session_id, model="m", config={"api_key": "sk-secret", "agent": {"max_steps_per_turn": 3}}
+        )
+        ref = SessionStore.start(session_id, directory, writer, h if header else None, events, **kw)
+        refs.append(ref)
+        return ref
+
+    yield start
+    for ref in refs:
+        if ref.is_alive():
+            ref.stop()
+
+
+def stored(ref: pykka.ActorRef[Any], command: Any) -> Stored:
+    """Send a write through ``ask`` and wait for its acknowledgement."""
+    result: Stored = ref.ask(command).get(timeout=5)
+    return result
+
+
+def test_an_append_is_acknowledged_only_once_it_is_in_the_log(
+    start: Callable[..., Any], directory: SessionDirectory, events: Events
+) -> None:
+    ref = start()
+    on_disk_at_ack: list[bool] = []
+
+    def reply(answer: Stored) -> None:
+        entries, _ = read_log(directory.log_path("s1"), repair=False)
+        on_disk_at_ack.append(all(e in entries for e in answer.entries))
+
+    messages = [user("hello"), assistant("hi there"), user("again")]
+    ref.tell(Append(tuple(messages[:2]), reply_to=reply))
+    ref.tell(Append(messages[2], reply_to=reply))
+    wait_until(lambda: len(on_disk_at_ack) == 2)
+    assert on_disk_at_ack == [True, True]
+    assert [e.message_id for e in events.of(ev.MessageAppended)] == [m.id for m in messages]
+    header = directory.read_header("s1")
+    assert header is not None and header.config == {"agent": {"max_steps_per_turn": 3}}  # no API key on disk
+
+
+def test_the_ask_form_answers_with_a_future_of_the_acknowledgement(start: Callable[..., Any]) -> None:
+    ref = start()
+    answer = stored(ref, Append((user("a"),)))
+    assert answer.ok and isinstance(answer.entries[0], MessageEntry)
+    assert stored(ref, SyncTurn()).ok
+
+
+def test_replies_can_go_to_an_actor(start: Callable[..., Any]) -> None:
+    class Collector(pykka.ThreadingActor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.got: list[Any] = []
+
+        def on_receive(self, message: Any) -> None:
+            self.got.append(message)
+
+    collector = Collector.start()
+    try:
+        ref = start()
+        ref.tell(Append((user("a"),), reply_to=collector))
+        ref.tell(GetContext(reply_to=collector))
+        wait_until(lambda: len(collector.proxy().got.get()) == 2)
+        kinds = sorted(type(m).__name__ for m in collector.proxy().got.get())
+        assert kinds == ["ContextView", "Stored"]
+    finally:
+        collector.stop()
+
+
+def test_views_follow_compaction_overlay_and_branch(start: Callable[..., Any]) -> None:
+    ref = start(estimator=lambda messages: 10 * len(messages))
+    first, second, third = user("one"), assistant("two"), user("three")
+    stored(ref, Append((first, second, third)))
+    summary = user("sum", kind=KIND_COMPACTION_SUMMARY)
+    stored(ref, RecordCompaction(summary=summary, first_kept_id=third.id, tokens_before=90, tokens_after=30))
+    result = tool_result("c1", "grep", "lots")
+    stored(ref, Append((result,)))
+    view: ContextView = ref.ask(GetContext())
+    assert [m.text for m in view.messages] == ["sum", "three", "lots"]
+    assert view.usage_floor == 2 and view.estimated_tokens == 30
+    assert view.latest_compaction is not None and view.latest_compaction.tokens_before == 90
+
+    archived = msgspec.structs.replace(result, agent_visible=False, kind=KIND_TOOL_RESULT_ARCHIVED)
+    stored(ref, Overlay((archived,)))
+    assert [m.text for m in ref.proxy().context().get()] == ["sum", "three"]
+    assert [m.text for m in ref.ask(GetMessages()).messages] == ["one", "two", "three", "sum", "lots"]
+
+    stored(ref, Branch(second.id))
+    assert [m.text for m in ref.ask(GetContext()).messages] == ["one", "two"]
+    tree: SessionTree = ref.ask(GetTree())
+    assert len(tree) == 4 and tree.leaf_id == second.id
+
+
+def test_an_inconsistent_command_fails_its_caller_and_the_store_carries_on(start: Callable[..., Any]) -> None:
+    ref = start()
+    a = user("a")
+    stored(ref, Append((a,)))
+    with pytest.raises(ValueError, match="no such node"):
+        ref.ask(Branch("nowhere"))
+    with pytest.raises(ValueError, match="already in the session"):
+        ref.ask(Append((user("b"), a)))  # all or nothing: "b" is not added either
+    assert [m.text for m in ref.ask(GetContext()).messages] == ["a"]
+
+
+def test_a_restarted_store_rebuilds_exactly_from_the_log(
+    start: Callable[..., Any], writer: LogWriter
+) -> None:
+    ref = start()
+    root = user("root")
+    stored(ref, Append((root, assistant("left"))))
+    stored(ref, Branch(root.id))
+    stored(ref, Append((assistant("right"),)))
+    stored(ref, SetMetadata("model", "other"))
+    before = ref.ask(GetTree())
+    ref.stop()
+    for header in (False, True):  # resume, and a supervisor restart that still has the header: the log wins
+        again = start(header=header)
+        after = again.ask(GetTree())
+        assert after.entries() == before.entries()
+        assert [m.text for m in again.ask(GetContext()).messages] == ["root", "right"]
+        assert again.ask(GetContext()).model == "other"
+        again.stop()
+
+
+def test_a_torn_log_is_recovered_and_reported(
+    start: Callable[..., Any], directory: SessionDirectory, events: Events
+) -> None:
+    ref = start()
+    stored(ref, Append((user("kept"),)))
+    ref.stop()
+    with open(directory.log_path("s1"), "ab") as f:
+        f.write(b'{"type":"message","id":"torn"')
+    again = start(header=False)
+    assert [m.text for m in again.ask(GetContext()).messages] == ["kept"]
+    recovered = events.of(ev.LogRecovered)
+    assert len(recovered) == 1 and recovered[0].torn_bytes == 29
+    stored(again, Append((user("after"),)))
+    entries, info = read_log(directory.log_path("s1"))
+    assert not info.torn and len(entries) == 3
+
+
+def test_resuming_a_missing_session_fails_clearly(start: Callable[..., Any], events: Events) -> None:
+    ref = start("ghost", header=False)
+    wait_until(lambda: not ref.is_alive())
+    errors = events.of(ev.Error)
+    assert errors and "no stored session 'ghost'" in errors[0].message
+
+
+def test_two_stores_must_not_write_one_session(
+    start: Callable[..., Any], events: Events, directory: SessionDirectory
+) -> None:
+    first = start()
+    stored(first, Append((user("a"),)))
+    second = start(header=False)
+    wait_until(lambda: not second.is_alive(), timeout=10)
+    assert any("is open in this process" in e.message for e in events.of(ev.Error))
+    first.stop()
+    third = start(header=False)  # the lock was released when the first stopped
+    assert [m.text for m in third.ask(GetContext()).messages] == ["a"]
+    third.stop()
+    wait_until(lambda: not directory.lock_path("s1").exists())
+
+
+def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
+    start: Callable[..., Any], directory: SessionDirectory, events: Events
+) -> None:
+    directory.ensure()
+    directory.log_path("s1").symlink_to("/dev/full")  # every write fails with ENOSPC
+    ref = start()
+    replies: list[Stored] = []
+    try:
+        ref.tell(Append((user("lost"),), reply_to=replies.append))
+    except pykka.ActorDeadError:
+        pass  # the store may already have stopped on the failed header write
+    wait_until(lambda: not ref.is_alive())
+    assert events.of(ev.PersistenceError)
+    assert all(not r.ok for r in replies)
+    assert not events.of(ev.MessageAppended)
+
+
+def test_sync_turn_makes_the_log_durable_under_the_turn_policy(
+    start: Callable[..., Any], writer: LogWriter
+) -> None:
+    ref = start()
+    stored(ref, Append((user("a"),)))
+    before = writer.stats.fsyncs
+    assert stored(ref, SyncTurn()).ok
+    assert writer.stats.fsyncs == before + 1
+    ref_always = start("s2", fsync="always")
+    before = writer.stats.fsyncs
+    stored(ref_always, Append((user("b"),)))
+    assert writer.stats.fsyncs >= before + 1  # acknowledged only after its fsync
