@@ -1,0 +1,93 @@
+"""What every session actor shares: the session's identity, event publishing, and asynchronous calls.
+
+Pooled actors never block on each other. :meth:`SessionActor.call` sends an ask without waiting and
+delivers the answer back to this actor as a message, where the continuation runs — so a handler stays
+one-message-at-a-time and a dispatcher thread is never parked on another actor's reply.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pykka
+
+from runtime.actor import PooledActor
+from runtime.events import Event
+
+log = logging.getLogger("agentcell.actors")
+
+Publish = Callable[[Event], Any]
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """The answer to a :meth:`SessionActor.call`, delivered to the caller's own mailbox."""
+
+    token: int
+    value: Any = None
+    error: BaseException | None = None
+
+
+class CallFailed(RuntimeError):
+    """The actor that was called is gone or raised; ``__cause__`` holds the reason."""
+
+
+class SessionActor(PooledActor):
+    """Base class of the five per-session actors."""
+
+    def __init__(self, session_id: str, publish: Publish) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.publish = publish
+        self._tokens = itertools.count(1)
+        self._pending: dict[int, Callable[[Any], None]] = {}
+
+    # -- asynchronous request/reply -------------------------------------------------------------------
+    def call(self, target: pykka.ActorRef[Any], message: Any, then: Callable[[Any], None]) -> None:
+        """Ask ``target`` without blocking; ``then(value)`` runs later in this actor.
+
+        A callee that cannot answer at once returns a ``pykka.Future`` from its handler and completes it
+        later; the caller then receives that future's value.
+
+        If the target fails or is dead, ``then`` receives a :class:`CallFailed` instance instead of a value.
+        """
+        token = next(self._tokens)
+        self._pending[token] = then
+        me = self.actor_ref
+        try:
+            future = target.ask(message, block=False)
+        except pykka.ActorDeadError as exc:
+            me.tell(Reply(token, error=exc))
+            return
+
+        def deliver(f: Any) -> None:
+            try:
+                value = f.get(timeout=0)
+            except BaseException as exc:  # the callee's failure becomes a value for the caller
+                me.tell(Reply(token, error=exc))
+                return
+            if isinstance(value, pykka.Future):  # the callee replies later: wait for that one too
+                value.add_done_callback(deliver)
+            else:
+                me.tell(Reply(token, value))
+
+        future.add_done_callback(deliver)
+
+    def handle_reply(self, reply: Reply) -> None:
+        then = self._pending.pop(reply.token, None)
+        if then is None:
+            return
+        if reply.error is not None:
+            failure = CallFailed(f"{type(reply.error).__name__}: {reply.error}")
+            failure.__cause__ = reply.error
+            then(failure)
+        else:
+            then(reply.value)
+
+    def emit(self, event_type: type[Event], **fields: Any) -> Event:
+        event = event_type(session_id=self.session_id, **fields)
+        result = self.publish(event)
+        return result if isinstance(result, Event) else event

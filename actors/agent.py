@@ -1,0 +1,564 @@
+"""The agent actor: one session's turn loop as an explicit state machine (SPEC 3).
+
+    idle ──Prompt──▶ running ──request──▶ streaming ──tool calls──▶ executing_tools ──results──▶ running
+      ▲                 │                      │                                                  │
+      └──── agent_end ◀─┴──── final answer ◀───┘◀──────────────── next request ◀──────────────────┘
+
+Every hop to another actor is an asynchronous call whose answer comes back as a message; provider calls
+run on the runtime's I/O loop and tools on its worker pool, and their results come back as messages too.
+Each run carries a token, so a late answer from an aborted run is recognised and dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from actors import compactor as cp
+from actors import overflow_detector as ov
+from actors import session_store as st
+from actors import usage_tracker as ut
+from actors._base import CallFailed, Reply, SessionActor
+from actors.wiring import Services, SessionRefs, SessionSpec
+from runtime import events as ev
+from runtime.context.integrity import repair_tool_calls
+from runtime.handles import Handle, PromptHandle, TurnResult
+from runtime.messages import Message, ToolCallPart, Usage, new_id
+
+TRIGGER_THRESHOLD = "threshold"
+
+
+class AgentState(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    STREAMING = "streaming"
+    EXECUTING_TOOLS = "executing_tools"
+
+
+# -- messages ---------------------------------------------------------------------------------------------
+
+
+class Prompt(msgspec.Struct, frozen=True):
+    message: Message
+    handle: PromptHandle
+
+
+class Abort(msgspec.Struct, frozen=True):
+    handle: Handle[bool] | None = None
+
+
+class SetModel(msgspec.Struct, frozen=True):
+    model: str
+    context_window: int
+
+
+class GetState(msgspec.Struct, frozen=True):
+    pass
+
+
+class _ProviderDone(msgspec.Struct, frozen=True):
+    run: int
+    result: Any  # runtime.llm.CompletionResult
+
+
+class _ToolsDone(msgspec.Struct, frozen=True):
+    run: int
+    results: list[Any]  # list[runtime.tools.executor.ToolRunResult]
+
+
+@dataclass
+class _Run:
+    """The bookkeeping of one prompt's run (one or more provider calls with tools between them)."""
+
+    token: int
+    prompt: Prompt
+    turn_id: str = field(default_factory=new_id)
+    step: int = 0
+    usage: Usage = field(default_factory=Usage)
+    overflow_recoveries: int = 0
+    compaction_attempted: bool = False
+    pending_trigger: str | None = None
+    estimated_tokens: int = 0
+    last_message: Message | None = None
+    call: Any = None  # runtime.llm.CallHandle
+    tools: Any = None  # runtime.tools.executor.ToolBatchHandle
+    started: float = field(default_factory=time.monotonic)
+
+
+class Agent(SessionActor):
+    """Drives turns for one session; holds no history of its own (the store does)."""
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        services: Services,
+        refs: SessionRefs,
+        context_window: int,
+        *,
+        recovering: bool = False,
+    ) -> None:
+        super().__init__(spec.session_id, services.bus.publish)
+        self.spec = spec
+        self.services = services
+        self.refs = refs
+        self.model = spec.model
+        self.context_window = context_window
+        self.state = AgentState.IDLE
+        self.queue: list[Prompt] = []
+        self.run: _Run | None = None
+        self._runs = 0
+        self._recovering = recovering
+        self._context_tokens = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def on_start(self) -> None:
+        if self._recovering:
+            self._busy_with_recovery = True
+            self.call(self.refs.require("store"), st.GetContext(), self._recover)
+
+    def _recover(self, view: Any) -> None:
+        if isinstance(view, CallFailed):
+            self.emit(ev.Error, message=f"agent recovery could not read the session: {view}", code="recovery")
+            return
+        repairs = repair_tool_calls(view.messages)
+
+        def done(_: Any) -> None:
+            self.emit(ev.AgentRecovered, messages=len(view.messages), repaired_calls=len(repairs))
+            self._dequeue()
+
+        if repairs:
+            self.call(self.refs.require("store"), st.Append(tuple(repairs)), done)
+        else:
+            done(None)
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        # The supervisor restarts us; whoever waits on the current prompt must not wait forever.
+        run = self.run
+        if run is not None:
+            self._cancel_io(run)
+            run.prompt.handle.set_result(
+                TurnResult(
+                    prompt_id=run.prompt.handle.id,
+                    status="error",
+                    usage=run.usage,
+                    steps=run.step,
+                    error=f"the agent crashed ({exception_type.__name__}: {exception_value}); "
+                    "the session recovers from its log",
+                )
+            )
+        for queued in self.queue:
+            self.services.bus.publish(
+                ev.Error(session_id=self.session_id, message="queued prompt lost to an agent crash; resend it")
+            )
+            queued.handle.set_exception(RuntimeError("the agent crashed before this queued prompt ran"))
+
+    def on_stop(self) -> None:
+        if self.run is not None:
+            self._cancel_io(self.run)
+            self.run.prompt.handle.set_result(
+                TurnResult(prompt_id=self.run.prompt.handle.id, status="aborted", error="session stopped")
+            )
+        for queued in self.queue:
+            queued.handle.set_result(
+                TurnResult(prompt_id=queued.handle.id, status="aborted", error="session stopped")
+            )
+
+    # -- mailbox ----------------------------------------------------------------------------------------
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case Reply():
+                self.handle_reply(message)
+            case Prompt():
+                self._on_prompt(message)
+            case _ProviderDone(run=token) if self._current(token):
+                self._on_provider_done(message.result)
+            case _ToolsDone(run=token) if self._current(token):
+                self._on_tools_done(message.results)
+            case _ProviderDone() | _ToolsDone():
+                pass  # a late answer for a run that was aborted
+            case Abort():
+                self._on_abort(message)
+            case SetModel(model=model, context_window=window):
+                self.model, self.context_window = model, window
+            case GetState():
+                return {"state": str(self.state), "queued": len(self.queue), "model": self.model}
+            case _:
+                raise TypeError(f"agent: unexpected message {type(message).__name__}")
+        return None
+
+    def _current(self, token: int) -> bool:
+        return self.run is not None and self.run.token == token
+
+    # -- idle → running -------------------------------------------------------------------------------
+    def _on_prompt(self, prompt: Prompt) -> None:
+        if self.state is not AgentState.IDLE or getattr(self, "_busy_with_recovery", False):
+            self.queue.append(prompt)
+            self.emit(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
+            return
+        self._start(prompt)
+
+    def _dequeue(self) -> None:
+        self._busy_with_recovery = False
+        if self.state is AgentState.IDLE and self.queue:
+            self._start(self.queue.pop(0))
+
+    def _start(self, prompt: Prompt) -> None:
+        self._runs += 1
+        run = self.run = _Run(token=self._runs, prompt=prompt)
+        self._enter(AgentState.RUNNING)
+        self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
+        self.call(self.refs.require("store"), st.Append((prompt.message,)), self._guard(run, self._before_request))
+
+    def _guard(self, run: _Run, step: Any) -> Any:
+        """Wrap a continuation so it runs only while ``run`` is current, and store failures end it."""
+
+        def cont(value: Any) -> None:
+            if self.run is not run:
+                return
+            if isinstance(value, CallFailed):
+                self._finish("error", f"session actor unavailable: {value}", code="internal")
+                return
+            step(value)
+
+        return cont
+
+    # -- running: compaction check, then the provider call ------------------------------------------------
+    def _before_request(self, _: Any = None) -> None:
+        run = self.run
+        assert run is not None
+        trigger = run.pending_trigger or TRIGGER_THRESHOLD
+        run.pending_trigger = None
+        request = cp.MaybeCompact(trigger=trigger, attempted=run.compaction_attempted)
+        self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction_check))
+
+    def _after_compaction_check(self, outcome: cp.Outcome) -> None:
+        run = self.run
+        assert run is not None
+        if outcome.attempted:
+            run.compaction_attempted = True
+        if outcome.dead:
+            self.emit(ev.SessionDead, message=outcome.message or "context limit exceeded")
+            self._finish("error", outcome.message, code="session_dead")
+            return
+        self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._request))
+
+    def _request(self, view: st.ContextView) -> None:
+        run = self.run
+        assert run is not None
+        repairs = repair_tool_calls(view.messages)
+        if repairs:  # every tool call gets exactly one result before the next provider call (SPEC 3.6)
+            self.call(
+                self.refs.require("store"),
+                st.Append(tuple(repairs)),
+                self._guard(run, lambda _: self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._request))),
+            )
+            return
+        from runtime.llm import CompletionRequest
+
+        spec, cfg = self.spec, self.spec.config
+        messages: list[Message] = []
+        if spec.system_prompt:
+            from runtime.messages import system
+
+            messages.append(system(spec.system_prompt))
+        messages.extend(view.messages)
+        request = CompletionRequest(
+            model=self.model,
+            messages=messages,
+            tools=spec.tools.schemas() if len(spec.tools) else [],
+            api_base=spec.api_base,
+            api_key=spec.api_key,
+            max_tokens=cfg.agent.max_output_tokens,
+            timeout=cfg.retry.request_timeout,
+            include_reasoning=cfg.agent.send_reasoning,
+        )
+        run.step += 1
+        run.estimated_tokens = view.estimated_tokens
+        self.emit(
+            ev.RequestStart,
+            turn_id=run.turn_id,
+            attempt=run.step,
+            model=self.model,
+            messages=len(messages),
+            estimated_tokens=view.estimated_tokens,
+        )
+        self._enter(AgentState.STREAMING)
+        me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
+
+        def on_delta(delta: Any) -> None:
+            if delta.kind == "text":
+                publish(ev.TextDelta(session_id=sid, turn_id=turn, delta=delta.text))
+            elif delta.kind == "reasoning":
+                publish(ev.ReasoningDelta(session_id=sid, turn_id=turn, delta=delta.text))
+            else:
+                publish(
+                    ev.ToolCallDelta(
+                        session_id=sid,
+                        turn_id=turn,
+                        index=delta.index or 0,
+                        call_id=delta.call_id,
+                        name=delta.name,
+                        arguments_delta=delta.text,
+                    )
+                )
+
+        def on_retry(info: Any) -> None:
+            publish(
+                ev.ProviderRetry(
+                    session_id=sid,
+                    turn_id=turn,
+                    attempt=info.attempt,
+                    max_attempts=info.max_attempts,
+                    delay=info.delay,
+                    error=info.error,
+                    status_code=info.status_code,
+                )
+            )
+
+        def on_stall(seconds: float) -> None:
+            publish(ev.StreamStalled(session_id=sid, turn_id=turn, seconds=seconds))
+
+        run.call = self.services.gateway.complete(
+            request,
+            lambda result: me.tell(_ProviderDone(token, result)),
+            on_delta=on_delta,
+            on_retry=on_retry,
+            on_stall=on_stall,
+            stall_after=cfg.agent.stream_stall_seconds,
+        )
+
+    # -- streaming: the provider answered -----------------------------------------------------------------
+    def _on_provider_done(self, result: Any) -> None:
+        run = self.run
+        assert run is not None
+        run.call = None
+        self._enter(AgentState.RUNNING)
+        if result.error is not None:
+            if result.error.kind == "cancelled":
+                return
+            request = ov.ClassifyError(
+                error=result.error,
+                recoveries_this_turn=run.overflow_recoveries,
+                estimated_tokens=run.estimated_tokens,
+            )
+            self.call(self.refs.require("overflow"), request, self._guard(run, self._on_error_verdict))
+            return
+        message: Message = result.message
+        run.last_message = message
+        if message.usage is not None:
+            run.usage = run.usage + message.usage
+            self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
+        self.services.bus  # noqa: B018 - keep attribute access cheap in the hot path
+        self.refs.require("usage").tell(ut.RecordResponse(message=message, estimated_input=run.estimated_tokens))
+        if message.usage is not None:
+            self.call(
+                self.refs.require("overflow"),
+                ov.CheckUsage(input_tokens=message.usage.input_tokens),
+                self._guard(run, self._on_usage_verdict),
+            )
+        self.call(self.refs.require("store"), st.Append((message,)), self._guard(run, lambda _: self._after_response(message)))
+
+    def _on_usage_verdict(self, overflowed: bool) -> None:
+        if overflowed and self.run is not None:
+            self.run.pending_trigger = "usage_overflow"
+
+    def _after_response(self, message: Message) -> None:
+        run = self.run
+        assert run is not None
+        stop = message.stop_reason or ("tool_calls" if message.tool_calls else "stop")
+        self.emit(ev.TurnEnd, turn_id=run.turn_id, stop_reason=stop, usage=message.usage or Usage())
+        calls = message.tool_calls
+        if not calls:
+            self._finish("ok")
+            return
+        if run.step >= self.spec.config.agent.max_steps_per_turn:
+            self._finish(
+                "error",
+                f"the run reached max_steps_per_turn ({run.step}) with tool calls still pending",
+                code="max_steps",
+                repair=True,
+            )
+            return
+        self._run_tools(calls)
+
+    def _on_error_verdict(self, verdict: ov.Verdict) -> None:
+        run = self.run
+        assert run is not None
+        if verdict.action == "compact_and_retry":
+            run.overflow_recoveries += 1
+            self.call(
+                self.refs.require("compactor"),
+                cp.Compact(trigger="overflow", emergency=True),
+                self._guard(run, self._after_emergency_compaction),
+            )
+            return
+        self._finish("error", verdict.message, code=verdict.code, retryable=verdict.retryable)
+
+    def _after_emergency_compaction(self, outcome: cp.Outcome) -> None:
+        if outcome.dead or not outcome.compacted:
+            reason = outcome.message or "emergency compaction did not free enough space"
+            self._finish("error", f"context overflow and {reason}", code="context_overflow")
+            return
+        self.call(self.refs.require("store"), st.GetContext(), self._guard(self.run, self._request))
+
+    # -- executing_tools ------------------------------------------------------------------------------
+    def _run_tools(self, calls: tuple[ToolCallPart, ...]) -> None:
+        run = self.run
+        assert run is not None
+        self._enter(AgentState.EXECUTING_TOOLS)
+        me, token, sid, turn, publish = self.actor_ref, run.token, self.session_id, run.turn_id, self.publish
+        spec, services = self.spec, self.services
+        cfg = spec.config
+
+        def on_start(call: ToolCallPart) -> None:
+            publish(
+                ev.ToolExecutionStart(session_id=sid, turn_id=turn, call_id=call.id, name=call.name, arguments=call.arguments)
+            )
+
+        def on_output(call: ToolCallPart, chunk: str) -> None:
+            publish(ev.ToolOutput(session_id=sid, turn_id=turn, call_id=call.id, chunk=chunk))
+
+        def on_done(res: Any) -> None:
+            publish(
+                ev.ToolExecutionEnd(
+                    session_id=sid,
+                    turn_id=turn,
+                    call_id=res.call.id,
+                    name=res.call.name,
+                    is_error=res.message.is_error,
+                    duration=res.duration,
+                    output_chars=len(res.message.text),
+                    truncated=res.truncated,
+                )
+            )
+
+        approve = None
+        if spec.approval is not None or spec.require_approval:
+
+            def approve(call: ToolCallPart) -> bool | str:
+                approved, reason = services.approvals.request(sid, turn, call, spec.approval)
+                return True if approved else (reason or "denied by the approval hook")
+
+        run.tools = services.executor.run(
+            list(calls),
+            spec.tools,
+            self._tool_context_factory(turn),
+            timeout=cfg.agent.tool_timeout,
+            limits=cfg.tool_output,
+            spill_dir=services.directory.spill_dir(sid),
+            approve=approve,
+            on_start=on_start,
+            on_output=on_output,
+            on_done=on_done,
+            on_all_done=lambda results: me.tell(_ToolsDone(token, list(results))),
+        )
+
+    def _tool_context_factory(self, turn_id: str) -> Any:
+        from runtime.tools.executor import context_factory
+
+        return context_factory(
+            session_id=self.session_id,
+            workspace=self.spec.workspace,
+            config=self.spec.config,
+            logs_dir=self.services.directory.spill_dir(self.session_id),
+        )
+
+    def _on_tools_done(self, results: list[Any]) -> None:
+        run = self.run
+        assert run is not None
+        run.tools = None
+        self._enter(AgentState.RUNNING)
+        messages = tuple(r.message for r in results)
+        self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
+
+    def _after_tool_results(self, _: Any) -> None:
+        run = self.run
+        assert run is not None
+        self.call(self.refs.require("compactor"), cp.MaybeArchiveTools(), self._guard(run, self._before_request))
+
+    # -- abort ----------------------------------------------------------------------------------------
+    def _on_abort(self, abort: Abort) -> None:
+        run = self.run
+        if run is None:
+            if abort.handle is not None:
+                abort.handle.set_result(False)
+            return
+        self._cancel_io(run)
+        self.services.approvals.cancel_session(self.session_id, "the turn was aborted")
+        self._finish("aborted", "aborted by the user", code="aborted", repair=True, abort_handle=abort.handle)
+
+    def _cancel_io(self, run: _Run) -> None:
+        if run.call is not None:
+            run.call.cancel()
+            run.call = None
+        if run.tools is not None:
+            run.tools.cancel()
+            run.tools = None
+
+    # -- end of a run ---------------------------------------------------------------------------------
+    def _finish(
+        self,
+        status: str,
+        error: str | None = None,
+        *,
+        code: str = "error",
+        retryable: bool = False,
+        repair: bool = False,
+        abort_handle: Handle[bool] | None = None,
+    ) -> None:
+        run = self.run
+        assert run is not None
+        self.run = None  # late answers of this run are dropped from here on
+        store = self.refs.require("store")
+
+        def complete(repaired: int) -> None:
+            if status == "aborted":
+                self.emit(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
+            elif status == "error":
+                self.emit(ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable)
+            store.tell(st.SyncTurn())
+            self.emit(
+                ev.AgentEnd,
+                turn_id=run.turn_id,
+                status=status,
+                usage=run.usage,
+                context_window=self.context_window,
+                context_tokens=self._context_tokens,
+            )
+            self._enter(AgentState.IDLE)
+            run.prompt.handle.set_result(
+                TurnResult(
+                    prompt_id=run.prompt.handle.id,
+                    status=status,  # type: ignore[arg-type]
+                    message=run.last_message,
+                    usage=run.usage,
+                    steps=run.step,
+                    error=error if status != "ok" else None,
+                )
+            )
+            if abort_handle is not None:
+                abort_handle.set_result(True)
+            self._dequeue()
+
+        if not repair:
+            complete(0)
+            return
+
+        def with_view(view: Any) -> None:
+            if isinstance(view, CallFailed):
+                complete(0)
+                return
+            repairs = repair_tool_calls(view.messages)
+            if repairs:
+                self.call(store, st.Append(tuple(repairs)), lambda _: complete(len(repairs)))
+            else:
+                complete(0)
+
+        self.call(store, st.GetContext(), with_view)
+
+    def _enter(self, state: AgentState) -> None:
+        self.state = state

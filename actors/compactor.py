@@ -1,0 +1,426 @@
+"""The compactor actor (SPEC 5): decides when a session compacts and carries it out.
+
+The rules are pure functions in ``runtime.context`` (trigger and estimate, cut point, summarizer
+requests, fallback, progress guard, tool archiving); this shell fetches the session's context from the
+store, sends the summarizer requests through the gateway, writes the artifacts through the log writer,
+records the result in the store and broadcasts ``compaction_start`` / ``compaction_end`` /
+``compaction_failed``. One compaction runs at a time; requests that arrive meanwhile wait their turn.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from actors import session_store as st
+from actors._base import CallFailed, Reply, SessionActor
+from actors.wiring import Services, SessionRefs, SessionSpec
+from runtime import events as ev
+from runtime.context import compaction as comp
+from runtime.context import tool_summary as ts
+from runtime.context.estimate import ContextEstimate, estimate_context, should_compact
+from runtime.handles import CompactionResult, Handle
+from runtime.messages import Message
+from runtime.tokens import TokenCounter
+
+# -- messages -------------------------------------------------------------------------------------------
+
+
+class MaybeCompact(msgspec.Struct, frozen=True):
+    """Compact if the estimate reached the threshold (SPEC 5.1), at most once per turn (5.11)."""
+
+    trigger: str = "threshold"
+    attempted: bool = False
+
+
+class Compact(msgspec.Struct, frozen=True):
+    """Compact now: manual (5.12) or emergency after an overflow (6.3)."""
+
+    trigger: str = "manual"
+    emergency: bool = False
+    keep_recent_tokens: int | None = None
+    instructions: str | None = None
+    handle: Handle[CompactionResult] | None = None
+
+
+class MaybeArchiveTools(msgspec.Struct, frozen=True):
+    """Archive old tool results when there are more than ``tool_call_cutoff`` (5.9)."""
+
+
+class SetModel(msgspec.Struct, frozen=True):
+    model: str
+    context_window: int
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to MaybeCompact / Compact: the context to send next and what happened."""
+
+    messages: tuple[Message, ...] = ()
+    estimate: int = 0
+    attempted: bool = False
+    compacted: bool = False
+    dead: bool = False
+    message: str | None = None
+
+
+class _SummaryDone(msgspec.Struct, frozen=True):
+    job: int
+    index: int
+    result: Any  # runtime.llm.CompletionResult
+
+
+@dataclass
+class _Job:
+    id: int
+    request: Any
+    reply: Callable[[Any], None]
+    view: Any = None
+    estimate: ContextEstimate | None = None
+    plan: Any = None
+    answers: list[str | None] = field(default_factory=list)
+    outstanding: int = 0
+    artifacts: list[str] = field(default_factory=list)
+
+
+class Compactor(SessionActor):
+    def __init__(
+        self,
+        spec: SessionSpec,
+        services: Services,
+        refs: SessionRefs,
+        counter: TokenCounter,
+        context_window: int,
+    ) -> None:
+        super().__init__(spec.session_id, services.bus.publish)
+        self.spec = spec
+        self.services = services
+        self.refs = refs
+        self.counter = counter
+        self.model = spec.model
+        self.context_window = context_window
+        self.cfg = spec.config.compaction
+        self._jobs: deque[_Job] = deque()
+        self._active: _Job | None = None
+        self._job_ids = 0
+        self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
+        self._compactions = 0
+        self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
+        self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+
+    # -- mailbox ----------------------------------------------------------------------------------------
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case Reply():
+                self.handle_reply(message)
+            case _SummaryDone():
+                self._on_summary(message)
+            case SetModel(model=model, context_window=window):
+                self.model, self.context_window = model, window
+            case MaybeCompact() | Compact() | MaybeArchiveTools():
+                # Answered later: the ask's future is completed when the job finishes.
+                return self._enqueue(message)
+            case _:
+                raise TypeError(f"compactor: unexpected message {type(message).__name__}")
+        return None
+
+    def _enqueue(self, request: Any) -> Any:
+        import pykka
+
+        future: pykka.Future[Any] = self._create_future()
+        self._job_ids += 1
+
+        def reply(value: Any) -> None:
+            handle = getattr(request, "handle", None)
+            if handle is not None and isinstance(value, Outcome):
+                handle.set_result(self._as_result(value))
+            future.set(value)
+
+        self._jobs.append(_Job(self._job_ids, request, reply))
+        self._next()
+        return future
+
+    def _next(self) -> None:
+        if self._active is not None or not self._jobs:
+            return
+        job = self._active = self._jobs.popleft()
+        self.call(self.refs.require("store"), st.GetContext(), lambda view: self._with_view(job, view))
+
+    def _done(self, job: _Job, value: Any) -> None:
+        self._active = None
+        job.reply(value)
+        self._next()
+
+    # -- deciding -------------------------------------------------------------------------------------
+    def estimate(self, view: st.ContextView) -> ContextEstimate:
+        return estimate_context(
+            view.messages,
+            count=self.counter.count_message,
+            system_tokens=self._system_tokens,
+            tools_tokens=self._tools_tokens,
+            usage_floor=view.usage_floor,
+        )
+
+    def _with_view(self, job: _Job, view: Any) -> None:
+        if isinstance(view, CallFailed):
+            self._done(job, Outcome(message=f"store unavailable: {view}"))
+            return
+        job.view = view
+        estimate = job.estimate = self.estimate(view)
+        request = job.request
+        messages = tuple(view.messages)
+        unchanged = Outcome(messages=messages, estimate=estimate.tokens)
+        if isinstance(request, MaybeArchiveTools):
+            self._archive_tools(job)
+            return
+        if isinstance(request, MaybeCompact):
+            forced = request.trigger == "usage_overflow"
+            due = forced or should_compact(estimate.tokens, self.context_window, self.cfg, len(messages))
+            if not self.cfg.auto or not due or request.attempted:
+                self._done(job, unchanged)
+                return
+            if self._leaf(messages) == self._no_progress_at:
+                self._done(job, unchanged)  # never compact the same unchanged history twice (5.6)
+                return
+            self._start(job, request.trigger, emergency=False, keep=None, instructions=None)
+            return
+        self._start(job, request.trigger, request.emergency, request.keep_recent_tokens, request.instructions)
+
+    @staticmethod
+    def _leaf(messages: tuple[Message, ...]) -> str | None:
+        return messages[-1].id if messages else None
+
+    # -- compacting -----------------------------------------------------------------------------------
+    def _start(self, job: _Job, trigger: str, emergency: bool, keep: int | None, instructions: str | None) -> None:
+        assert job.estimate is not None
+        messages = list(job.view.messages)
+        tokens_before = job.estimate.tokens
+        mode = self.cfg.mode
+        keep_tokens = comp.keep_recent_budget(self.context_window, self.cfg, emergency=emergency, override=keep)
+        self.emit(ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before)
+        summarizer_model = self.cfg.summarizer_model or self.model
+        from runtime.models import model_info
+
+        summarizer_window = model_info(summarizer_model, self.spec.config.models).context_window
+        plan = comp.plan_compaction(
+            messages,
+            mode=mode,
+            trigger=trigger,
+            keep_tokens=keep_tokens,
+            count=self.counter.count_message,
+            config=self.cfg,
+            instructions=instructions,
+            summarizer_window=summarizer_window,
+            count_text=self.counter.count_text,
+            force=emergency or trigger == "manual",
+        )
+        if isinstance(plan, comp.NothingToCompact):
+            self._fail(job, trigger, "nothing_to_compact", plan.reason, tokens_before)
+            return
+        job.plan = plan
+        job.answers = [None] * len(plan.requests)
+        job.outstanding = len(plan.requests)
+        if not plan.requests:
+            self._finish(job, trigger)
+            return
+        self._compactions += 1
+        for index, req in enumerate(plan.requests):
+            self._write_artifact(f"compaction-{self._compactions}-{req.kind}-input.md", req.system + "\n\n" + req.prompt, job)
+            self._summarize(job, index, summarizer_model, req.system, req.prompt, req.max_tokens)
+
+    def _summarize(self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int) -> None:
+        from runtime.llm import CompletionRequest
+        from runtime.messages import system as system_message
+        from runtime.messages import user
+
+        request = CompletionRequest(
+            model=model,
+            messages=[system_message(system), user(prompt)],
+            tools=[],
+            api_base=self.spec.api_base,
+            api_key=self.spec.api_key,
+            max_tokens=max_tokens,
+            timeout=self.cfg.summarizer_timeout,
+            stream=False,
+            include_reasoning=False,
+        )
+        me = self.actor_ref
+        self.services.gateway.complete(request, lambda result: me.tell(_SummaryDone(job.id, index, result)))
+
+    def _on_summary(self, done: _SummaryDone) -> None:
+        job = self._active
+        if job is None or job.id != done.job:
+            return
+        result = done.result
+        text = None if result.error is not None or result.message is None else result.message.text.strip()
+        job.answers[done.index] = text or None
+        if text:
+            self._write_artifact(f"compaction-{self._compactions}-{done.index}-summary.md", text, job)
+        job.outstanding -= 1
+        if job.outstanding > 0:
+            return
+        if isinstance(job.request, MaybeArchiveTools):
+            self._finish_archive(job)
+        else:
+            self._finish(job, job.request.trigger)
+
+    def _finish(self, job: _Job, trigger: str) -> None:
+        assert job.estimate is not None
+        tokens_before = job.estimate.tokens
+        outcome = comp.finish_compaction(
+            job.plan, job.answers, count=self.counter.count_message, tokens_before=tokens_before
+        )
+        if isinstance(outcome, comp.CompactionFailure):
+            over = tokens_before >= self.context_window
+            dead = outcome.context_exceeded or (self.cfg.mode == "hard_reset" and over)
+            if outcome.reason == "no_progress":
+                self._no_progress_at = self._leaf(tuple(job.view.messages))
+            self._fail(job, trigger, outcome.reason, outcome.message, tokens_before, dead=dead)
+            return
+        summary = outcome.summary
+
+        def recorded(reply: Any) -> None:
+            if isinstance(reply, CallFailed):
+                self._fail(job, trigger, "store_error", str(reply), tokens_before)
+                return
+            self._no_progress_at = None
+            self.emit(
+                ev.CompactionEnd,
+                trigger=trigger,
+                messages_before=len(job.view.messages),
+                messages_after=len(outcome.messages),
+                tokens_before=tokens_before,
+                tokens_after=outcome.tokens_after,
+                summary_chars=len(summary.text),
+                mode=self.cfg.mode,
+                fallback=outcome.fallback,
+            )
+            self._done(
+                job,
+                Outcome(
+                    messages=tuple(outcome.messages),
+                    estimate=outcome.tokens_after,
+                    attempted=True,
+                    compacted=True,
+                ),
+            )
+
+        record = st.RecordCompaction(
+            summary=summary,
+            first_kept_id=outcome.first_kept_id,
+            tokens_before=tokens_before,
+            tokens_after=outcome.tokens_after,
+            mode=self.cfg.mode,
+            trigger=trigger,
+            artifacts=tuple(job.artifacts),
+        )
+        self.call(self.refs.require("store"), record, recorded)
+
+    def _fail(
+        self, job: _Job, trigger: str, reason: str, message: str, tokens: int, *, dead: bool = False
+    ) -> None:
+        self.emit(
+            ev.CompactionFailed,
+            error=message,
+            reason=reason,
+            context_exceeded=dead,
+            tokens=tokens,
+            window=self.context_window,
+            trigger=trigger,  # type: ignore[arg-type]
+        )
+        self._done(
+            job,
+            Outcome(
+                messages=tuple(job.view.messages) if job.view is not None else (),
+                estimate=tokens,
+                attempted=True,
+                dead=dead,
+                message=message,
+            ),
+        )
+
+    def _write_artifact(self, name: str, text: str, job: _Job) -> None:
+        path = self.services.directory.artifact_path(self.session_id, name)
+        job.artifacts.append(str(path))
+        self.services.writer.write_file(path, text.encode("utf-8"))
+
+    # -- tool-result archiving (5.9) ------------------------------------------------------------------
+    def _archive_tools(self, job: _Job) -> None:
+        messages = list(job.view.messages)
+        cfg = self.cfg
+        plan = None
+        if cfg.tool_summary_strategy != "off":
+            plan = ts.plan_tool_archive(
+                messages,
+                cutoff=cfg.tool_call_cutoff,
+                strategy=cfg.tool_summary_strategy,
+                input_chars=cfg.tool_summary_input_chars,
+            )
+        if plan is None:
+            self._clear_tool_outputs(job)
+            return
+        job.plan = plan
+        request = plan.request
+        if request is None:  # heuristic strategy: no model call
+            job.answers = []
+            self._finish_archive(job)
+            return
+        job.answers = [None]
+        job.outstanding = 1
+        self._summarize(job, 0, cfg.summarizer_model or self.model, request.system, request.prompt, request.max_tokens)
+
+    def _finish_archive(self, job: _Job) -> None:
+        answer = job.answers[0] if job.answers else None
+        replacements, summary = ts.finish_tool_archive(job.plan, answer, output_chars=self.cfg.tool_summary_output_chars)
+        store = self.refs.require("store")
+
+        def appended(_: Any) -> None:
+            self.emit(
+                ev.ToolResultsArchived,
+                archived=len(replacements),
+                strategy=self.cfg.tool_summary_strategy if answer else "heuristic",
+                summary_chars=len(summary.text),
+            )
+            self._clear_tool_outputs(job)
+
+        self.call(store, st.Overlay(tuple(replacements)), lambda _: self.call(store, st.Append((summary,)), appended))
+
+    def _clear_tool_outputs(self, job: _Job) -> None:
+        cfg = self.cfg
+        if not cfg.clear_old_tool_outputs:
+            self._done(job, None)
+            return
+
+        def with_view(view: Any) -> None:
+            if isinstance(view, CallFailed):
+                self._done(job, None)
+                return
+            cleared = ts.plan_tool_output_clearing(
+                list(view.messages),
+                count=self.counter.count_message,
+                protect_tokens=cfg.clear_protect_tokens,
+                min_freed=cfg.clear_min_freed_tokens,
+            )
+            if cleared is None:
+                self._done(job, None)
+                return
+
+            def done(_: Any) -> None:
+                self.emit(ev.ToolOutputsCleared, cleared=len(cleared.replacements), tokens_freed=cleared.tokens_freed)
+                self._done(job, None)
+
+            self.call(self.refs.require("store"), st.Overlay(tuple(cleared.replacements)), done)
+
+        self.call(self.refs.require("store"), st.GetContext(), with_view)
+
+    @staticmethod
+    def _as_result(outcome: Outcome) -> CompactionResult:
+        return CompactionResult(
+            compacted=outcome.compacted,
+            reason=outcome.message,
+            messages_after=len(outcome.messages),
+            tokens_after=outcome.estimate,
+        )

@@ -1,0 +1,103 @@
+"""The overflow detector actor (SPEC 6): classifies provider errors and reported usage for one session.
+
+It answers the agent with a verdict — compact and retry once, or fail with a message the user can act
+on — and flags silent overflow (input tokens above the window in a successful response) so the next
+request compacts first. The rules live in ``runtime.context.overflow`` and ``runtime.context.recovery``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from actors._base import Publish, Reply, SessionActor
+from runtime import events as ev
+from runtime.context.overflow import is_context_overflow, is_usage_overflow
+from runtime.context.recovery import decide_overflow
+
+RETRYABLE_KINDS = frozenset({"rate_limit", "transient", "timeout"})
+
+
+class ClassifyError(msgspec.Struct, frozen=True):
+    error: Any  # runtime.llm.ProviderError
+    recoveries_this_turn: int = 0
+    estimated_tokens: int | None = None
+
+
+class CheckUsage(msgspec.Struct, frozen=True):
+    input_tokens: int
+
+
+class SetWindow(msgspec.Struct, frozen=True):
+    context_window: int
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    action: Literal["compact_and_retry", "fail"]
+    message: str
+    code: str = "provider_error"
+    overflow: bool = False
+    retryable: bool = False
+
+
+class OverflowDetector(SessionActor):
+    def __init__(
+        self,
+        session_id: str,
+        publish: Publish,
+        *,
+        context_window: int,
+        auto_compact: bool,
+        has_store: bool = True,
+    ) -> None:
+        super().__init__(session_id, publish)
+        self.context_window = context_window
+        self.auto_compact = auto_compact
+        self.has_store = has_store
+        self.overflows = 0
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case ClassifyError():
+                return self.classify(message)
+            case CheckUsage(input_tokens=tokens):
+                return self.check_usage(tokens)
+            case SetWindow(context_window=window):
+                self.context_window = window
+                return None
+            case Reply():
+                self.handle_reply(message)
+                return None
+            case _:
+                raise TypeError(f"overflow detector: unexpected message {type(message).__name__}")
+
+    def classify(self, request: ClassifyError) -> Verdict:
+        error = request.error
+        overflow = error.kind == "overflow" or is_context_overflow(
+            message=error.message, status_code=error.status_code, code=error.code
+        )
+        if not overflow:
+            kind = error.kind
+            where = f" (HTTP {error.status_code})" if error.status_code else ""
+            return Verdict(
+                "fail",
+                f"The provider call failed{where}: {error.message}",
+                code=f"provider_{kind}",
+                retryable=kind in RETRYABLE_KINDS,
+            )
+        self.overflows += 1
+        decision = decide_overflow(
+            recoveries_this_turn=request.recoveries_this_turn,
+            auto_compact=self.auto_compact,
+            has_store=self.has_store,
+            context_window=self.context_window,
+            estimated_tokens=request.estimated_tokens,
+        )
+        return Verdict(decision.action, decision.message, code=decision.code, overflow=True)
+
+    def check_usage(self, input_tokens: int) -> bool:
+        if not is_usage_overflow(input_tokens, self.context_window):
+            return False
+        self.emit(ev.UsageOverflow, input_tokens=input_tokens, context_window=self.context_window)
+        return True

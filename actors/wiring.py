@@ -1,0 +1,67 @@
+"""What a session's actors are built from: its spec, the runtime's shared services, and sibling refs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from runtime.config import Config
+
+if TYPE_CHECKING:
+    from runtime.approval import ApprovalBroker, ApprovalCallable
+    from runtime.bus import EventBus
+    from runtime.llm import Gateway
+    from runtime.store.sessions import SessionDirectory
+    from runtime.store.writer import LogWriter
+    from runtime.tools.executor import ToolExecutor
+    from runtime.tools.registry import ToolRegistry
+
+
+@dataclass
+class SessionSpec:
+    """Everything that defines one session. ``api_key`` lives only in memory: it is never stored."""
+
+    session_id: str
+    model: str
+    system_prompt: str
+    config: Config
+    tools: ToolRegistry
+    workspace: Path | None = None
+    api_base: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    approval: ApprovalCallable | None = None
+    require_approval: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False
+
+
+@dataclass
+class Services:
+    """The runtime-wide machinery every session shares."""
+
+    bus: EventBus
+    gateway: Gateway
+    executor: ToolExecutor
+    writer: LogWriter
+    directory: SessionDirectory
+    approvals: ApprovalBroker
+
+
+@dataclass
+class SessionRefs:
+    """The current refs of a session's actors; updated when the supervisor restarts one."""
+
+    store: pykka.ActorRef[Any] | None = None
+    usage: pykka.ActorRef[Any] | None = None
+    overflow: pykka.ActorRef[Any] | None = None
+    compactor: pykka.ActorRef[Any] | None = None
+    agent: pykka.ActorRef[Any] | None = None
+
+    def require(self, name: str) -> pykka.ActorRef[Any]:
+        ref = getattr(self, name)
+        if ref is None:
+            raise pykka.ActorDeadError(f"the session's {name} actor is not running")
+        return ref  # type: ignore[no-any-return]

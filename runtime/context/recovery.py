@@ -1,0 +1,53 @@
+"""What to do about a context overflow (SPEC 6.3), as a pure decision.
+
+The overflow detector actor feeds it the facts of the turn; the agent and the compactor act on the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+OverflowAction = Literal["compact_and_retry", "fail"]
+
+
+class OverflowDecision(msgspec.Struct, frozen=True):
+    action: OverflowAction
+    message: str
+    code: str = "context_overflow"
+
+
+def decide_overflow(
+    *,
+    recoveries_this_turn: int,
+    auto_compact: bool,
+    has_store: bool,
+    context_window: int,
+    estimated_tokens: int | None = None,
+) -> OverflowDecision:
+    """One emergency compaction and one retry per turn; anything else is a clear error, never a loop."""
+    size = f" (about {estimated_tokens:,} tokens)" if estimated_tokens else ""
+    if not has_store:
+        return OverflowDecision(
+            "fail",
+            f"The request exceeded the model's context window of {context_window:,} tokens{size}, and "
+            "there is no session store to compact. Send a shorter request or start a session.",
+        )
+    if not auto_compact:
+        return OverflowDecision(
+            "fail",
+            f"The request exceeded the model's context window of {context_window:,} tokens{size}. "
+            "Automatic compaction is disabled for this session: run compact() (or /compact) and retry, "
+            "or enable compaction.auto.",
+        )
+    if recoveries_this_turn >= 1:
+        return OverflowDecision(
+            "fail",
+            f"The request still exceeded the model's context window of {context_window:,} tokens{size} "
+            "after an emergency compaction. The newest messages alone are too large for this model: "
+            "shorten the last prompt or tool output, switch to a model with a larger window, or start a "
+            "new session. Nothing was lost; the full history is in the session log.",
+            code="context_overflow_after_compaction",
+        )
+    return OverflowDecision("compact_and_retry", "context overflow: emergency compaction, then one retry")

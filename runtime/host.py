@@ -1,0 +1,466 @@
+"""The public API (SPEC 1.5): one :class:`Runtime` per process hosts many sessions.
+
+    from runtime import Runtime
+
+    with Runtime() as rt:
+        sid = rt.start_session(model="openai/gpt-4o-mini", system_prompt="You are terse.")
+        with rt.subscribe(sid, types={"compaction_end"}) as events:
+            print(rt.prompt(sid, "Hello").result(timeout=60).text)
+
+Every method is safe to call from any thread. Operations that complete later return a handle that can
+be waited on (``handle.result(timeout)``) or awaited (``await handle``); the blocking queries have
+``a``-prefixed async twins that never block an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runtime import events as ev
+from runtime.config import Config, load_config
+from runtime.handles import CompactionResult, Handle, PromptHandle
+from runtime.ids import validate_session_id
+from runtime.messages import Message, new_id, user
+
+log = logging.getLogger("agentcell")
+
+ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None
+
+
+class SessionNotFound(KeyError):
+    """No session with that id is hosted (or stored, for resume)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "session not found"
+
+
+class RuntimeStopped(RuntimeError):
+    """The runtime is not running."""
+
+
+class Runtime:
+    """Hosts sessions: each a supervised group of actors over a shared dispatcher, I/O loop and bus."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        sessions_dir: str | os.PathLike[str] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+    ) -> None:
+        cfg = config if config is not None else load_config(config_path)
+        if sessions_dir is not None:
+            cfg = cfg.with_overrides({"persistence.sessions_dir": os.fspath(sessions_dir)})
+        self.config = cfg
+        self.approval = approval
+        self._lock = threading.RLock()
+        self._sessions: Any = None
+        self._started = False
+        self._counters: dict[str, Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        """Start the shared machinery. Idempotent; returns ``self``."""
+        with self._lock:
+            if self._started:
+                return self
+            from actors.wiring import Services
+            from runtime.actor import Dispatcher
+            from runtime.approval import ApprovalBroker
+            from runtime.bus import EventBus
+            from runtime.llm import Gateway, IoLoop
+            from runtime.registry import SessionRegistry
+            from runtime.store.sessions import SessionDirectory
+            from runtime.store.transcript import TranscriptWriter
+            from runtime.store.writer import LogWriter
+            from runtime.supervisor import Supervisor
+            from runtime.tools.executor import ToolExecutor
+
+            cfg = self.config
+            self.sessions_path = cfg.sessions_path
+            self.sessions_path.mkdir(parents=True, exist_ok=True)
+            self.dispatcher = Dispatcher(threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size)
+            self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
+            self.io = IoLoop()
+            writer = LogWriter()
+            directory = SessionDirectory(self.sessions_path)
+            if cfg.persistence.transcript:
+                self.bus.add_sink(TranscriptWriter(directory, writer))
+            self.services = Services(
+                bus=self.bus,
+                gateway=Gateway(self.io, cfg.retry),
+                executor=ToolExecutor(workers=cfg.runtime.tool_workers),
+                writer=writer,
+                directory=directory,
+                approvals=ApprovalBroker(self.bus.publish),
+            )
+            self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
+            self._sessions = SessionRegistry()
+            self._started = True
+            return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every session (agents first, stores last), flush the logs, stop the machinery."""
+        with self._lock:
+            if not self._started:
+                return
+            self._started = False
+            for session in list(self._sessions.values()):
+                session.stop(timeout=timeout)
+                self.bus.publish(ev.SessionStopped(session_id=session.session_id))
+            self.root.stop(timeout=timeout)
+            self.services.executor.shutdown()
+            self.io.stop()
+            self.services.writer.close()
+            self.bus.close()
+            self.dispatcher.shutdown()
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Runtime:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop)
+
+    @property
+    def running(self) -> bool:
+        return self._started
+
+    # -- sessions -------------------------------------------------------------------------------------
+    def start_session(
+        self,
+        session_id: str | None = None,
+        *,
+        model: str | None = None,
+        system_prompt: str = "",
+        tools: ToolsArg = None,
+        workspace: str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+        require_approval: bool = False,
+    ) -> str:
+        """Create a session and return its id.
+
+        ``config`` holds per-session overrides (``{"compaction.mode": "truncate"}``). ``tools`` is a
+        ``ToolRegistry``, functions, ``"builtin"`` (the file tools; shell only when
+        ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only.
+        """
+        self._require_started()
+        sid = validate_session_id(session_id) if session_id is not None else new_id()
+        if sid in self._sessions or self.services.directory.exists(sid):
+            raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
+        cfg = self.config.with_overrides(config)
+        spec = self._spec(
+            sid,
+            model=model or cfg.agent.model,
+            system_prompt=system_prompt,
+            tools=tools,
+            workspace=workspace,
+            cfg=cfg,
+            overrides=dict(config or {}),
+            api_base=api_base,
+            api_key=api_key,
+            approval=approval,
+            require_approval=require_approval,
+            resume=False,
+        )
+        session = self._host(spec)
+        session.ensure_running()
+        self.bus.publish(
+            ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window)
+        )
+        return sid
+
+    def resume_session(
+        self,
+        session_id: str,
+        *,
+        tools: ToolsArg = None,
+        workspace: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
+        api_base: str | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+        require_approval: bool = False,
+    ) -> str:
+        """Continue a stored session: its actors rebuild the tree from the log."""
+        self._require_started()
+        sid = validate_session_id(session_id)
+        if sid in self._sessions:
+            return sid
+        header = self.services.directory.read_header(sid)
+        if header is None:
+            raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
+        overrides = dict(header.config or {})
+        cfg = self.config.with_overrides(overrides)
+        spec = self._spec(
+            sid,
+            model=header.model,
+            system_prompt=header.system_prompt,
+            tools=tools if tools is not None else (list(header.tools) and "builtin") or None,
+            workspace=workspace if workspace is not None else header.workspace,
+            cfg=cfg,
+            overrides=overrides,
+            api_base=api_base if api_base is not None else header.api_base,
+            api_key=api_key,
+            approval=approval,
+            require_approval=require_approval,
+            resume=True,
+        )
+        session = self._host(spec)
+        session.ensure_running()
+        self.bus.publish(
+            ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window, resumed=True)
+        )
+        return sid
+
+    def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> Any:
+        from actors.wiring import SessionSpec
+
+        root = Path(workspace).expanduser().resolve() if workspace is not None else None
+        if root is not None and not root.is_dir():
+            raise ValueError(f"workspace {root} is not a directory")
+        kw["approval"] = kw.get("approval") or self.approval
+        return SessionSpec(session_id=sid, config=cfg, tools=_registry(tools, cfg), workspace=root, **kw)
+
+    def _host(self, spec: Any) -> Any:
+        from actors.session import Session
+        from runtime.models import model_info
+
+        window = model_info(spec.model, spec.config.models).context_window
+        session = Session(spec, self.services, self._counter(spec.model, spec.config), window)
+        self._sessions.register(spec.session_id, session)
+        return session
+
+    def _counter(self, model: str, cfg: Config) -> Any:
+        from runtime.tokens import TokenCounter
+
+        key = f"{model}|{cfg.tokens.encoding}|{cfg.tokens.exact}"
+        with self._lock:
+            counter = self._counters.get(key)
+            if counter is None:
+                counter = self._counters[key] = TokenCounter(model, cfg.tokens)
+            return counter
+
+    def _session(self, session_id: str) -> Any:
+        self._require_started()
+        session = self._sessions.get(session_id)
+        if session is None:
+            validate_session_id(session_id)
+            raise SessionNotFound(f"no running session {session_id!r} (resume_session it first)")
+        return session
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeStopped("the runtime is not running; call start() or use it as a context manager")
+
+    def list_sessions(self) -> list[Any]:
+        """Every stored session (running or not), newest first."""
+        self._require_started()
+        infos = self.services.directory.list()
+        return sorted(infos, key=lambda i: i.updated_at, reverse=True)
+
+    def hosted_sessions(self) -> list[str]:
+        """Ids of the sessions this runtime currently hosts."""
+        return list(self._sessions.keys()) if self._sessions is not None else []
+
+    def stop_session(self, session_id: str) -> None:
+        session = self._session(session_id)
+        session.stop()
+        self._sessions.unregister(session_id)
+        self.bus.publish(ev.SessionStopped(session_id=session_id))
+
+    def delete_session(self, session_id: str) -> None:
+        """Stop the session if hosted and delete its log, transcript and artifacts."""
+        self._require_started()
+        validate_session_id(session_id)
+        if session_id in self._sessions:
+            self.stop_session(session_id)
+        if not self.services.directory.exists(session_id):
+            raise SessionNotFound(f"no stored session {session_id!r}")
+        self.services.writer.flush()
+        self.services.directory.delete(session_id)
+
+    def hibernate(self, session_id: str) -> bool:
+        """Park an idle session's actors; its next use restarts them from the log."""
+        return bool(self._session(session_id).hibernate())
+
+    # -- turns ----------------------------------------------------------------------------------------
+    def prompt(self, session_id: str, text: str, *, images: Sequence[str] = ()) -> PromptHandle:
+        """Send a user message. Returns at once; the handle resolves when the run ends.
+
+        While the session is busy the prompt is queued (``message_queued``) and runs next.
+        """
+        from actors.agent import Prompt
+
+        if not isinstance(text, str):
+            raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
+        session = self._session(session_id)
+        handle = PromptHandle(new_id())
+        refs = session.ensure_running()
+        refs.require("agent").tell(Prompt(user(text, *images), handle))
+        return handle
+
+    def abort(self, session_id: str) -> Handle[bool]:
+        """Stop the running turn, repair unanswered tool calls, emit ``agent_abort``. Resolves to whether
+        a turn was running."""
+        from actors.agent import Abort
+
+        session = self._session(session_id)
+        handle: Handle[bool] = Handle(new_id())
+        if not session.running:
+            handle.set_result(False)
+            return handle
+        session.refs.require("agent").tell(Abort(handle))
+        return handle
+
+    def compact(
+        self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
+    ) -> Handle[CompactionResult]:
+        """Compact now (SPEC 5.12). A manual compaction is always allowed, even after a failed one."""
+        from actors.compactor import Compact
+
+        if keep_recent_tokens is not None and keep_recent_tokens < 0:
+            raise ValueError("keep_recent_tokens must be >= 0")
+        session = self._session(session_id)
+        handle: Handle[CompactionResult] = Handle(new_id())
+        refs = session.ensure_running()
+        refs.require("compactor").tell(
+            Compact(trigger="manual", keep_recent_tokens=keep_recent_tokens, instructions=instructions, handle=handle)
+        )
+        return handle
+
+    def approve(self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None) -> bool:
+        """Answer an ``approval_request`` event. Returns False when no such request is waiting."""
+        self._require_started()
+        return self.services.approvals.answer(session_id, call_id, approved, reason)
+
+    # -- queries --------------------------------------------------------------------------------------
+    def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
+        """The context breakdown of SPEC 4.6 (the same estimate the compaction trigger uses)."""
+        from actors.session_store import GetContext
+        from runtime.context.estimate import context_stats
+
+        session = self._session(session_id)
+        refs = session.ensure_running()
+        view = refs.require("store").ask(GetContext(), timeout=timeout)
+        spec = session.spec
+        counter = session.counter
+        calibration = refs.require("usage").proxy().calibration_error().get(timeout)
+        return context_stats(
+            view.messages,
+            count=counter.count_message,
+            system_tokens=counter.count_system(spec.system_prompt) if spec.system_prompt else 0,
+            tools_tokens=counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0,
+            usage_floor=view.usage_floor,
+            window=session.context_window,
+            config=spec.config.compaction,
+            last_error=calibration,
+        )
+
+    async def acontext_stats(self, session_id: str) -> Any:
+        return await asyncio.to_thread(self.context_stats, session_id)
+
+    def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
+        """The conversation: ``"user"`` (everything on the path, nothing hidden) or ``"model"``."""
+        from actors.session_store import GetContext, GetMessages
+
+        refs = self._session(session_id).ensure_running()
+        store = refs.require("store")
+        if view == "model":
+            return list(store.ask(GetContext(), timeout=timeout).messages)
+        if view != "user":
+            raise ValueError("view must be 'user' or 'model'")
+        return list(store.ask(GetMessages(), timeout=timeout))
+
+    async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
+        return await asyncio.to_thread(self.messages, session_id, view=view)
+
+    def usage(self, session_id: str, timeout: float = 30.0) -> Any:
+        """Session totals (input, output, reasoning, cache read/write, cost)."""
+        refs = self._session(session_id).ensure_running()
+        return refs.require("usage").proxy().totals().get(timeout)
+
+    def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
+        """Switch the session's model; returns the new context window. A smaller window compacts on the
+        next turn if the context no longer fits."""
+        from actors import agent, compactor, overflow_detector, usage_tracker
+        from runtime.models import model_info
+
+        session = self._session(session_id)
+        window = model_info(model, session.spec.config.models).context_window
+        session.spec.model = model
+        session.context_window = window
+        refs = session.ensure_running()
+        refs.require("agent").tell(agent.SetModel(model, window))
+        refs.require("compactor").tell(compactor.SetModel(model, window))
+        refs.require("overflow").tell(overflow_detector.SetWindow(window))
+        refs.require("usage").tell(usage_tracker.SetModel(model))
+        from actors.session_store import SetMetadata
+
+        refs.require("store").tell(SetMetadata("model", model))
+        self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
+        return window
+
+    def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
+        """Move the session's leaf to ``leaf_id`` (any message id of the session; None = the start)."""
+        from actors.session_store import Branch
+
+        refs = self._session(session_id).ensure_running()
+        refs.require("store").ask(Branch(leaf_id), timeout=timeout)
+        self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
+
+    # -- events ---------------------------------------------------------------------------------------
+    def subscribe(
+        self,
+        sessions: str | Iterable[str] = "*",
+        types: Iterable[str] | None = None,
+        *,
+        callback: Callable[[ev.Event], Any] | None = None,
+        queue_size: int | None = None,
+    ) -> Any:
+        """Subscribe to one session, several, or all (``"*"``), optionally to some event types.
+
+        With ``callback`` events are pushed to it; otherwise iterate the subscription (``for`` or
+        ``async for``). Close it (or use ``with``) when done.
+        """
+        self._require_started()
+        if types is not None:
+            types = set(types)
+            unknown = types - ev.EVENT_TYPES
+            if unknown:
+                raise ValueError(f"unknown event types: {', '.join(sorted(unknown))}")
+        return self.bus.subscribe(sessions, types, callback=callback, queue_size=queue_size)
+
+
+def _registry(tools: ToolsArg, cfg: Config) -> Any:
+    from runtime.tools.builtin import builtin_registry
+    from runtime.tools.registry import ToolRegistry
+
+    if tools is None:
+        return ToolRegistry()
+    if isinstance(tools, ToolRegistry):
+        return tools
+    if tools == "builtin":
+        return builtin_registry(shell=cfg.agent.shell_enabled)
+    registry = ToolRegistry()
+    for item in tools:
+        if item == "builtin":
+            for t in builtin_registry(shell=cfg.agent.shell_enabled).tools():
+                registry.register(t)
+        else:
+            registry.register(item)
+    return registry
