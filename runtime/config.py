@@ -144,6 +144,8 @@ class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     dispatcher_threads: PosInt = 2
     tool_workers: PosInt = 16
     batch_size: PosInt = 64  # messages an actor handles before yielding its thread
+    max_restarts: NonNegInt = 3  # 1.2: restart intensity of a session's supervisor ...
+    max_restart_seconds: PosFloat = 5.0  # ... within this many seconds, then it escalates
 
 
 class Config(_Section, frozen=True, forbid_unknown_fields=True):
