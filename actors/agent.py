@@ -28,6 +28,7 @@ from runtime import events as ev
 from runtime.context.integrity import repair_tool_calls
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
+from runtime.tokens import TokenCounter
 
 TRIGGER_THRESHOLD = "threshold"
 
@@ -97,6 +98,7 @@ class Agent(SessionActor):
         spec: SessionSpec,
         services: Services,
         refs: SessionRefs,
+        counter: TokenCounter,
         context_window: int,
         *,
         recovering: bool = False,
@@ -105,6 +107,7 @@ class Agent(SessionActor):
         self.spec = spec
         self.services = services
         self.refs = refs
+        self.counter = counter
         self.model = spec.model
         self.context_window = context_window
         self.state = AgentState.IDLE
@@ -112,18 +115,20 @@ class Agent(SessionActor):
         self.run: _Run | None = None
         self._runs = 0
         self._recovering = recovering
+        self._busy_with_recovery = recovering
         self._context_tokens = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_start(self) -> None:
         if self._recovering:
-            self._busy_with_recovery = True
             self.call(self.refs.require("store"), st.GetContext(), self._recover)
 
     def _recover(self, view: Any) -> None:
         if isinstance(view, CallFailed):
             self.emit(ev.Error, message=f"agent recovery could not read the session: {view}", code="recovery")
+            self._dequeue()
             return
+        self.refs.require("usage").tell(ut.Restore(tuple(view.messages)))
         repairs = repair_tool_calls(view.messages)
 
         def done(_: Any) -> None:
@@ -195,7 +200,7 @@ class Agent(SessionActor):
 
     # -- idle → running -------------------------------------------------------------------------------
     def _on_prompt(self, prompt: Prompt) -> None:
-        if self.state is not AgentState.IDLE or getattr(self, "_busy_with_recovery", False):
+        if self.state is not AgentState.IDLE or self._busy_with_recovery:
             self.queue.append(prompt)
             self.emit(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
             return
@@ -244,17 +249,18 @@ class Agent(SessionActor):
             self.emit(ev.SessionDead, message=outcome.message or "context limit exceeded")
             self._finish("error", outcome.message, code="session_dead")
             return
-        self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._request))
+        self._request(outcome.messages, outcome.estimate)
 
-    def _request(self, view: st.ContextView) -> None:
+    def _request(self, context: tuple[Message, ...], estimate: int) -> None:
         run = self.run
         assert run is not None
-        repairs = repair_tool_calls(view.messages)
+        repairs = repair_tool_calls(context)
         if repairs:  # every tool call gets exactly one result before the next provider call (SPEC 3.6)
+            extra = sum(self.counter.count_message(m) for m in repairs)
             self.call(
                 self.refs.require("store"),
                 st.Append(tuple(repairs)),
-                self._guard(run, lambda _: self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._request))),
+                self._guard(run, lambda _: self._request((*context, *repairs), estimate + extra)),
             )
             return
         from runtime.llm import CompletionRequest
@@ -265,7 +271,7 @@ class Agent(SessionActor):
             from runtime.messages import system
 
             messages.append(system(spec.system_prompt))
-        messages.extend(view.messages)
+        messages.extend(context)
         request = CompletionRequest(
             model=self.model,
             messages=messages,
@@ -277,14 +283,14 @@ class Agent(SessionActor):
             include_reasoning=cfg.agent.send_reasoning,
         )
         run.step += 1
-        run.estimated_tokens = view.estimated_tokens
+        run.estimated_tokens = estimate
         self.emit(
             ev.RequestStart,
             turn_id=run.turn_id,
             attempt=run.step,
             model=self.model,
             messages=len(messages),
-            estimated_tokens=view.estimated_tokens,
+            estimated_tokens=estimate,
         )
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
@@ -352,7 +358,6 @@ class Agent(SessionActor):
         if message.usage is not None:
             run.usage = run.usage + message.usage
             self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
-        self.services.bus  # noqa: B018 - keep attribute access cheap in the hot path
         self.refs.require("usage").tell(ut.RecordResponse(message=message, estimated_input=run.estimated_tokens))
         if message.usage is not None:
             self.call(
@@ -403,7 +408,7 @@ class Agent(SessionActor):
             reason = outcome.message or "emergency compaction did not free enough space"
             self._finish("error", f"context overflow and {reason}", code="context_overflow")
             return
-        self.call(self.refs.require("store"), st.GetContext(), self._guard(self.run, self._request))
+        self._request(outcome.messages, outcome.estimate)
 
     # -- executing_tools ------------------------------------------------------------------------------
     def _run_tools(self, calls: tuple[ToolCallPart, ...]) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 import msgspec
 
 from actors import session_store as st
+from actors import usage_tracker as ut
 from actors._base import CallFailed, Reply, SessionActor
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import compaction as comp
 from runtime.context import tool_summary as ts
-from runtime.context.estimate import ContextEstimate, estimate_context, should_compact
+from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
 from runtime.tokens import TokenCounter
@@ -121,27 +122,24 @@ class Compactor(SessionActor):
             case SetModel(model=model, context_window=window):
                 self.model, self.context_window = model, window
             case MaybeCompact() | Compact() | MaybeArchiveTools():
-                # Answered later: the ask's future is completed when the job finishes.
-                return self._enqueue(message)
+                self._enqueue(message)
             case _:
                 raise TypeError(f"compactor: unexpected message {type(message).__name__}")
         return None
 
-    def _enqueue(self, request: Any) -> Any:
-        import pykka
-
-        future: pykka.Future[Any] = self._create_future()
+    def _enqueue(self, request: Any) -> None:
+        asker = self.defer_reply()  # answered when the job is done (None for a tell)
         self._job_ids += 1
 
         def reply(value: Any) -> None:
             handle = getattr(request, "handle", None)
             if handle is not None and isinstance(value, Outcome):
                 handle.set_result(self._as_result(value))
-            future.set(value)
+            if asker is not None:
+                asker.set(value)
 
         self._jobs.append(_Job(self._job_ids, request, reply))
         self._next()
-        return future
 
     def _next(self) -> None:
         if self._active is not None or not self._jobs:
@@ -227,8 +225,9 @@ class Compactor(SessionActor):
             self._finish(job, trigger)
             return
         self._compactions += 1
+        inputs = "\n\n".join(f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests)
+        self._write_artifact(0, inputs, job)
         for index, req in enumerate(plan.requests):
-            self._write_artifact(f"compaction-{self._compactions}-{req.kind}-input.md", req.system + "\n\n" + req.prompt, job)
             self._summarize(job, index, summarizer_model, req.system, req.prompt, req.max_tokens)
 
     def _summarize(self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int) -> None:
@@ -257,8 +256,6 @@ class Compactor(SessionActor):
         result = done.result
         text = None if result.error is not None or result.message is None else result.message.text.strip()
         job.answers[done.index] = text or None
-        if text:
-            self._write_artifact(f"compaction-{self._compactions}-{done.index}-summary.md", text, job)
         job.outstanding -= 1
         if job.outstanding > 0:
             return
@@ -271,7 +268,11 @@ class Compactor(SessionActor):
         assert job.estimate is not None
         tokens_before = job.estimate.tokens
         outcome = comp.finish_compaction(
-            job.plan, job.answers, count=self.counter.count_message, tokens_before=tokens_before
+            job.plan,
+            job.answers,
+            count=self.counter.count_message,
+            tokens_before=tokens_before,
+            limit=effective_limit(self.context_window, self.cfg),
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = tokens_before >= self.context_window
@@ -281,12 +282,14 @@ class Compactor(SessionActor):
             self._fail(job, trigger, outcome.reason, outcome.message, tokens_before, dead=dead)
             return
         summary = outcome.summary
+        self._write_artifact(1, summary.text, job)
 
         def recorded(reply: Any) -> None:
             if isinstance(reply, CallFailed):
                 self._fail(job, trigger, "store_error", str(reply), tokens_before)
                 return
             self._no_progress_at = None
+            self.refs.require("usage").tell(ut.Reset(context_tokens=outcome.tokens_after))
             self.emit(
                 ev.CompactionEnd,
                 trigger=trigger,
@@ -342,8 +345,9 @@ class Compactor(SessionActor):
             ),
         )
 
-    def _write_artifact(self, name: str, text: str, job: _Job) -> None:
-        path = self.services.directory.artifact_path(self.session_id, name)
+    def _write_artifact(self, which: int, text: str, job: _Job) -> None:
+        """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
+        path = self.services.directory.compaction_artifacts(self.session_id, self._compactions)[which]
         job.artifacts.append(str(path))
         self.services.writer.write_file(path, text.encode("utf-8"))
 
@@ -358,6 +362,8 @@ class Compactor(SessionActor):
                 cutoff=cfg.tool_call_cutoff,
                 strategy=cfg.tool_summary_strategy,
                 input_chars=cfg.tool_summary_input_chars,
+                output_chars=cfg.tool_summary_output_chars,
+                heuristic_chars=cfg.heuristic_summary_chars,
             )
         if plan is None:
             self._clear_tool_outputs(job)
@@ -374,14 +380,14 @@ class Compactor(SessionActor):
 
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None
-        replacements, summary = ts.finish_tool_archive(job.plan, answer, output_chars=self.cfg.tool_summary_output_chars)
+        replacements, summary = ts.finish_tool_archive(job.plan, answer)
         store = self.refs.require("store")
 
         def appended(_: Any) -> None:
             self.emit(
                 ev.ToolResultsArchived,
-                archived=len(replacements),
-                strategy=self.cfg.tool_summary_strategy if answer else "heuristic",
+                archived=job.plan.results,
+                strategy=str(summary.metadata.get("strategy", job.plan.strategy)),
                 summary_chars=len(summary.text),
             )
             self._clear_tool_outputs(job)

@@ -94,6 +94,7 @@ class Session:
             parent=self.parent,
             on_restart=self._on_restart,
             on_escalate=self._on_escalate,
+            dispatcher=self.services.dispatcher,
         )
 
     def _starter(self, name: str) -> Any:
@@ -109,6 +110,7 @@ class Session:
     def _start_child(self, name: str, *, restarted: bool) -> pykka.ActorRef[Any]:
         spec, services = self.spec, self.services
         publish = services.bus.publish
+        dispatcher = services.dispatcher
         if name == "store":
             return SessionStore.start(
                 session_id=spec.session_id,
@@ -117,19 +119,34 @@ class Session:
                 header=None if (spec.resume or restarted) else _header(spec),
                 publish=publish,
                 fsync=spec.config.persistence.fsync,
+                dispatcher=dispatcher,
             )
         if name == "usage":
-            return UsageTracker.start(spec.session_id, spec.model, spec.config, publish)
+            return UsageTracker.start(
+                spec.session_id,
+                spec.model,
+                spec.config,
+                publish,
+                counter=self.counter,
+                context_window=self.context_window,
+                dispatcher=dispatcher,
+            )
         if name == "overflow":
             return OverflowDetector.start(
                 spec.session_id,
                 publish,
                 context_window=self.context_window,
                 auto_compact=spec.config.compaction.auto,
+                dispatcher=dispatcher,
             )
         if name == "compactor":
-            return Compactor.start(spec, services, self.refs, self.counter, self.context_window)
-        return Agent.start(spec, services, self.refs, self.context_window, recovering=restarted or spec.resume)
+            return Compactor.start(
+                spec, services, self.refs, self.counter, self.context_window, dispatcher=dispatcher
+            )
+        return Agent.start(
+            spec, services, self.refs, self.counter, self.context_window, recovering=restarted or spec.resume,
+            dispatcher=dispatcher,
+        )
 
     def _on_restart(self, child_id: str, error: BaseException | None, restarts: int) -> None:
         self.services.bus.publish(
@@ -156,14 +173,14 @@ class Session:
 
 
 def _header(spec: SessionSpec) -> Any:
-    from runtime.store.entries import Header
+    from runtime.store.entries import new_header
 
-    return Header(
-        session_id=spec.session_id,
+    return new_header(
+        spec.session_id,
         model=spec.model,
         system_prompt=spec.system_prompt,
         workspace=str(spec.workspace) if spec.workspace else None,
-        tools=spec.tools.names(),
-        config=spec.overrides,
         api_base=spec.api_base,
+        tools=spec.tools.names,
+        config=spec.overrides,
     )

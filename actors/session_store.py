@@ -389,7 +389,7 @@ class SessionStore(PooledActor):
 
     def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo) -> pykka.Future[Stored] | None:
         """Queue ``entries``; acknowledge (reply, or resolve the returned future) once they are written."""
-        future: pykka.Future[Stored] | None = None if reply_to is not None else pykka.ThreadingFuture()
+        future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, me, path = self.session_id, self.publish, self.actor_ref, str(self._log.path)
 
         def done(error: Exception | None) -> None:
@@ -422,7 +422,7 @@ class SessionStore(PooledActor):
         return future
 
     def _sync(self, reply_to: ReplyTo) -> pykka.Future[Stored] | None:
-        future: pykka.Future[Stored] | None = None if reply_to is not None else pykka.ThreadingFuture()
+        future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, path = self.session_id, self.publish, str(self._log.path)
 
         def done(error: Exception | None) -> None:

@@ -11,6 +11,7 @@ import pykka
 from runtime.config import Config
 
 if TYPE_CHECKING:
+    from runtime.actor import Dispatcher
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
     from runtime.llm import Gateway
@@ -42,6 +43,7 @@ class SessionSpec:
 class Services:
     """The runtime-wide machinery every session shares."""
 
+    dispatcher: Dispatcher
     bus: EventBus
     gateway: Gateway
     executor: ToolExecutor

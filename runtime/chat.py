@@ -40,16 +40,17 @@ def format_stats(stats: Any) -> str:
 
     lines = [
         context_bar(stats.total, stats.window),
-        f"  total            {stats.total:>10,}  ({label(stats.total_actual)})",
+        f"  total            {stats.total:>10,}  ({label(not stats.estimated)})",
         f"  system prompt    {stats.system_prompt:>10,}  (estimated)",
         f"  tools            {stats.tools:>10,}  (estimated)",
         f"  messages         {stats.messages:>10,}  (back-calculated)",
         f"  reserve/output   {stats.reserve:>10,}",
         f"  free             {stats.free:>10,}",
-        f"  compacts at      {stats.compaction_threshold:>10,}",
     ]
-    if stats.last_error is not None:
-        lines.append(f"  last estimate error {stats.last_error:+.1%}")
+    if stats.compaction_threshold is not None:
+        lines.append(f"  compacts at      {stats.compaction_threshold:>10,}")
+    if stats.last_estimate_error is not None:
+        lines.append(f"  last estimate error {stats.last_estimate_error:+.1%}")
     if stats.messages_floored:
         lines.append("  warning: the messages figure was negative and is shown as 0")
     return "\n".join(lines)

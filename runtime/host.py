@@ -94,6 +94,7 @@ class Runtime:
             if cfg.persistence.transcript:
                 self.bus.add_sink(TranscriptWriter(directory, writer))
             self.services = Services(
+                dispatcher=self.dispatcher,
                 bus=self.bus,
                 gateway=Gateway(self.io, cfg.retry),
                 executor=ToolExecutor(workers=cfg.runtime.tool_workers),
@@ -220,6 +221,12 @@ class Runtime:
             require_approval=require_approval,
             resume=True,
         )
+        from runtime.store.transcript import read_transcript
+
+        if self.config.persistence.transcript:  # continue the event numbering where the transcript ends
+            past = read_transcript(self.services.directory.transcript_path(sid))
+            if past:
+                self.bus.set_last_seq(sid, past[-1].seq)
         session = self._host(spec)
         session.ensure_running()
         self.bus.publish(
@@ -241,7 +248,7 @@ class Runtime:
         from runtime.models import model_info
 
         window = model_info(spec.model, spec.config.models).context_window
-        session = Session(spec, self.services, self._counter(spec.model, spec.config), window)
+        session = Session(spec, self.services, self._counter(spec.model, spec.config), window, parent=self.root)
         self._sessions.register(spec.session_id, session)
         return session
 
@@ -359,7 +366,7 @@ class Runtime:
         view = refs.require("store").ask(GetContext(), timeout=timeout)
         spec = session.spec
         counter = session.counter
-        calibration = refs.require("usage").proxy().calibration_error().get(timeout)
+        usage = refs.require("usage").proxy()
         return context_stats(
             view.messages,
             count=counter.count_message,
@@ -368,7 +375,8 @@ class Runtime:
             usage_floor=view.usage_floor,
             window=session.context_window,
             config=spec.config.compaction,
-            last_error=calibration,
+            last_error=usage.calibration_error().get(timeout=timeout),
+            calibration_ratio=usage.calibration_ratio().get(timeout=timeout),
         )
 
     async def acontext_stats(self, session_id: str) -> Any:
@@ -384,7 +392,7 @@ class Runtime:
             return list(store.ask(GetContext(), timeout=timeout).messages)
         if view != "user":
             raise ValueError("view must be 'user' or 'model'")
-        return list(store.ask(GetMessages(), timeout=timeout))
+        return list(store.ask(GetMessages(), timeout=timeout).messages)
 
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
         return await asyncio.to_thread(self.messages, session_id, view=view)
@@ -392,7 +400,7 @@ class Runtime:
     def usage(self, session_id: str, timeout: float = 30.0) -> Any:
         """Session totals (input, output, reasoning, cache read/write, cost)."""
         refs = self._session(session_id).ensure_running()
-        return refs.require("usage").proxy().totals().get(timeout)
+        return refs.require("usage").proxy().totals().get(timeout=timeout)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
         """Switch the session's model; returns the new context window. A smaller window compacts on the
@@ -420,7 +428,9 @@ class Runtime:
         from actors.session_store import Branch
 
         refs = self._session(session_id).ensure_running()
-        refs.require("store").ask(Branch(leaf_id), timeout=timeout)
+        stored = refs.require("store").ask(Branch(leaf_id), timeout=timeout)
+        if stored.error is not None:
+            raise OSError(f"could not record the branch: {stored.error}")
         self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
 
     # -- events ---------------------------------------------------------------------------------------

@@ -195,9 +195,10 @@ def create_app(runtime: Runtime, token: str) -> Any:
         if resume_from is not None:
             last_sid, last_seq = resume_from
             if sessions == "*" or last_sid in sessions:
-                backlog = await asyncio.to_thread(
-                    runtime.services.directory.read_events, last_sid, after_seq=last_seq
-                )
+                from runtime.store.transcript import read_transcript
+
+                path = runtime.services.directory.transcript_path(last_sid)
+                backlog = await asyncio.to_thread(read_transcript, path, last_seq)
                 if types:
                     backlog = [e for e in backlog if e.type in types]
         return StreamingResponse(
