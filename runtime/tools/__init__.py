@@ -1,0 +1,23 @@
+"""Tools (SPEC 3.4): the registry, workspace confinement, the built-in tools and the executor."""
+
+from __future__ import annotations
+
+from runtime.tools.builtin import builtin_registry
+from runtime.tools.executor import ToolBatchHandle, ToolExecutor, ToolRunResult, context_factory
+from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry, tool
+from runtime.tools.workspace import Workspace, WorkspaceError
+
+__all__ = [
+    "Tool",
+    "ToolBatchHandle",
+    "ToolContext",
+    "ToolError",
+    "ToolExecutor",
+    "ToolRegistry",
+    "ToolRunResult",
+    "Workspace",
+    "WorkspaceError",
+    "builtin_registry",
+    "context_factory",
+    "tool",
+]
