@@ -9,8 +9,8 @@ Writes are acknowledged only once the writer has confirmed them:
 
 * with ``reply_to`` (an actor ref, told the reply; or a callable, called with it), the reply is a
   :class:`Stored` sent after the write — ``Stored.error`` says if it failed;
-* through ``ask`` without ``reply_to``, the answer is a future (``pykka.ThreadingFuture``) that resolves
-  to the :class:`Stored` after the write, or raises the write's ``OSError``.
+* through ``ask`` without ``reply_to``, the ask is answered later (a deferred reply): its future
+  resolves to the :class:`Stored` once the write is done, or fails with the write's ``OSError``.
 
 A command that does not fit the tree (an unknown parent or leaf, a duplicate id) raises ``ValueError``
 in the handler: an ``ask`` gets it, a ``tell`` crashes the store, and supervision restarts it from the log.
@@ -387,8 +387,8 @@ class SessionStore(PooledActor):
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo) -> pykka.Future[Stored] | None:
-        """Queue ``entries``; acknowledge (reply, or resolve the returned future) once they are written."""
+    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo) -> None:
+        """Queue ``entries``; acknowledge (``reply_to``, or the deferred ask) once they are written."""
         future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, me, path = self.session_id, self.publish, self.actor_ref, str(self._log.path)
 
@@ -419,9 +419,8 @@ class SessionStore(PooledActor):
             self._log.append(entries[0], done)
         else:
             self._log.append_many(list(entries), done)
-        return future
 
-    def _sync(self, reply_to: ReplyTo) -> pykka.Future[Stored] | None:
+    def _sync(self, reply_to: ReplyTo) -> None:
         future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, path = self.session_id, self.publish, str(self._log.path)
 
@@ -433,7 +432,6 @@ class SessionStore(PooledActor):
             _settle(reply_to, future, Stored(session_id, error=None if error is None else str(error)), error)
 
         self._log.sync(done)
-        return future
 
     def _answer(self, reply_to: ReplyTo, value: Any) -> Any:
         if reply_to is None:

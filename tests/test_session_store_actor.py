@@ -94,8 +94,9 @@ def start(directory: SessionDirectory, writer: LogWriter, events: Events) -> Ite
 
 
 def stored(ref: pykka.ActorRef[Any], command: Any) -> Stored:
-    """Send a write through ``ask`` and wait for its acknowledgement."""
-    result: Stored = ref.ask(command).get(timeout=5)
+    """Send a write through ``ask``: the answer comes once the write is acknowledged."""
+    result = ref.ask(command, timeout=5)
+    assert isinstance(result, Stored)
     return result
 
 
@@ -119,10 +120,14 @@ def test_an_append_is_acknowledged_only_once_it_is_in_the_log(
     assert header is not None and header.config == {"agent": {"max_steps_per_turn": 3}}  # no API key on disk
 
 
-def test_the_ask_form_answers_with_a_future_of_the_acknowledgement(start: Callable[..., Any]) -> None:
+def test_an_ask_is_answered_once_the_write_is_acknowledged(
+    start: Callable[..., Any], directory: SessionDirectory
+) -> None:
     ref = start()
-    answer = stored(ref, Append((user("a"),)))
+    message = user("a")
+    answer = stored(ref, Append((message,)))
     assert answer.ok and isinstance(answer.entries[0], MessageEntry)
+    assert answer.entries[0] in read_log(directory.log_path("s1"), repair=False)[0]
     assert stored(ref, SyncTurn()).ok
 
 
@@ -242,20 +247,32 @@ def test_two_stores_must_not_write_one_session(
 
 
 def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
+    start: Callable[..., Any], directory: SessionDirectory, writer: LogWriter, events: Events
+) -> None:
+    ref = start()
+    kept = user("kept")
+    stored(ref, Append((kept,)))
+    path = directory.log_path("s1")
+    writer.reset(path)  # the writer lets go of the file...
+    path.unlink()
+    path.symlink_to("/dev/full")  # ...and its next write fails with ENOSPC
+    replies: list[Stored] = []
+    ref.tell(Append((user("lost"),), reply_to=replies.append))
+    wait_until(lambda: not ref.is_alive())
+    assert len(replies) == 1 and not replies[0].ok and "No space left" in (replies[0].error or "")
+    assert [e.path for e in events.of(ev.PersistenceError)] == [str(path)]
+    assert [e.message_id for e in events.of(ev.MessageAppended)] == [kept.id]  # "lost" was never announced
+    wait_until(lambda: not directory.lock_path("s1").exists())  # a crashed store lets go of its lock too
+
+
+def test_a_log_that_is_not_a_regular_file_is_refused(
     start: Callable[..., Any], directory: SessionDirectory, events: Events
 ) -> None:
     directory.ensure()
-    directory.log_path("s1").symlink_to("/dev/full")  # every write fails with ENOSPC
+    directory.log_path("s1").symlink_to("/dev/zero")  # reading it would never end
     ref = start()
-    replies: list[Stored] = []
-    try:
-        ref.tell(Append((user("lost"),), reply_to=replies.append))
-    except pykka.ActorDeadError:
-        pass  # the store may already have stopped on the failed header write
     wait_until(lambda: not ref.is_alive())
-    assert events.of(ev.PersistenceError)
-    assert all(not r.ok for r in replies)
-    assert not events.of(ev.MessageAppended)
+    assert any("not a regular file" in e.message for e in events.of(ev.Error))
 
 
 def test_sync_turn_makes_the_log_durable_under_the_turn_policy(

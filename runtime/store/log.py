@@ -9,7 +9,9 @@ Any other line that does not decode is real corruption, and reading stops with a
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,8 +60,7 @@ def read_log(path: StrPath, *, repair: bool = True) -> tuple[list[Entry], Recove
     there is no log and :class:`CorruptLogError` for a bad line elsewhere or an unknown format version.
     """
     name = os.fspath(path)
-    with open(name, "rb") as f:
-        data = f.read()
+    data = read_file(name)
     entries, valid, torn_line = _decode(name, data)
     info = RecoveryInfo(
         path=name,
@@ -101,6 +102,7 @@ def replay(path: StrPath, entries: list[Entry]) -> SessionTree:
 def read_header(path: StrPath) -> Header | None:
     """The header of the log at ``path`` (its first line), or ``None`` if there is none yet."""
     with open(path, "rb") as f:
+        _require_regular(path, f.fileno())
         first = f.readline()
     if not first.endswith(b"\n"):
         return None  # empty, or a torn first line
@@ -111,6 +113,18 @@ def read_header(path: StrPath) -> Header | None:
     if not isinstance(entry, Header):
         raise CorruptLogError(path, 1, f"the first entry must be a header, not {type(entry).__name__}")
     return entry
+
+
+def read_file(path: StrPath) -> bytes:
+    """The bytes of a log or transcript; refuses anything but a regular file (a device never ends)."""
+    with open(path, "rb") as f:
+        _require_regular(path, f.fileno())
+        return f.read()
+
+
+def _require_regular(path: StrPath, fd: int) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
 
 
 def truncate(path: StrPath, size: int) -> None:
@@ -133,6 +147,7 @@ def truncate_torn_tail(path: StrPath) -> int:
     except FileNotFoundError:
         return 0
     try:
+        _require_regular(path, fd)
         size = os.lseek(fd, 0, os.SEEK_END)
         end = size
         chunk = 64 * 1024

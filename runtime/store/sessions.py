@@ -29,7 +29,7 @@ import msgspec
 
 from runtime.ids import validate_session_id
 from runtime.store.entries import Header, MetadataEntry, decode_entry
-from runtime.store.log import CorruptLogError, read_header
+from runtime.store.log import CorruptLogError, read_file, read_header
 from runtime.store.writer import StrPath
 
 LOG_SUFFIX: Final = ".jsonl"
@@ -179,9 +179,11 @@ class SessionDirectory:
         path = self.log_path(session_id)
         try:
             stat = path.stat()
-            data = path.read_bytes()
+            data = read_file(path)
         except FileNotFoundError:
             raise SessionNotFoundError(f"no stored session {session_id!r} in {self.root}") from None
+        except OSError as exc:
+            return SessionInfo(session_id, 0.0, 0.0, 0, None, 0, error=str(exc))
         return _summarize(session_id, path, data, stat.st_mtime, stat.st_size)
 
     def list(self) -> list[SessionInfo]:

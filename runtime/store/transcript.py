@@ -17,7 +17,7 @@ import msgspec
 
 from runtime.events import AnyEvent, Event, encode_event
 from runtime.ids import InvalidSessionId
-from runtime.store.log import CorruptLogError, truncate_torn_tail
+from runtime.store.log import CorruptLogError, read_file, truncate_torn_tail
 from runtime.store.sessions import SessionDirectory
 from runtime.store.writer import FsyncPolicy, LogWriter, StrPath, WriterClosedError
 
@@ -100,8 +100,7 @@ def read_transcript(path: StrPath, after_seq: int = 0) -> list[Event]:
     A missing transcript reads as empty.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_file(path)
     except FileNotFoundError:
         return []
     body = data[: data.rfind(b"\n") + 1]
