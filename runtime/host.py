@@ -104,6 +104,7 @@ class Runtime:
             )
             self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
             self._sessions = SessionRegistry()
+            self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
             self._started = True
             return self
 

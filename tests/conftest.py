@@ -1,0 +1,116 @@
+"""Shared fixtures: the local provider over real HTTP, a runtime with its own sessions directory, and
+an event recorder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime  # noqa: F401  (sets the offline environment before anything imports litellm)
+from runtime.events import Event
+
+
+@pytest.fixture(scope="session")
+def provider() -> Iterator[Any]:
+    """One local OpenAI-compatible provider for the test session; tests add their own scripts."""
+    from runtime.provider import LocalProvider
+
+    with LocalProvider() as p:
+        yield p
+
+
+@pytest.fixture
+def sessions_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "sessions"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def rt(sessions_dir: Path) -> Iterator[Any]:
+    from runtime import Runtime
+    from runtime.config import Config
+
+    config = Config().with_overrides({"retry.base_delay": 0.01, "retry.max_delay": 0.05})
+    with Runtime(config, sessions_dir=sessions_dir) as r:
+        yield r
+
+
+class Recorder:
+    """Collects every event of a runtime; waits for a condition on them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, event: Event) -> None:
+        with self._cond:
+            self.events.append(event)
+            self._cond.notify_all()
+
+    def types(self, session_id: str | None = None) -> list[str]:
+        with self._cond:
+            return [e.type for e in self.events if session_id is None or e.session_id == session_id]
+
+    def of(self, kind: str, session_id: str | None = None) -> list[Any]:
+        with self._cond:
+            return [e for e in self.events if e.type == kind and (session_id is None or e.session_id == session_id)]
+
+    def wait_for(self, predicate: Callable[[list[Event]], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.events):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"condition not met within {timeout}s; events: {[e.type for e in self.events]}")
+                self._cond.wait(left)
+
+    def wait_type(self, kind: str, count: int = 1, timeout: float = 10.0) -> None:
+        self.wait_for(lambda evs: sum(e.type == kind for e in evs) >= count, timeout)
+
+
+@pytest.fixture
+def recorder(rt: Any) -> Iterator[Recorder]:
+    rec = Recorder()
+    sub = rt.subscribe(callback=rec)
+    yield rec
+    sub.close()
+
+
+_script_counter = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def script(provider: Any) -> Callable[..., str]:
+    """Register turns under a fresh script name and return the model name that selects them."""
+
+    def add(*turns: Any) -> str:
+        name = f"script-{next(_script_counter)}"
+        provider.add_script(name, list(turns))
+        return f"openai/{name}"
+
+    return add
+
+
+@pytest.fixture
+def session(rt: Any, provider: Any, workspace: Path) -> Callable[..., str]:
+    """Start a session against the local provider (builtin tools in ``workspace`` unless told)."""
+
+    def start(model: str, **kw: Any) -> str:
+        kw.setdefault("tools", "builtin")
+        kw.setdefault("workspace", workspace)
+        return str(rt.start_session(model=model, api_base=provider.url, api_key="sk-local", **kw))
+
+    return start

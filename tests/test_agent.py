@@ -1,0 +1,306 @@
+"""The agent actor end to end over the local provider (SPEC 3): tools, approval, abort, queueing, recovery."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.context.integrity import check_integrity
+from runtime.provider.script import Fault, ToolCallSpec, Turn
+from runtime.tools.registry import ToolRegistry, tool
+from tests.conftest import Recorder
+
+
+def call(name: str, arguments: str = "{}", id: str | None = None) -> ToolCallSpec:
+    return ToolCallSpec(name=name, arguments=arguments, id=id)
+
+
+def requests_for(provider: Any, model: str) -> list[Any]:
+    name = model.split("/", 1)[1]
+    return [r for r in provider.request_log if r.model == name]
+
+
+def tool_messages(rt: Any, sid: str) -> list[Any]:
+    return [m for m in rt.messages(sid) if m.role == "tool"]
+
+
+def test_multi_turn_coding_task(rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path) -> None:
+    (workspace / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    model = script(
+        Turn(text="Let me look.", tool_calls=(call("read_file", '{"path": "calc.py"}'),)),
+        Turn(tool_calls=(call("edit_file", '{"path": "calc.py", "old": "a - b", "new": "a + b"}'),)),
+        Turn(text="Fixed: add now adds."),
+    )
+    sid = session(model)
+    result = rt.prompt(sid, "Fix the bug in calc.py").result(timeout=30)
+
+    assert result.status == "ok", result.error
+    assert result.text == "Fixed: add now adds."
+    assert result.steps == 3
+    recorder.wait_type("agent_end")  # subscribers get events asynchronously
+    assert (workspace / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    roles = [m.role for m in rt.messages(sid)]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    read_result = tool_messages(rt, sid)[0]
+    assert "return a - b" in read_result.text and not read_result.is_error
+    # The turn's events, in order, for this session.
+    types = [t for t in recorder.types(sid) if t not in ("text_delta", "tool_call_delta", "message_appended")]
+    assert types[0] == "session_started" and types[1] == "agent_start"
+    assert types[-1] == "agent_end"
+    assert types.count("request_start") == 3 and types.count("turn_end") == 3
+    assert types.count("tool_execution_start") == 2 == types.count("tool_execution_end")
+    seqs = [e.seq for e in recorder.events if e.session_id == sid]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    end = recorder.of("agent_end", sid)[-1]
+    assert end.status == "ok" and end.usage.input_tokens > 0 and end.context_window == 128_000
+
+
+def test_usage_is_the_providers_exact_count(rt: Any, script: Any, session: Any, provider: Any) -> None:
+    model = script(Turn(tool_calls=(call("list_dir"),)), Turn(text="done"))
+    sid = session(model)
+    result = rt.prompt(sid, "list").result(timeout=30)
+    sent = requests_for(provider, model)
+    assert result.usage.input_tokens == sum(r.prompt_tokens for r in sent)
+    assert rt.usage(sid).input_tokens == result.usage.input_tokens
+
+
+def slow_registry(delay: float, log: list[tuple[str, str, float]]) -> ToolRegistry:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def slow(tag: str) -> str:
+        """Sleep, then echo the tag."""
+        log.append(("start", tag, time.monotonic()))
+        time.sleep(delay)
+        log.append(("end", tag, time.monotonic()))
+        return f"done {tag}"
+
+    return registry
+
+
+def test_parallel_tool_calls_run_concurrently(rt: Any, script: Any, session: Any) -> None:
+    log: list[tuple[str, str, float]] = []
+    model = script(
+        Turn(tool_calls=tuple(call("slow", f'{{"tag": "{t}"}}') for t in "abc")),
+        Turn(text="all done"),
+    )
+    sid = session(model, tools=slow_registry(0.3, log))
+    assert rt.prompt(sid, "go").result(timeout=30).status == "ok"
+    starts = [t for kind, _, t in log if kind == "start"]
+    ends = [t for kind, _, t in log if kind == "end"]
+    assert len(starts) == 3 and max(starts) < min(ends), "every call started before any finished"
+    results = tool_messages(rt, sid)
+    assert [m.text for m in results] == ["done a", "done b", "done c"]  # in call order
+
+
+def test_hanging_tool_times_out_and_the_turn_goes_on(rt: Any, script: Any, session: Any) -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+
+    @registry.tool
+    def hang() -> str:
+        """Never returns on its own."""
+        release.wait(30)
+        return "late"
+
+    model = script(Turn(tool_calls=(call("hang"),)), Turn(text="moved on"))
+    sid = session(model, tools=registry, config={"agent.tool_timeout": 0.3})
+    try:
+        result = rt.prompt(sid, "hang please").result(timeout=20)
+    finally:
+        release.set()
+    assert result.status == "ok" and result.text == "moved on"
+    (timed_out,) = tool_messages(rt, sid)
+    assert timed_out.is_error and "timed out" in timed_out.text.lower()
+
+
+def test_raising_tool_becomes_an_error_the_model_sees(rt: Any, script: Any, session: Any, provider: Any) -> None:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def explode(n: int) -> str:
+        """Always fails."""
+        raise RuntimeError(f"boom {n}")
+
+    model = script(Turn(tool_calls=(call("explode", '{"n": 7}'),)), Turn(text="it failed"))
+    sid = session(model, tools=registry)
+    assert rt.prompt(sid, "try it").result(timeout=20).status == "ok"
+    (result,) = tool_messages(rt, sid)
+    assert result.is_error and "RuntimeError" in result.text and "boom 7" in result.text
+    second_request = requests_for(provider, model)[1]
+    assert any(m["role"] == "tool" and "boom 7" in m["content"] for m in second_request.messages)
+
+
+def test_malformed_arguments_and_unknown_tools_are_error_results(rt: Any, script: Any, session: Any) -> None:
+    model = script(
+        Turn(tool_calls=(call("read_file", '{"path": "x.py"'), call("teleport", '{"to": "mars"}'))),
+        Turn(text="ok"),
+    )
+    sid = session(model)
+    assert rt.prompt(sid, "go").result(timeout=20).status == "ok"
+    malformed, unknown = tool_messages(rt, sid)
+    assert malformed.is_error and "JSON" in malformed.text
+    assert unknown.is_error and "teleport" in unknown.text and "read_file" in unknown.text
+
+
+def test_denied_approval_becomes_an_error_result(rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path) -> None:
+    asked: list[str] = []
+
+    def policy(session_id: str, call: Any) -> bool | str:
+        asked.append(call.name)
+        return call.name != "write_file" or "writing is not allowed here"
+
+    model = script(
+        Turn(tool_calls=(call("write_file", '{"path": "x.txt", "content": "hi"}'),)),
+        Turn(text="could not write"),
+    )
+    sid = session(model, approval=policy)
+    assert rt.prompt(sid, "write").result(timeout=20).status == "ok"
+    recorder.wait_type("agent_end")
+    assert asked == ["write_file"]
+    assert not (workspace / "x.txt").exists()
+    (denied,) = tool_messages(rt, sid)
+    assert denied.is_error and "writing is not allowed here" in denied.text
+    (response,) = recorder.of("approval_response", sid)
+    assert response.approved is False and recorder.of("approval_request", sid)[0].name == "write_file"
+
+
+def test_approval_answered_by_a_subscriber(rt: Any, script: Any, session: Any, workspace: Path) -> None:
+    model = script(Turn(tool_calls=(call("write_file", '{"path": "ok.txt", "content": "yes"}'),)), Turn(text="ok"))
+    sid = session(model, require_approval=True)
+
+    def answer(event: Any) -> None:
+        threading.Thread(target=rt.approve, args=(event.session_id, event.call_id, True)).start()
+
+    with rt.subscribe(sid, {"approval_request"}, callback=answer):
+        assert rt.prompt(sid, "write").result(timeout=20).status == "ok"
+    assert (workspace / "ok.txt").read_text() == "yes"
+
+
+def test_abort_mid_stream_leaves_the_session_usable(
+    rt: Any, recorder: Recorder, script: Any, session: Any, provider: Any
+) -> None:
+    model = script(Turn(text="a very slow answer", latency=5.0), Turn(text="second answer"))
+    sid = session(model)
+    handle = rt.prompt(sid, "slow please")
+    name = model.split("/", 1)[1]
+    deadline = time.monotonic() + 10
+    while provider.remaining_turns(name) == 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the provider is answering (slowly)
+    assert rt.abort(sid).result(timeout=5) is True
+    result = handle.result(timeout=5)
+    assert result.status == "aborted"
+    recorder.wait_type("agent_end")
+    assert recorder.of("agent_abort", sid)
+    assert recorder.of("agent_end", sid)[-1].status == "aborted"
+    after = rt.prompt(sid, "again").result(timeout=20)
+    assert after.status == "ok" and after.text == "second answer"
+
+
+def test_abort_during_tools_repairs_the_orphaned_call(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+
+    @registry.tool
+    def wait_here() -> str:
+        """Blocks until released."""
+        release.wait(30)
+        return "released"
+
+    model = script(Turn(tool_calls=(call("wait_here", id="call_stuck"),)), Turn(text="fine"))
+    sid = session(model, tools=registry)
+    handle = rt.prompt(sid, "go")
+    recorder.wait_type("tool_execution_start")
+    rt.abort(sid).result(timeout=5)
+    release.set()
+    assert handle.result(timeout=5).status == "aborted"
+    context = rt.messages(sid, view="model")
+    assert check_integrity(context).ok
+    (repaired,) = [m for m in context if m.role == "tool"]
+    assert repaired.tool_call_id == "call_stuck" and repaired.is_error
+    assert rt.prompt(sid, "next").result(timeout=20).status == "ok"
+
+
+def test_prompt_while_busy_is_queued_and_runs_next(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    model = script(Turn(text="first", latency=0.5), Turn(text="second"))
+    sid = session(model)
+    first = rt.prompt(sid, "one")
+    second = rt.prompt(sid, "two")
+    assert first.result(timeout=20).text == "first"
+    assert second.result(timeout=20).text == "second"
+    recorder.wait_type("agent_end", 2)
+    (queued,) = recorder.of("message_queued", sid)
+    assert queued.prompt_id == second.id and queued.position == 1
+    users = [m.text for m in rt.messages(sid) if m.role == "user"]
+    assert users == ["one", "two"]
+
+
+def test_transient_provider_errors_are_retried(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    model = script(Turn(fault=Fault(kind="rate_limit", retry_after=0.05)), Turn(text="after the retry"))
+    sid = session(model)
+    result = rt.prompt(sid, "hi").result(timeout=20)
+    assert result.status == "ok" and result.text == "after the retry"
+    recorder.wait_type("agent_end")
+    (retry,) = recorder.of("provider_retry", sid)
+    assert retry.status_code == 429 and retry.attempt == 1
+
+
+def test_auth_errors_end_the_turn_with_a_clear_error(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    model = script(Turn(fault=Fault(kind="auth")), Turn(text="unused"))
+    sid = session(model)
+    result = rt.prompt(sid, "hi").result(timeout=20)
+    assert result.status == "error" and "401" in (result.error or "")
+    recorder.wait_type("agent_end")
+    assert not recorder.of("provider_retry", sid)
+    assert recorder.of("error", sid)[-1].code == "provider_auth"
+
+
+def test_agent_crash_mid_turn_recovers_from_the_store(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+
+    @registry.tool
+    def wait_here() -> str:
+        """Blocks until released."""
+        release.wait(30)
+        return "released"
+
+    model = script(Turn(tool_calls=(call("wait_here", id="call_crash"),)), Turn(text="recovered fine"))
+    sid = session(model, tools=registry)
+    handle = rt.prompt(sid, "go")
+    recorder.wait_type("tool_execution_start")
+    rt._session(sid).refs.agent.tell(object())  # an unexpected message: the handler raises, the actor dies
+    crashed = handle.result(timeout=10)
+    assert crashed.status == "error" and "crashed" in (crashed.error or "")
+    recorder.wait_type("agent_recovered")
+    release.set()
+    (restart,) = recorder.of("actor_restarted", sid)
+    assert restart.actor == "agent"
+    recovered = recorder.of("agent_recovered", sid)[0]
+    assert recovered.repaired_calls == 1
+    assert check_integrity(rt.messages(sid, view="model")).ok
+    after = rt.prompt(sid, "continue").result(timeout=20)
+    assert after.status == "ok" and after.text == "recovered fine"
+
+
+def test_tool_decorator_functions_can_be_passed_directly(rt: Any, script: Any, session: Any) -> None:
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    model = script(Turn(tool_calls=(call("shout", '{"text": "hey"}'),)), Turn(text="ok"))
+    sid = session(model, tools=[shout])
+    assert rt.prompt(sid, "shout").result(timeout=20).status == "ok"
+    assert tool_messages(rt, sid)[0].text == "HEY"
+
+
+@pytest.mark.parametrize("bad", [None, 42])
+def test_prompt_rejects_non_text(rt: Any, script: Any, session: Any, bad: Any) -> None:
+    sid = session(script(Turn(text="x")))
+    with pytest.raises(TypeError, match="must be a string"):
+        rt.prompt(sid, bad)
