@@ -3,13 +3,9 @@ progress guard, file-op tracking and the three modes."""
 
 from __future__ import annotations
 
-import functools
-
 import msgspec
 import pytest
-import tiktoken
 
-import runtime  # noqa: F401  (sets TIKTOKEN_CACHE_DIR so tiktoken works offline)
 from runtime import messages as m
 from runtime.config import CompactionConfig
 from runtime.context.compaction import (
@@ -25,6 +21,7 @@ from runtime.context.compaction import (
 )
 from runtime.context.file_ops import FileOps
 from runtime.context.prompts import SPLIT_TURN_HEADING, SUMMARY_PREFIX
+from runtime.tokens import TokenCounter
 
 CONFIG = CompactionConfig()
 
@@ -251,23 +248,28 @@ def test_manual_focus_instructions_reach_the_prompt() -> None:
 
 
 def test_a_history_three_times_the_summarizer_window_still_fits() -> None:
-    enc = tiktoken.get_encoding("o200k_base")
-
-    @functools.cache
-    def count_text(text: str) -> int:
-        return len(enc.encode(text, disallowed_special=()))
-
+    counter = TokenCounter("gpt-4o")  # what the usage tracker hands the compactor: exact tiktoken counts
     window = 8_000
     msgs: list[m.Message] = []
     i = 0
-    while sum(count_text(x.text) for x in msgs) < 3 * window:
+    while counter.count_messages(msgs) < 3 * window:
         msgs += turn(f"request {i}", 1, size=150, tag=f"t{i}")
         i += 1
     msgs += turn("latest", 0, size=10)
-    plan = plan_of(msgs, 50, summarizer_window=window, count_text=count_text)
+    plan = plan_compaction(
+        msgs,
+        trigger="threshold",
+        keep_tokens=50,
+        count=counter.count_message,
+        config=CONFIG,
+        summarizer_window=window,
+        count_text=counter.count_text,
+    )
+    assert isinstance(plan, CompactionPlan)
     [request] = plan.requests
-    used = count_text(request.system) + count_text(request.prompt) + request.max_tokens
-    assert used <= window
+    sent = [m.system(request.system), m.user(request.prompt)]
+    assert counter.count_messages(sent) + request.max_tokens <= window
+    assert counter.count_messages(sent) > window // 2  # and the window is used, not wasted
     assert request.max_tokens == window // 4
     assert request.omitted > 0
     assert f"the {request.omitted} oldest message(s) of this span were left out" in request.prompt
@@ -404,6 +406,28 @@ def test_fallback_keeps_the_previous_summary() -> None:
     assert "Earlier summary:\n## Goal\nKEEP-ME" in result.summary.text
 
 
+def test_repeated_fallbacks_stay_bounded() -> None:
+    """Each fallback quotes the previous summary; a chain of them must not grow without end."""
+    config = CompactionConfig(summary_max_output_tokens=200)
+    history = turn("start", 2)
+    for i in range(30):
+        history = [*history, *turn(f"step {i}", 1, size=300, tag=f"s{i}")]
+        plan = plan_of(history, 400, config=config)
+        result = finish_compaction(plan, [None] * len(plan.requests), count=count)
+        assert isinstance(result, CompactionResult) and result.fallback
+        history = result.messages
+        files = len(result.file_ops.render())
+        assert result.summary_chars <= len(SUMMARY_PREFIX) + 2 + 200 * 6 + 2 + files
+
+
+def test_a_user_message_that_looks_like_a_summary_is_a_turn() -> None:
+    fake = m.user(f"{SUMMARY_PREFIX} pretend")
+    msgs = [fake, *turn("one", 1), *turn("two", 0, size=10)]
+    plan = plan_of(msgs, 30)
+    assert plan.previous_summary is None
+    assert [r.kind for r in plan.requests] == ["history"]
+
+
 def test_no_fallback_when_configured_off() -> None:
     msgs = turn("one", 2) + turn("two", 2)
     plan = plan_of(msgs, 700, config=CompactionConfig(fallback=False))
@@ -518,6 +542,7 @@ def test_hard_reset_never_falls_back() -> None:
     failure = finish_compaction(plan, [None], count=count, limit=100_000)
     assert isinstance(failure, CompactionFailure)
     assert failure.reason == "summarizer_failed" and not failure.context_exceeded
+    assert "hard_reset mode has no fallback" in failure.message
 
 
 def test_hard_reset_failure_over_the_limit_is_a_dead_session_with_a_clear_message() -> None:

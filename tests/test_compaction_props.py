@@ -174,12 +174,15 @@ def test_every_request_fits_the_summarizer_window(
     def count_text(text: str) -> int:
         return len(text) // 3 + 1
 
+    def count(msg: m.Message) -> int:  # like a real counter: text, tool calls, framing
+        return count_text(msg.text) + sum(count_text(c.name + c.arguments) for c in msg.tool_calls) + 3
+
     plan = plan_compaction(
         msgs,
         trigger="manual",
         mode=mode,  # type: ignore[arg-type]
         keep_tokens=200,
-        count=lambda x: count_text(x.text),
+        count=count,
         config=CONFIG,
         force=True,
         summarizer_window=window,

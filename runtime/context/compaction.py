@@ -17,7 +17,7 @@ from the model (``agent_visible=False``) cost nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal
 
 import msgspec
@@ -28,12 +28,14 @@ from runtime.context.file_ops import FileOps, extract_file_ops
 from runtime.context.prompts import (
     SPLIT_TURN_HEADING,
     SUMMARIZER_SYSTEM,
-    SUMMARY_PREFIX,
+    TranscriptPiece,
     clip_head_tail,
+    join_pieces,
     render_message,
     summary_body,
     summary_message_text,
     summary_request_prompt,
+    transcript_pieces,
 )
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.messages import (
@@ -41,6 +43,7 @@ from runtime.messages import (
     KIND_TOOL_SUMMARY,
     Message,
     TextPart,
+    ToolCallPart,
 )
 
 CountTokens = Callable[[Message], int]
@@ -50,9 +53,10 @@ RequestKind = Literal["history", "turn_prefix", "update", "tool_summary"]
 # A model asked for N output tokens rarely writes more than ~4 chars each; allow 6 before clipping, so a
 # provider that ignores max_tokens cannot hand us a summary that defeats the point of compacting.
 CHARS_PER_OUTPUT_TOKEN: Final = 6
-# Room left in the summarizer's window for the chat format's own overhead (roles, separators).
+# Room left in the summarizer's window for the chat format's overhead, for the sum of a transcript's parts
+# differing from its whole, and for some of the difference between tokenizers.
 WINDOW_MARGIN_TOKENS: Final = 32
-WINDOW_MARGIN_FRACTION: Final = 0.01
+WINDOW_MARGIN_FRACTION: Final = 0.03
 # A deterministic (fallback) summary quotes the last user request and the previous summary, clipped.
 FALLBACK_REQUEST_CHARS: Final = 600
 
@@ -218,15 +222,13 @@ def keep_recent_budget(
 
 
 def is_summary(msg: Message) -> bool:
-    """A previous compaction summary."""
-    return msg.kind == KIND_COMPACTION_SUMMARY or (
-        msg.role == "user" and msg.kind is None and msg.text.startswith(SUMMARY_PREFIX)
-    )
+    """A previous compaction summary (by its kind: a user who types the prefix does not make one)."""
+    return msg.kind == KIND_COMPACTION_SUMMARY
 
 
 def is_turn_start(msg: Message) -> bool:
     """A user message that opens a turn (not a summary or tool digest, which are user messages too)."""
-    return msg.role == "user" and msg.kind not in _NOT_TURN_STARTS and not is_summary(msg)
+    return msg.role == "user" and msg.kind not in _NOT_TURN_STARTS
 
 
 def find_cut_point(
@@ -245,10 +247,11 @@ def find_cut_point(
     tool call from its results, and never keeps a tool result without its call.
 
     When no turn starts at or after the crossing (the newest turn alone exceeds the budget), the cut lands
-    inside that turn, at the first message at or after the crossing that opens a tool-call group (or the
-    nearest one before it, when the crossing is inside the last group). If ``split_turn_min_messages`` or
-    more of the turn fall before the cut, the turn's start is reported as ``split_turn_start``; a shorter
-    beginning is simply summarized with the rest of the history.
+    inside that turn, at the first message at or after the crossing where the kept part may start (an
+    assistant message whose tool calls' results all follow it), or the nearest one before the crossing
+    when there is none after. If ``split_turn_min_messages`` or more of the turn fall before the cut, the
+    turn's start is reported as ``split_turn_start``; a shorter beginning is simply summarized with the
+    rest of the history.
 
     ``None`` when everything fits in ``keep_tokens`` or no cut would summarize anything besides a previous
     summary; with ``force``, the fallback is to keep only the last ``force_keep`` messages, moved earlier
@@ -296,8 +299,9 @@ def _valid_cuts(messages: Sequence[Message]) -> list[bool]:
     span = [0] * (n + 2)
     for i, msg in enumerate(messages):
         if msg.role == "assistant":
-            for call in msg.tool_calls:
-                call_at[call.id] = i
+            for part in msg.parts:
+                if type(part) is ToolCallPart:
+                    call_at[part.id] = i
         elif msg.role == "tool" and msg.tool_call_id is not None:
             c = call_at.get(msg.tool_call_id)
             if c is not None and c < i:
@@ -323,7 +327,7 @@ def _crossing(messages: Sequence[Message], keep_tokens: int, count: CountTokens)
     return None
 
 
-def _forced_cut(valid: list[bool], n: int, lowest: int, force_keep: int) -> CutPoint | None:
+def _forced_cut(valid: list[bool], n: int, lowest: int, force_keep: int) -> CutPoint:
     target = max(n - force_keep, lowest)
     index = next((i for i in range(target, lowest - 1, -1) if valid[i]), None)
     if index is None:
@@ -355,8 +359,10 @@ def plan_compaction(
     (:func:`find_cut_point`, with ``force``); ``hard_reset`` summarizes everything. ``truncate`` makes no
     requests. ``previous_file_ops`` defaults to the previous summary's metadata. ``instructions`` are the
     focus of a manual compaction. With ``summarizer_window``, every request is clipped so that its system
-    prompt, prompt and ``max_tokens`` fit in it, measured with ``count_text`` (default: a conservative
-    character-based estimate).
+    prompt, prompt and ``max_tokens`` fit in it, with a margin. Transcript blocks are valued with ``count``
+    (plus their labels), so ``count`` must cover a message's text, reasoning and tool calls in the same
+    tokenizer as ``count_text`` (the usage tracker's counter does); instructions and clipped blocks are
+    measured with ``count_text`` (default: a conservative character-based estimate).
     """
     mode = mode or config.mode
     msgs = list(messages)
@@ -375,7 +381,7 @@ def plan_compaction(
             split_turn_min_messages=config.split_turn_min_messages,
         )
         if cut is None:
-            return NothingToCompact(f"the history fits in the {keep_tokens}-token kept budget")
+            return NothingToCompact(f"nothing to compact outside the newest {keep_tokens} tokens")
         kept = msgs[cut.index :]
         if cut.split_turn_start is not None:
             history, prefix = msgs[: cut.split_turn_start], msgs[cut.split_turn_start : cut.index]
@@ -389,7 +395,7 @@ def plan_compaction(
 
     requests: list[SummaryRequest] = []
     if mode != "truncate":
-        builder = _RequestBuilder(config, summarizer_window, count_text or approx_tokens, instructions)
+        builder = _RequestBuilder(config, summarizer_window, count, count_text or approx_tokens, instructions)
         new_history = history[1:] if previous else history
         if new_history:
             kind: RequestKind = "update" if previous else "history"
@@ -418,21 +424,31 @@ def approx_tokens(text: str) -> int:
 
 
 class _RequestBuilder:
-    """Builds summarizer requests that fit the summarizer's window."""
+    """Builds summarizer requests that fit the summarizer's window.
+
+    The transcript is filled newest message first until the budget is spent. A message's block is valued
+    at the caller's (cached) count of the message plus its labels, so fitting costs no tokenizing of the
+    history; only blocks that clipping shortened, the instructions and the previous summary are measured
+    with ``count_text``. The margin absorbs the difference between the sum of the parts and the whole, and
+    some of the difference between our tokenizer and the summarizer model's.
+    """
 
     def __init__(
         self,
         config: CompactionConfig,
         window: int | None,
+        count: CountTokens,
         measure: CountText,
         instructions: str | None,
     ) -> None:
         self.config = config
         self.window = window
+        self.count = count
         self.measure = measure
         self.instructions = instructions
         out = config.summary_max_output_tokens
         self.max_tokens = min(out, window // 4) if window else out
+        self._label_tokens: dict[str, int] = {}
 
     def build(self, kind: RequestKind, msgs: list[Message], previous: str | None) -> list[SummaryRequest]:
         """One request for ``msgs`` (as a list, empty when even an empty transcript cannot fit)."""
@@ -443,31 +459,26 @@ class _RequestBuilder:
             blocks = [render_message(m, tool_result_chars=chars) for m in visible]
             return [self._request(kind, blocks, previous, max_tokens, omitted=0)]
 
-        room = self.window - max_tokens - self._margin() - self.measure(SUMMARIZER_SYSTEM)
+        margin = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
+        room = self.window - max_tokens - margin - self.measure(SUMMARIZER_SYSTEM)
         if previous is not None:
             previous = self._clip_to(previous, room // 2)
         skeleton = self._prompt(kind, [], previous, omitted=len(visible))
         budget = room - self.measure(skeleton)
         if budget <= 0:
             return []
-        newest_first = (render_message(m, tool_result_chars=chars) for m in reversed(visible))
-        taken = self._take(newest_first, budget)
-        while True:
-            request = self._request(
-                kind, taken[::-1], previous, max_tokens, omitted=len(visible) - len(taken)
-            )
-            used = self.measure(request.system) + self.measure(request.prompt) + max_tokens + self._margin()
-            if used <= self.window:
-                return [request]
-            if not taken:
-                return []
-            taken.pop()  # the oldest block; per-block counts can differ slightly from the whole
+        taken = self._take(reversed(visible), budget)
+        omitted = len(visible) - len(taken)
+        return [self._request(kind, taken[::-1], previous, max_tokens, omitted=omitted)]
 
-    def _take(self, newest_first: Iterator[str], budget: int) -> list[str]:
+    def _take(self, newest_first: Iterable[Message], budget: int) -> list[str]:
+        chars = self.config.summary_tool_result_chars
         taken: list[str] = []
         used = 0
-        for block in newest_first:
-            tokens = self.measure(block) + 1  # + the blank line between blocks
+        for msg in newest_first:
+            pieces = transcript_pieces(msg, tool_result_chars=chars)
+            block = join_pieces(pieces)
+            tokens = self._block_tokens(msg, pieces, block) + 1  # + the blank line between blocks
             if used + tokens <= budget:
                 taken.append(block)
                 used += tokens
@@ -477,6 +488,17 @@ class _RequestBuilder:
             break
         return taken
 
+    def _block_tokens(self, msg: Message, pieces: list[TranscriptPiece], block: str) -> int:
+        if any(p.clipped for p in pieces):
+            return self.measure(block)
+        labels = 0
+        for piece in pieces:
+            tokens = self._label_tokens.get(piece.label)
+            if tokens is None:
+                tokens = self._label_tokens[piece.label] = self.measure(piece.label) + 1  # + its newline
+            labels += tokens
+        return self.count(msg) + labels
+
     def _clip_to(self, text: str, tokens: int) -> str:
         """``text`` clipped head and tail until it measures at most ``tokens``."""
         size = self.measure(text)
@@ -485,10 +507,6 @@ class _RequestBuilder:
             text = clip_head_tail(text, chars) if chars > 64 else text[:chars]
             size = self.measure(text)
         return text
-
-    def _margin(self) -> int:
-        assert self.window is not None
-        return WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
 
     def _prompt(self, kind: RequestKind, blocks: list[str], previous: str | None, *, omitted: int) -> str:
         return summary_request_prompt(
@@ -547,14 +565,18 @@ def finish_compaction(
     used_fallback = False
     parts: list[str] = []
     for kind, msgs in _parts(plan):
-        answer = _clean_answer(by_kind.get(kind), plan, kind)
-        if answer is None and kind == "carry" and plan.previous_summary is not None:
-            answer = summary_body(plan.previous_summary.text)
+        if kind == "carry":
+            assert plan.previous_summary is not None
+            answer: str | None = summary_body(plan.previous_summary.text)
+        else:
+            answer = summary_body(by_kind.get(kind) or "") or None
         if answer is None:
             if not allow_fallback:
-                return fail("summarizer_failed", "the summarizer gave no summary and fallback is off.", None)
+                off = "hard_reset mode has no fallback" if plan.mode == "hard_reset" else "fallback is off"
+                return fail("summarizer_failed", f"the summarizer gave no summary ({off}).", None)
             used_fallback = used_fallback or plan.mode != "truncate"
             answer = fallback_summary(msgs, plan.previous_summary if kind != "turn_prefix" else None)
+        answer = clip_head_tail(answer, _part_chars(plan, kind))
         parts.append(f"{SPLIT_TURN_HEADING}\n\n{answer}" if kind == "turn_prefix" else answer)
 
     text = summary_message_text("\n\n".join(parts), plan.file_ops.render())
@@ -600,15 +622,11 @@ def _parts(plan: CompactionPlan) -> list[tuple[str, list[Message]]]:
     return parts
 
 
-def _clean_answer(answer: str | None, plan: CompactionPlan, kind: str) -> str | None:
-    if answer is None:
-        return None
-    body = summary_body(answer)
-    if not body:
-        return None
+def _part_chars(plan: CompactionPlan, kind: str) -> int:
+    """The most characters a part of the summary may have: what its request's ``max_tokens`` allows."""
     request = next((r for r in plan.requests if r.kind == kind), None)
-    max_tokens = request.max_tokens if request else plan.config.summary_max_output_tokens
-    return clip_head_tail(body, max_tokens * CHARS_PER_OUTPUT_TOKEN)
+    tokens = request.max_tokens if request else plan.config.summary_max_output_tokens
+    return tokens * CHARS_PER_OUTPUT_TOKEN
 
 
 def fallback_summary(messages: Sequence[Message], previous: Message | None = None) -> str:

@@ -14,11 +14,10 @@ from typing import Any, Final
 
 import msgspec
 
-from runtime.messages import Message
+from runtime.messages import Message, ToolCallPart
 
 READ_TOOLS: Final = frozenset({"read_file"})
 MODIFY_TOOLS: Final = frozenset({"write_file", "edit_file"})
-PATH_ARGUMENTS: Final = ("path", "file_path", "filename")
 
 READ_FILES_KEY: Final = "read_files"
 MODIFIED_FILES_KEY: Final = "modified_files"
@@ -73,39 +72,49 @@ def extract_file_ops(
     A call counts unless its result (when present among ``messages``) is an error: a failed write did not
     modify anything. Calls with malformed arguments or without a path argument are ignored.
     """
-    msgs = list(messages)
-    failed = {m.tool_call_id for m in msgs if m.role == "tool" and m.is_error}
+    calls: list[ToolCallPart] = []
+    failed: set[str | None] = set()
+    for msg in messages:
+        if msg.role == "assistant":
+            calls += [p for p in msg.parts if type(p) is ToolCallPart]
+        elif msg.role == "tool" and msg.is_error:
+            failed.add(msg.tool_call_id)
     read: set[str] = set()
     modified: set[str] = set()
-    for msg in msgs:
-        if msg.role != "assistant":
+    for call in calls:
+        target = modified if call.name in modify_tools else read if call.name in read_tools else None
+        if target is None or call.id in failed:
             continue
-        for call in msg.tool_calls:
-            if call.id in failed:
-                continue
-            target = modified if call.name in modify_tools else read if call.name in read_tools else None
-            if target is None:
-                continue
-            path = _call_path(call.arguments)
-            if path is not None:
-                target.add(path)
+        path = _call_path(call.arguments)
+        if path is not None:
+            target.add(path)
     return FileOps(read=frozenset(read - modified), modified=frozenset(modified))
 
 
 def normalize_path(path: str) -> str:
     """One spelling per file: ``./a//b/../c.py`` and ``a/c.py`` are the same entry."""
-    return posixpath.normpath(path.replace("\\", "/"))
+    if "\\" in path or "//" in path or "/." in path or path.startswith(".") or path.endswith("/"):
+        return posixpath.normpath(path.replace("\\", "/"))
+    return path  # already normal: most paths, and normpath is slow enough to matter on long histories
+
+
+class _PathArguments(msgspec.Struct):
+    """The path-like arguments of a file tool call; every other argument is skipped while decoding."""
+
+    path: Any = None
+    file_path: Any = None
+    filename: Any = None
+
+
+_arguments_decoder = msgspec.json.Decoder(_PathArguments)
 
 
 def _call_path(arguments: str) -> str | None:
     try:
-        args = msgspec.json.decode(arguments or "{}")
-    except msgspec.DecodeError:
+        args = _arguments_decoder.decode(arguments or "{}")
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if not isinstance(args, dict):
-        return None
-    for key in PATH_ARGUMENTS:
-        value = args.get(key)
+    for value in (args.path, args.file_path, args.filename):
         if isinstance(value, str) and value.strip():
             return normalize_path(value.strip())
     return None

@@ -9,7 +9,7 @@ that a split cut leaves half kept. The fixed prefixes that mark summary messages
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, NamedTuple
 
 from runtime.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCallPart
 
@@ -108,31 +108,55 @@ def clip_head_tail(text: str, max_chars: int, *, label: str = "chars") -> str:
     return text[:head] + marker + (text[-tail:] if tail else "")
 
 
-def render_message(msg: Message, *, tool_result_chars: int) -> str:
-    """One message as a transcript block: a role label, then the content.
+class TranscriptPiece(NamedTuple):
+    """One line of a message's transcript block: ``label`` + ``content``; ``clipped`` when the content is
+    shorter than what the message holds."""
 
-    Tool results are clipped head and tail to ``tool_result_chars``; reasoning is clipped to the same size
-    (it can be long and is rarely worth more than a tool result). Images appear as ``[image]``.
-    """
+    label: str
+    content: str
+    clipped: bool = False
+
+
+def transcript_pieces(msg: Message, *, tool_result_chars: int) -> list[TranscriptPiece]:
+    """A message as labelled transcript pieces (see :func:`render_message`)."""
     if msg.role == "tool":
         status = " (error)" if msg.is_error else ""
-        body = clip_head_tail(msg.text, tool_result_chars)
-        return f"[Tool result {msg.name or '?'}{status}]:\n{body}"
+        text = msg.text
+        body = clip_head_tail(text, tool_result_chars)
+        return [TranscriptPiece(f"[Tool result {msg.name or '?'}{status}]:\n", body, len(body) < len(text))]
     label = {"user": "User", "assistant": "Assistant", "system": "System"}[msg.role]
     if msg.kind:
         label = f"{label} ({msg.kind})"
-    lines: list[str] = []
+    pieces: list[TranscriptPiece] = []
     for part in msg.parts:
         match part:
             case TextPart(text=text) if text:
-                lines.append(f"[{label}]:\n{text}")
+                pieces.append(TranscriptPiece(f"[{label}]:\n", text))
             case ReasoningPart(text=text, redacted=False) if text:
-                lines.append(f"[{label} thinking]:\n{clip_head_tail(text, tool_result_chars)}")
+                body = clip_head_tail(text, tool_result_chars)
+                pieces.append(TranscriptPiece(f"[{label} thinking]:\n", body, len(body) < len(text)))
             case ToolCallPart(name=name, arguments=arguments):
-                lines.append(f"[{label} tool call]: {name}({clip_head_tail(arguments, tool_result_chars)})")
+                body = clip_head_tail(arguments, tool_result_chars)
+                pieces.append(
+                    TranscriptPiece(f"[{label} tool call]: {name}(", body + ")", len(body) < len(arguments))
+                )
             case ImagePart():
-                lines.append(f"[{label}]: [image]")
-    return "\n".join(lines) if lines else f"[{label}]: (empty)"
+                pieces.append(TranscriptPiece(f"[{label}]: ", "[image]"))
+    return pieces or [TranscriptPiece(f"[{label}]: ", "(empty)")]
+
+
+def render_message(msg: Message, *, tool_result_chars: int) -> str:
+    """One message as a transcript block: a role label, then the content, for each part.
+
+    Tool results are clipped head and tail to ``tool_result_chars``; reasoning and tool-call arguments are
+    clipped to the same size (they can be long and are rarely worth more). Images appear as ``[image]``.
+    """
+    return join_pieces(transcript_pieces(msg, tool_result_chars=tool_result_chars))
+
+
+def join_pieces(pieces: list[TranscriptPiece]) -> str:
+    """The transcript block of a message's pieces."""
+    return "\n".join(p.label + p.content for p in pieces)
 
 
 def summary_request_prompt(
