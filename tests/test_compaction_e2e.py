@@ -1,0 +1,171 @@
+"""Compaction end to end over the local provider (SPEC 5): automatic, manual, modes, archiving, events."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from runtime.context.integrity import check_integrity
+from runtime.messages import KIND_COMPACTION_SUMMARY
+from runtime.provider.script import ToolCallSpec, Turn
+from tests.conftest import Recorder
+
+_names = itertools.count(1)
+WINDOW = 4_000
+
+
+def chatty_model(provider: Any, words: int = 180) -> str:
+    """A looping script whose every answer is ~``words`` words: the context grows every turn."""
+    name = f"chatty-{next(_names)}"
+    text = " ".join(f"detail{i}" for i in range(words))
+    provider.add_script(name, [Turn(text=f"Noted. {text}")], loop=True)
+    return f"openai/{name}"
+
+
+def small_window(model: str, **extra: Any) -> dict[str, Any]:
+    """Per-session config: a 4,000-token window and a summarizer answered by the provider's policy."""
+    config: dict[str, Any] = {
+        "models.context_windows": {model: WINDOW, "openai/summarizer": 32_000},
+        "compaction.reserve_tokens": 500,
+        "compaction.summarizer_model": "openai/summarizer",
+    }
+    config.update(extra)
+    return config
+
+
+def summarizer_requests(provider: Any) -> list[Any]:
+    return [r for r in provider.request_log if r.model == "summarizer"]
+
+
+def test_long_session_compacts_automatically_and_keeps_answering(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider)
+    sid = session(model, tools=None, config=small_window(model))
+    provider.clear_log()
+    prompts = [f"Step {i}: please record fact number {i} about the project." for i in range(16)]
+    for text in prompts:
+        result = rt.prompt(sid, text).result(timeout=60)
+        assert result.status == "ok", result.error
+    recorder.wait_type("agent_end", len(prompts))
+
+    ends = recorder.of("compaction_end", sid)
+    starts = recorder.of("compaction_start", sid)
+    assert len(ends) >= 2, recorder.types(sid)
+    assert len(starts) == len(ends) and not recorder.of("compaction_failed", sid)
+    for start, end in zip(starts, ends, strict=True):
+        assert start.seq < end.seq
+        assert start.trigger == end.trigger == "threshold"
+        assert end.tokens_after < end.tokens_before == start.tokens_before
+        assert end.messages_after < end.messages_before == start.messages_before
+        assert end.mode == "summarize" and end.summary_chars > 0
+    # Every start is followed by its end before the next start: events are in order.
+    kinds = [t for t in recorder.types(sid) if t.startswith("compaction_")]
+    assert kinds == ["compaction_start", "compaction_end"] * len(ends)
+
+    # The second summary is an update of the first.
+    requests = summarizer_requests(provider)
+    assert len(requests) >= 2
+    assert "<previous-summary>" not in requests[0].messages[-1]["content"]
+    assert "<previous-summary>" in requests[1].messages[-1]["content"]
+
+    # The model sees the summary first; the log still holds every message ever added.
+    context = rt.messages(sid, view="model")
+    assert context[0].kind == KIND_COMPACTION_SUMMARY
+    assert context[0].text.startswith("[Previous conversation summary]")
+    history = rt.messages(sid)
+    assert [m.text for m in history if m.role == "user" and m.kind is None] == prompts
+    stats = rt.context_stats(sid)
+    assert stats.total < stats.compaction_threshold
+    # Summarizer input and output are saved beside the session (SPEC 2.3).
+    artifacts = sorted(p.name for p in rt.services.directory.artifacts_dir(sid).iterdir())
+    assert len(artifacts) == 2 * len(ends)
+
+
+def test_manual_compaction_with_focus_and_hard_reset(rt: Any, recorder: Recorder, provider: Any, session: Any) -> None:
+    model = chatty_model(provider, words=40)
+    sid = session(model, tools=None, config=small_window(model, **{"compaction.mode": "hard_reset"}))
+    for i in range(4):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    provider.clear_log()
+    result = rt.compact(sid, instructions="the database migration").result(timeout=30)
+    assert result.compacted, result.reason
+    recorder.wait_type("compaction_end")
+    (end,) = recorder.of("compaction_end", sid)
+    assert end.trigger == "manual" and end.mode == "hard_reset" and end.messages_after == 1
+    (request,) = summarizer_requests(provider)
+    assert "the database migration" in request.messages[-1]["content"]
+    (summary,) = rt.messages(sid, view="model")
+    assert summary.kind == KIND_COMPACTION_SUMMARY
+    assert rt.prompt(sid, "go on").result(timeout=30).status == "ok"
+
+
+def test_truncate_mode_needs_no_model(rt: Any, recorder: Recorder, provider: Any, session: Any) -> None:
+    model = chatty_model(provider, words=60)
+    sid = session(model, tools=None, config=small_window(model, **{"compaction.mode": "truncate"}))
+    for i in range(6):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    provider.clear_log()
+    result = rt.compact(sid, keep_recent_tokens=200).result(timeout=30)
+    assert result.compacted
+    assert not summarizer_requests(provider)
+    summary = rt.messages(sid, view="model")[0]
+    assert summary.text.startswith("[Previous conversation summary]") and "[Compacted" in summary.text
+
+
+def test_summarizer_failure_falls_back_to_a_deterministic_summary(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=60)
+    config = small_window(model, **{"compaction.summarizer_model": "openai/broken-summarizer"})
+    config["models.context_windows"]["openai/broken-summarizer"] = 32_000
+    provider.add_script("broken-summarizer", [Turn(text="")], loop=True)  # answers with nothing
+    sid = session(model, tools=None, config=config)
+    for i in range(5):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    result = rt.compact(sid, keep_recent_tokens=200).result(timeout=30)
+    assert result.compacted
+    recorder.wait_type("compaction_end")
+    assert recorder.of("compaction_end", sid)[0].fallback is True
+    assert "[Compacted" in rt.messages(sid, view="model")[0].text
+
+
+def test_a_compaction_that_frees_nothing_is_discarded_and_never_loops(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=30)
+    echo = "openai/echo-summarizer"
+    # A "summary" as long as everything it replaces: no progress.
+    provider.add_script("echo-summarizer", [Turn(text=" ".join(["blah"] * 2_500))], loop=True)
+    config = small_window(model, **{"compaction.summarizer_model": echo, "compaction.fallback": False})
+    config["models.context_windows"][echo] = 32_000
+    sid = session(model, tools=None, config=config)
+    for i in range(4):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    result = rt.compact(sid, keep_recent_tokens=100).result(timeout=30)
+    assert not result.compacted
+    recorder.wait_type("compaction_failed")
+    (failed,) = recorder.of("compaction_failed", sid)
+    assert failed.reason == "no_progress"
+    assert not recorder.of("compaction_end", sid)
+    assert rt.messages(sid, view="model")[0].kind != KIND_COMPACTION_SUMMARY
+
+
+def test_old_tool_results_are_archived_with_a_summary(rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any) -> None:
+    (workspace / "notes.txt").write_text("alpha\nbeta\n")
+    name = f"tools-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "notes.txt"}')
+    provider.add_script(name, [Turn(tool_calls=(read,)) for _ in range(5)] + [Turn(text="read it all")])
+    model = f"openai/{name}"
+    config = {"compaction.tool_call_cutoff": 2, "compaction.tool_summary_strategy": "heuristic"}
+    sid = session(model, config=config)
+    assert rt.prompt(sid, "read notes five times").result(timeout=30).status == "ok"
+    recorder.wait_type("agent_end")
+    archived = recorder.of("tool_results_archived", sid)
+    assert archived and all(a.strategy == "heuristic" for a in archived)
+    context = rt.messages(sid, view="model")
+    assert sum(m.role == "tool" for m in context) <= 2
+    assert any(m.kind == "tool_summary" for m in context)
+    assert check_integrity(context).ok
+    everything = rt.messages(sid)
+    assert sum(m.role == "tool" for m in everything) == 5  # archived, not deleted
