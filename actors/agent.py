@@ -26,6 +26,7 @@ from actors._base import CallFailed, Reply, SessionActor
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.integrity import repair_tool_calls
+from runtime.context.recovery import compaction_did_not_help
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
@@ -82,7 +83,6 @@ class _Run:
     usage: Usage = field(default_factory=Usage)
     overflow_recoveries: int = 0
     compaction_attempted: bool = False
-    pending_trigger: str | None = None
     estimated_tokens: int = 0
     last_message: Message | None = None
     call: Any = None  # runtime.llm.CallHandle
@@ -117,6 +117,7 @@ class Agent(SessionActor):
         self._recovering = recovering
         self._busy_with_recovery = recovering
         self._context_tokens = 0
+        self._pending_trigger: str | None = None  # e.g. usage_overflow: compact before the next request
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -235,8 +236,8 @@ class Agent(SessionActor):
     def _before_request(self, _: Any = None) -> None:
         run = self.run
         assert run is not None
-        trigger = run.pending_trigger or TRIGGER_THRESHOLD
-        run.pending_trigger = None
+        trigger = self._pending_trigger or TRIGGER_THRESHOLD
+        self._pending_trigger = None
         request = cp.MaybeCompact(trigger=trigger, attempted=run.compaction_attempted)
         self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction_check))
 
@@ -363,13 +364,13 @@ class Agent(SessionActor):
             self.call(
                 self.refs.require("overflow"),
                 ov.CheckUsage(input_tokens=message.usage.input_tokens),
-                self._guard(run, self._on_usage_verdict),
+                self._on_usage_verdict,
             )
         self.call(self.refs.require("store"), st.Append((message,)), self._guard(run, lambda _: self._after_response(message)))
 
     def _on_usage_verdict(self, overflowed: bool) -> None:
-        if overflowed and self.run is not None:
-            self.run.pending_trigger = "usage_overflow"
+        if overflowed is True:  # silent overflow (SPEC 6.2): compact before the next request, even in a later turn
+            self._pending_trigger = "usage_overflow"
 
     def _after_response(self, message: Message) -> None:
         run = self.run
@@ -405,8 +406,10 @@ class Agent(SessionActor):
 
     def _after_emergency_compaction(self, outcome: cp.Outcome) -> None:
         if outcome.dead or not outcome.compacted:
-            reason = outcome.message or "emergency compaction did not free enough space"
-            self._finish("error", f"context overflow and {reason}", code="context_overflow")
+            failure = compaction_did_not_help(
+                context_window=self.context_window, reason=outcome.message or "nothing could be summarized"
+            )
+            self._finish("error", failure.message, code=failure.code)
             return
         self._request(outcome.messages, outcome.estimate)
 

@@ -109,8 +109,15 @@ class Compactor(SessionActor):
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
         self._compactions = 0
+        self._set_summarizer()
         self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
         self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+
+    def _set_summarizer(self) -> None:
+        from runtime.models import model_info
+
+        self.summarizer_model = self.cfg.summarizer_model or self.model
+        self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
 
     # -- mailbox ----------------------------------------------------------------------------------------
     def on_receive(self, message: Any) -> Any:
@@ -121,6 +128,7 @@ class Compactor(SessionActor):
                 self._on_summary(message)
             case SetModel(model=model, context_window=window):
                 self.model, self.context_window = model, window
+                self._set_summarizer()
             case MaybeCompact() | Compact() | MaybeArchiveTools():
                 self._enqueue(message)
             case _:
@@ -196,28 +204,27 @@ class Compactor(SessionActor):
         assert job.estimate is not None
         messages = list(job.view.messages)
         tokens_before = job.estimate.tokens
-        mode = self.cfg.mode
         keep_tokens = comp.keep_recent_budget(self.context_window, self.cfg, emergency=emergency, override=keep)
-        self.emit(ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before)
-        summarizer_model = self.cfg.summarizer_model or self.model
-        from runtime.models import model_info
-
-        summarizer_window = model_info(summarizer_model, self.spec.config.models).context_window
         plan = comp.plan_compaction(
             messages,
-            mode=mode,
-            trigger=trigger,
+            mode=self.cfg.mode,
+            trigger=trigger,  # type: ignore[arg-type]
             keep_tokens=keep_tokens,
             count=self.counter.count_message,
             config=self.cfg,
             instructions=instructions,
-            summarizer_window=summarizer_window,
+            summarizer_window=self.summarizer_window,
             count_text=self.counter.count_text,
             force=emergency or trigger == "manual",
         )
         if isinstance(plan, comp.NothingToCompact):
-            self._fail(job, trigger, "nothing_to_compact", plan.reason, tokens_before)
+            if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
+                self._no_progress_at = self._leaf(tuple(messages))
+                self._done(job, Outcome(messages=tuple(messages), estimate=tokens_before, attempted=True))
+            else:
+                self._fail(job, trigger, "nothing_to_compact", plan.reason, tokens_before)
             return
+        self.emit(ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before)
         job.plan = plan
         job.answers = [None] * len(plan.requests)
         job.outstanding = len(plan.requests)
@@ -228,7 +235,7 @@ class Compactor(SessionActor):
         inputs = "\n\n".join(f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests)
         self._write_artifact(0, inputs, job)
         for index, req in enumerate(plan.requests):
-            self._summarize(job, index, summarizer_model, req.system, req.prompt, req.max_tokens)
+            self._summarize(job, index, self.summarizer_model, req.system, req.prompt, req.max_tokens)
 
     def _summarize(self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int) -> None:
         from runtime.llm import CompletionRequest
@@ -376,7 +383,7 @@ class Compactor(SessionActor):
             return
         job.answers = [None]
         job.outstanding = 1
-        self._summarize(job, 0, cfg.summarizer_model or self.model, request.system, request.prompt, request.max_tokens)
+        self._summarize(job, 0, self.summarizer_model, request.system, request.prompt, request.max_tokens)
 
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None

@@ -51,3 +51,14 @@ def decide_overflow(
             code="context_overflow_after_compaction",
         )
     return OverflowDecision("compact_and_retry", "context overflow: emergency compaction, then one retry")
+
+
+def compaction_did_not_help(*, context_window: int, reason: str) -> OverflowDecision:
+    """The error when the emergency compaction itself could not make room (SPEC 6.3)."""
+    return OverflowDecision(
+        "fail",
+        f"The request exceeded the model's context window of {context_window:,} tokens and an emergency "
+        f"compaction could not make room ({reason}). The newest messages alone are too large for this "
+        "model: shorten the last prompt or tool output, switch to a model with a larger window, or start "
+        "a new session. Nothing was lost; the full history is in the session log.",
+    )
