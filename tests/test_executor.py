@@ -129,7 +129,7 @@ def test_parallel_calls_run_at_once_and_keep_their_order(
         on_done=lambda r: done.append(r.call.id),
         on_all_done=all_done.append,
     )
-    assert time.monotonic() - t0 < 0.1  # run() does not block
+    assert time.monotonic() - t0 < 0.15  # run() does not wait for the tools
     results = handle.wait(5)
     assert time.monotonic() - t0 < 0.6  # 4 × 0.2 s in parallel
     assert [r.call.id for r in results] == ["call_0", "call_1", "call_2", "call_3"]
@@ -139,7 +139,7 @@ def test_parallel_calls_run_at_once_and_keep_their_order(
     assert all(
         r.message.role == "tool" and r.message.tool_call_id == r.call.id and not r.is_error for r in results
     )
-    assert all(0.19 < r.duration < 0.5 for r in results)
+    assert all(0.19 < r.duration < 0.6 for r in results)
 
 
 def test_max_parallel_limits_concurrency(executor: ToolExecutor, tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_hung_tool_times_out_and_its_worker_is_replaced(registry: ToolRegistry, 
     try:
         t0 = time.monotonic()
         [result] = run_all(pool, registry, tmp_path, calls(("stubborn", "{}")), timeout=0.2)
-        assert 0.2 <= time.monotonic() - t0 < 1.0
+        assert 0.2 <= time.monotonic() - t0 < 2.0  # the deadline, not the tool's 30 s
         assert result.is_error and result.message.text.startswith(
             "Error: tool 'stubborn' timed out after 0.2 s"
         )
@@ -283,7 +283,7 @@ def test_blocking_approval_blocks_only_its_worker(
         ctx_factory(tmp_path),
         approve=approve,
     )
-    assert time.monotonic() - t0 < 0.1
+    assert time.monotonic() - t0 < 1.0  # the approval wait is on a worker
     deadline = time.monotonic() + 5
     while handle.results[1] is None and time.monotonic() < deadline:
         time.sleep(0.01)

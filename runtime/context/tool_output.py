@@ -105,14 +105,13 @@ def limit_output(
     return LimitedOutput(f"{kept}{separator}{notice}", True, None, chars, size, lines, notice)
 
 
-def write_spill(spill: SpillRequest, directory: str | os.PathLike[str] | None = None) -> Path:
-    """Write a spill file (atomically) and return its path.
+def write_spill(spill: SpillRequest) -> Path:
+    """Write a spill file at ``spill.path`` (the path the notice names), atomically; return the path.
 
-    ``directory`` overrides the directory chosen by :func:`limit_output` (the file name is kept). The
-    content is written in chunks, so a 100 MB output never exists twice in memory. Files are named by
-    content hash: writing the same output twice keeps one file.
+    The content is written in chunks, so a 100 MB output never exists twice in memory. Files are named
+    by content hash: writing the same output twice keeps one file.
     """
-    path = Path(directory) / spill.path.name if directory is not None else spill.path
+    path = spill.path
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size == spill.bytes:
         return path
@@ -175,7 +174,7 @@ def _spill(
     notice = (
         f"[Output too large for the context: {len(text):,} chars, {size:,} bytes, {lines:,} lines. "
         f"The full output was saved to {path} (SHA-256 {sha}). "
-        f"Showing the first {count_lines(preview):,} lines; search or page through the file for the rest.]"
+        f"Showing the first {count_lines(preview):,} lines.]"
     )
     return LimitedOutput(f"{notice}\n{preview}", True, spill, len(text), size, lines, notice)
 

@@ -273,18 +273,22 @@ class _ShellRun:
         self.tail = bytearray()
         self.total = 0
         self.returncode: int | None = None
-        self._log = log_path.open("wb")
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
-        self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
+        self._log = log_path.open("wb")
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        except BaseException:
+            self._log.close()
+            raise
 
     def wait(self, limit: float) -> str:
         """Read output until the command ends: "done", "timeout" or "cancelled".

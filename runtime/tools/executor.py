@@ -232,7 +232,7 @@ class ToolBatchHandle:
 class _Call:
     """The mutable state of one call within a batch (guarded by the batch's lock)."""
 
-    __slots__ = ("abandoned", "cancelled", "started", "state", "worker_busy")
+    __slots__ = ("abandoned", "cancelled", "deadline", "started", "state", "worker_busy")
 
     def __init__(self) -> None:
         self.state = _PENDING
@@ -240,6 +240,7 @@ class _Call:
         self.cancelled = threading.Event()
         self.worker_busy = False  # a worker is inside execute() for this call
         self.abandoned = False  # ... and the call was completed without it: that worker retires
+        self.deadline: _Deadline | None = None
 
 
 class _Rejected(msgspec.Struct, frozen=True):
@@ -325,7 +326,7 @@ class _Batch:
                 return  # aborted while it waited for approval
             st.state = _RUNNING
         if timeout is not None:
-            self.executor._watchdog.add(time.monotonic() + timeout, self, index, timeout)
+            st.deadline = self.executor._watchdog.add(time.monotonic() + timeout, self, index, timeout)
         error: str | None = None
         try:
             text = _output_text(tool.invoke(arguments, ctx))
@@ -395,8 +396,11 @@ class _Batch:
     def _deliver(self, index: int, text: str, *, is_error: bool, error: str | None) -> None:
         """Build and hand out the one result of a call claimed with :meth:`_take`."""
         result = self._result(self.calls[index], self.states[index], text, is_error=is_error, error=error)
+        st = self.states[index]
+        if st.deadline is not None:
+            st.deadline.batch = None  # let the watchdog forget this batch now, not at the deadline
         with self.lock:
-            self.states[index].state = _DONE
+            st.state = _DONE
             self.results[index] = result
             self.remaining -= 1
             last = self.remaining == 0
@@ -488,12 +492,24 @@ def _safely(callback: Callable[..., Any] | None, *args: Any) -> None:
         log.exception("tool callback %r failed", callback)
 
 
+class _Deadline:
+    """A watchdog entry; ``batch`` is cleared when the call ends first, so nothing is kept alive."""
+
+    __slots__ = ("batch", "index", "timeout", "when")
+
+    def __init__(self, when: float, batch: _Batch, index: int, timeout: float) -> None:
+        self.when = when
+        self.batch: _Batch | None = batch
+        self.index = index
+        self.timeout = timeout
+
+
 class _Watchdog:
     """One thread that fires call deadlines."""
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._heap: list[tuple[float, int, _Batch, int, float]] = []
+        self._heap: list[tuple[float, int, _Deadline]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -505,10 +521,12 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
 
-    def add(self, deadline: float, batch: _Batch, index: int, timeout: float) -> None:
+    def add(self, when: float, batch: _Batch, index: int, timeout: float) -> _Deadline:
+        deadline = _Deadline(when, batch, index, timeout)
         with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._seq), batch, index, timeout))
+            heapq.heappush(self._heap, (when, next(self._seq), deadline))
             self._cond.notify()
+        return deadline
 
     def stop(self) -> None:
         with self._cond:
@@ -523,8 +541,11 @@ class _Watchdog:
                     self._cond.wait(wait)
                 if self._stopped:
                     return
-                _, _, batch, index, timeout = heapq.heappop(self._heap)
+                _, _, deadline = heapq.heappop(self._heap)
+            batch = deadline.batch
+            if batch is None:
+                continue
             try:
-                batch.expire(index, timeout)
+                batch.expire(deadline.index, deadline.timeout)
             except Exception:
                 log.exception("tool watchdog failed")

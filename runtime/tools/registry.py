@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import tempfile
 import threading
 import types
 import typing
@@ -36,7 +37,7 @@ class ToolError(Exception):
     """A failure a tool reports on purpose: its message is shown to the model as it is."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ToolContext:
     """What a running tool may use besides its arguments."""
 
@@ -47,7 +48,7 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     shell_enabled: bool = False
     shell_timeout: float = 120.0
-    logs_dir: Path = field(default_factory=lambda: Path("."))
+    logs_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "agentcell_logs")
 
     def require_workspace(self) -> Workspace:
         """The session's workspace; a clear :class:`ToolError` when the session has none."""
@@ -56,7 +57,7 @@ class ToolContext:
         return self.workspace
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tool:
     """One tool. ``fn`` takes the arguments as keyword arguments (plus ``ctx`` if it asks for it).
 
