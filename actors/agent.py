@@ -25,7 +25,7 @@ from actors import usage_tracker as ut
 from actors._base import CallFailed, Reply, SessionActor
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
-from runtime.context.integrity import repair_tool_calls
+from runtime.context.integrity import model_view, repair_tool_calls
 from runtime.context.recovery import compaction_did_not_help
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
@@ -203,7 +203,8 @@ class Agent(SessionActor):
     def _on_prompt(self, prompt: Prompt) -> None:
         if self.state is not AgentState.IDLE or self._busy_with_recovery:
             self.queue.append(prompt)
-            self.emit(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
+            if self.state is not AgentState.IDLE:  # (while recovering, the prompt just waits a moment)
+                self.emit(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
             return
         self._start(prompt)
 
@@ -272,7 +273,7 @@ class Agent(SessionActor):
             from runtime.messages import system
 
             messages.append(system(spec.system_prompt))
-        messages.extend(context)
+        messages.extend(model_view(context))  # each result right after its call, duplicates dropped
         request = CompletionRequest(
             model=self.model,
             messages=messages,

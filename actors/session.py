@@ -9,6 +9,7 @@ state from the store. A session starts its actors on first use and can park them
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pykka
@@ -29,7 +30,19 @@ CHILD_ORDER = ("store", "usage", "overflow", "compactor", "agent")
 class Session:
     """A session's handle inside the runtime: lazily started, supervised, able to hibernate."""
 
-    __slots__ = ("_lock", "_starts", "context_window", "counter", "parent", "refs", "services", "spec", "supervisor")
+    __slots__ = (
+        "_lock",
+        "_starts",
+        "context_window",
+        "counter",
+        "fresh",
+        "last_used",
+        "parent",
+        "refs",
+        "services",
+        "spec",
+        "supervisor",
+    )
 
     def __init__(
         self,
@@ -48,6 +61,8 @@ class Session:
         self.supervisor: Supervisor | None = None
         self._lock = threading.Lock()
         self._starts: dict[str, int] = {}
+        self.last_used = time.monotonic()
+        self.fresh = not spec.resume  # created by this runtime and not yet started: nothing to recover
 
     @property
     def session_id(self) -> str:
@@ -60,9 +75,26 @@ class Session:
     def ensure_running(self) -> SessionRefs:
         """Start the actors if they are not running (first use, or after hibernation)."""
         with self._lock:
+            self.last_used = time.monotonic()
             if self.supervisor is None:
                 self.supervisor = self._start_supervisor()
+                self.fresh = False
             return self.refs
+
+    def hibernate_if_idle(self, timeout: float = 10.0) -> bool:
+        """Hibernate unless a turn is running or queued (asks the agent; call from a plain thread)."""
+        from actors.agent import GetState
+
+        refs = self.refs
+        if self.supervisor is None or refs.agent is None:
+            return False
+        try:
+            state = refs.agent.ask(GetState(), timeout=timeout)
+        except Exception:
+            return False
+        if state["state"] != "idle" or state["queued"]:
+            return False
+        return self.hibernate(timeout)
 
     def hibernate(self, timeout: float = 10.0) -> bool:
         """Stop the actors (state stays in the log); the next use starts them again."""
@@ -116,7 +148,7 @@ class Session:
                 session_id=spec.session_id,
                 directory=services.directory,
                 writer=services.writer,
-                header=None if (spec.resume or restarted) else _header(spec),
+                header=None if (spec.resume or restarted) else header_for(spec),
                 publish=publish,
                 fsync=spec.config.persistence.fsync,
                 dispatcher=dispatcher,
@@ -144,7 +176,7 @@ class Session:
                 spec, services, self.refs, self.counter, self.context_window, dispatcher=dispatcher
             )
         return Agent.start(
-            spec, services, self.refs, self.counter, self.context_window, recovering=restarted or spec.resume,
+            spec, services, self.refs, self.counter, self.context_window, recovering=restarted or not self.fresh,
             dispatcher=dispatcher,
         )
 
@@ -172,7 +204,8 @@ class Session:
         )
 
 
-def _header(spec: SessionSpec) -> Any:
+def header_for(spec: SessionSpec) -> Any:
+    """The first line of a new session's log."""
     from runtime.store.entries import new_header
 
     return new_header(

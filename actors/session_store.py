@@ -359,7 +359,7 @@ class SessionStore(PooledActor):
     def view(self) -> ContextView:
         """The model-facing view (what :class:`GetContext` answers)."""
         tree = self._tree
-        messages = tuple(tree.context())
+        messages = tree.context_snapshot()
         return ContextView(
             session_id=self.session_id,
             leaf_id=tree.leaf_id,

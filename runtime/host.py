@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,12 @@ class Runtime:
             self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
             self._sessions = SessionRegistry()
             self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
+            self.services.directory.ensure()
+            self._reaper: threading.Thread | None = None
+            self._stopping = threading.Event()
+            if cfg.persistence.hibernate_after is not None:
+                self._reaper = threading.Thread(target=self._reap, name="agentcell-hibernate", daemon=True)
+                self._reaper.start()
             self._started = True
             return self
 
@@ -114,6 +121,9 @@ class Runtime:
             if not self._started:
                 return
             self._started = False
+            self._stopping.set()
+            if self._reaper is not None:
+                self._reaper.join()
             for session in list(self._sessions.values()):
                 session.stop(timeout=timeout)
                 self.bus.publish(ev.SessionStopped(session_id=session.session_id))
@@ -181,7 +191,14 @@ class Runtime:
             resume=False,
         )
         session = self._host(spec)
-        session.ensure_running()
+        # The header goes to the log now; the actors start on first use (a session that is never used
+        # costs one small object, which is what lets a process host 100,000 of them).
+        from actors.session import header_for
+        from runtime.store.entries import encode_entry
+
+        directory = self.services.directory
+        self.services.writer.append(directory.log_path(sid), encode_entry(header_for(spec)))
+        spec.resume = True
         self.bus.publish(
             ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window)
         )
@@ -229,7 +246,7 @@ class Runtime:
             if past:
                 self.bus.set_last_seq(sid, past[-1].seq)
         session = self._host(spec)
-        session.ensure_running()
+        session.ensure_running()  # replay the log now: a corrupt log is an error here, not at the first prompt
         self.bus.publish(
             ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window, resumed=True)
         )
@@ -303,8 +320,23 @@ class Runtime:
         self.services.directory.delete(session_id)
 
     def hibernate(self, session_id: str) -> bool:
-        """Park an idle session's actors; its next use restarts them from the log."""
-        return bool(self._session(session_id).hibernate())
+        """Park an idle session's actors (SPEC 8); its next use restarts them from the log.
+
+        Returns False when the session was not running or is busy with a turn."""
+        return bool(self._session(session_id).hibernate_if_idle())
+
+    def _reap(self) -> None:
+        """Hibernate sessions idle for ``persistence.hibernate_after`` seconds."""
+        idle_after = self.config.persistence.hibernate_after
+        assert idle_after is not None
+        while not self._stopping.wait(min(1.0, max(0.05, idle_after / 4))):
+            now = time.monotonic()
+            for session in self._sessions.values():
+                if session.running and now - session.last_used >= idle_after:
+                    try:
+                        session.hibernate_if_idle()
+                    except Exception:  # a session that cannot park now is tried again later
+                        log.exception("hibernating %s failed", session.session_id)
 
     # -- turns ----------------------------------------------------------------------------------------
     def prompt(self, session_id: str, text: str, *, images: Sequence[str] = ()) -> PromptHandle:
