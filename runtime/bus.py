@@ -1,0 +1,396 @@
+"""The event bus (SPEC 1.4): typed events fanned out to subscribers that can never slow the runtime down.
+
+:meth:`EventBus.publish` stamps an event with its session's next ``seq`` and the time, hands it to the
+sinks (synchronously, in publish order — the transcript writer is one), and appends it to the bounded
+queue of every matching subscriber. It never waits for a subscriber: a subscriber that falls
+``queue_size`` events behind loses its oldest events, and before the next event it reads it receives one
+:class:`~runtime.events.SubscriberLagged` per session that lost events, saying how many.
+
+A subscriber is a :class:`Subscription` read as a blocking iterator (``for ev in sub``, or
+``sub.get(timeout)``), as an async iterator (``async for ev in sub``), or driven by a callback that runs
+on the subscription's own thread. Each subscriber sees each session's events in publish order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TypeVar
+
+from msgspec.structs import replace
+
+from runtime.config import BusConfig
+from runtime.events import EVENT_TYPES, Event, SubscriberLagged
+
+__all__ = ["ALL", "EventBus", "Subscription"]
+
+logger = logging.getLogger(__name__)
+
+ALL = "*"
+"""Subscribe to every session."""
+
+E = TypeVar("E", bound=Event)
+Sink = Callable[[Event], object]
+
+_OPEN, _ENDING, _CLOSED = range(3)  # ENDING: the bus closed; readers drain what is queued, then stop
+_callback_threads = itertools.count(1)
+
+
+class Subscription:
+    """One subscriber's view of the bus: a bounded queue of the events it asked for.
+
+    Read it from one consumer only — a thread (``for ev in sub``, :meth:`get`, :meth:`drain`) or a
+    coroutine (``async for ev in sub``). :meth:`close` (or leaving a ``with`` block) unsubscribes and
+    ends iteration at once; :meth:`EventBus.close` ends it after what is already queued.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        sessions: frozenset[str] | None,
+        types: frozenset[str] | None,
+        queue_size: int,
+    ) -> None:
+        self.sessions = sessions
+        """The session ids it receives, or None for all sessions."""
+        self.types = types
+        """The event types it receives, or None for all (lag notices always come through)."""
+        self.queue_size = queue_size
+        self.dropped = 0
+        """How many events it has lost so far by falling behind."""
+        self._bus = bus
+        self._lock = bus._lock  # one lock guards every queue: publish takes it once per event
+        self._queue: deque[Event] = deque()  # filled by publishers
+        self._buffer: deque[Event] = deque()  # the reader's batch, swapped out of _queue under the lock
+        self._lost: dict[str, int] | None = None  # session id -> events dropped since the last read
+        self._waiter: Callable[[], None] | None = None  # wakes a reader blocked on an empty queue
+        self._state = _OPEN
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        sessions = "*" if self.sessions is None else sorted(self.sessions)
+        return f"<Subscription sessions={sessions} types={self.types and sorted(self.types)} state={self._state}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once it will deliver nothing more than what is already in hand."""
+        return self._state != _OPEN
+
+    @property
+    def pending(self) -> int:
+        """Events queued and not yet read."""
+        return len(self._buffer) + len(self._queue)
+
+    # --- publisher side (the bus lock is held) -------------------------------------------------------
+
+    def _offer(self, event: Event, tag: str) -> None:
+        types = self.types
+        if types is not None and tag not in types:
+            return
+        queue = self._queue
+        if len(queue) >= self.queue_size:
+            old = queue.popleft()
+            lost = self._lost
+            if lost is None:
+                lost = self._lost = {}
+            lost[old.session_id] = lost.get(old.session_id, 0) + 1
+            self.dropped += 1
+        queue.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter()
+
+    # --- reader side ---------------------------------------------------------------------------------
+
+    def _refill(self) -> bool:
+        """Move everything queued, after any lag notices, into the reader's buffer; lock held."""
+        if self._state == _CLOSED:
+            return False
+        lost, queued = self._lost, self._queue
+        if not queued and not lost:
+            return False
+        notices: list[Event] = []
+        if lost:
+            self._lost = None
+            now = time.time()
+            notices = [SubscriberLagged(session_id=sid, dropped=n, ts=now) for sid, n in lost.items()]
+        if self._buffer:  # the reader has not finished its last batch: append after it
+            self._buffer.extend(notices)
+            self._buffer.extend(queued)
+            queued.clear()
+        else:  # the common case: swap the two deques, O(1)
+            self._buffer, self._queue = queued, self._buffer
+            self._buffer.extendleft(reversed(notices))
+        return True
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, waiting up to ``timeout`` seconds (None: as long as it takes).
+
+        Returns None if the timeout expires, or once the subscription is closed and drained.
+        """
+        if self._state != _CLOSED:
+            try:
+                return self._buffer.popleft()
+            except IndexError:  # empty (or emptied by a concurrent close)
+                pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._refill():
+                    return self._buffer.popleft()
+                if self._state != _OPEN:
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                gate = threading.Lock()
+                gate.acquire()
+                wake = self._waiter = gate.release
+            remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not gate.acquire(timeout=remaining):
+                with self._lock:
+                    if self._waiter is wake:
+                        self._waiter = None
+
+    def drain(self) -> list[Event]:
+        """Everything available right now, without waiting (possibly an empty list)."""
+        with self._lock:
+            if self._state == _CLOSED:
+                return []
+            self._refill()
+            events = list(self._buffer)
+            self._buffer.clear()
+            return events
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> Event:
+        event = self.get()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            if self._state != _CLOSED:
+                try:
+                    return self._buffer.popleft()
+                except IndexError:
+                    pass
+            with self._lock:
+                if self._refill():
+                    continue
+                if self._state != _OPEN:
+                    raise StopAsyncIteration
+                loop = asyncio.get_running_loop()
+                ready = loop.create_future()
+                wake = self._waiter = functools.partial(_wake_soon, loop, ready)
+            try:
+                await ready
+            finally:
+                with self._lock:
+                    if self._waiter is wake:
+                        self._waiter = None
+
+    def close(self) -> None:
+        """Unsubscribe now; queued events are discarded and iteration stops."""
+        self._bus._unsubscribe(self, _CLOSED)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _end(self, state: int) -> None:
+        """Lock held: stop receiving; CLOSED also drops what is queued."""
+        self._state = max(self._state, state)
+        if state == _CLOSED:
+            self._queue.clear()
+            self._buffer.clear()
+            self._lost = None
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter()
+
+    def _run_callback(self, callback: Callable[[Event], object]) -> None:
+        for event in self:
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("event subscriber callback %r failed on %s", callback, event.type)
+
+
+def _wake_soon(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    try:
+        loop.call_soon_threadsafe(_set_ready, ready)
+    except RuntimeError:  # the loop is closed; nobody is waiting
+        pass
+
+
+def _set_ready(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+class EventBus:
+    """Publish events; subscribe to one session, several, or all, optionally filtered by event type.
+
+    ``queue_size`` is each subscriber's default bound (``Config.bus.subscriber_queue``, 10,000).
+    Publishing is thread-safe, never blocks on a subscriber, and costs O(matching subscribers).
+    """
+
+    def __init__(self, queue_size: int | None = None) -> None:
+        self.queue_size = queue_size if queue_size is not None else BusConfig().subscriber_queue
+        if self.queue_size < 1:
+            raise ValueError("queue_size must be at least 1")
+        self._lock = threading.RLock()  # RLock: a sink that publishes must not deadlock the bus
+        self._seqs: dict[str, int] = {}
+        self._sinks: tuple[Sink, ...] = ()
+        self._everything: tuple[Subscription, ...] = ()
+        self._by_session: dict[str, tuple[Subscription, ...]] = {}
+        self._tags: dict[type, str] = {}
+
+    def publish(self, event: E) -> E:
+        """Stamp ``event`` with its session's next ``seq`` (from 1) and ``ts`` (now, unless already set),
+        give it to the sinks and the matching subscribers, and return the stamped event."""
+        cls = type(event)
+        tag = self._tags.get(cls)
+        if tag is None:
+            tag = self._tags[cls] = event.type
+        sid = event.session_id
+        with self._lock:
+            seq = self._seqs.get(sid, 0) + 1
+            self._seqs[sid] = seq
+            event = replace(event, seq=seq, ts=event.ts or time.time())
+            for sink in self._sinks:
+                try:
+                    sink(event)
+                except Exception:
+                    logger.exception("event sink %r failed on %s", sink, tag)
+            for sub in self._everything:
+                sub._offer(event, tag)
+            subs = self._by_session.get(sid)
+            if subs is not None:
+                for sub in subs:
+                    sub._offer(event, tag)
+        return event
+
+    def subscribe(
+        self,
+        sessions: str | Iterable[str] = ALL,
+        types: Iterable[str] | None = None,
+        *,
+        callback: Callable[[Event], object] | None = None,
+        queue_size: int | None = None,
+    ) -> Subscription:
+        """Subscribe to ``sessions`` (one id, several, or ``"*"``) and ``types`` (event type names; None for all).
+
+        With ``callback``, a thread of its own calls ``callback(event)`` for each event (a slow callback
+        only makes that subscriber lag). Otherwise read the returned :class:`Subscription`.
+
+        Raises:
+            ValueError: an unknown event type, an empty set of sessions, or a queue size below 1.
+        """
+        wanted: frozenset[str] | None
+        if isinstance(sessions, str):
+            wanted = None if sessions == ALL else frozenset((sessions,))
+        else:
+            wanted = frozenset(sessions)
+            if not wanted:
+                raise ValueError("subscribe to at least one session, or to '*'")
+            if ALL in wanted:
+                wanted = None
+        type_set = None if types is None else frozenset(types)
+        if type_set is not None and not type_set <= EVENT_TYPES:
+            raise ValueError(f"unknown event types: {sorted(type_set - EVENT_TYPES)}")
+        size = queue_size if queue_size is not None else self.queue_size
+        if size < 1:
+            raise ValueError("queue_size must be at least 1")
+        sub = Subscription(self, wanted, type_set, size)
+        with self._lock:
+            if wanted is None:
+                self._everything = (*self._everything, sub)
+            else:
+                for sid in wanted:
+                    self._by_session[sid] = (*self._by_session.get(sid, ()), sub)
+        if callback is not None:
+            sub._thread = threading.Thread(
+                target=sub._run_callback,
+                args=(callback,),
+                name=f"bus-callback-{next(_callback_threads)}",
+                daemon=True,
+            )
+            sub._thread.start()
+        return sub
+
+    def add_sink(self, sink: Sink) -> None:
+        """Call ``sink(event)`` synchronously for every published event, in publish order.
+
+        Sinks run under the bus lock: they must be quick. Exceptions they raise are logged, never
+        passed to the publisher.
+        """
+        with self._lock:
+            self._sinks = (*self._sinks, sink)
+
+    def remove_sink(self, sink: Sink) -> None:
+        with self._lock:
+            self._sinks = tuple(s for s in self._sinks if s is not sink)
+
+    def last_seq(self, session_id: str) -> int:
+        """The ``seq`` of the session's latest event (0 if none)."""
+        return self._seqs.get(session_id, 0)
+
+    def set_last_seq(self, session_id: str, seq: int) -> None:
+        """Continue a session's numbering from ``seq`` (e.g. when a stored session resumes)."""
+        with self._lock:
+            self._seqs[session_id] = seq
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop the session's sequence counter (its next event gets ``seq`` 1)."""
+        with self._lock:
+            self._seqs.pop(session_id, None)
+
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return len(self._everything) + len({id(s) for subs in self._by_session.values() for s in subs})
+
+    def close(self) -> None:
+        """End every subscription: readers get what is already queued, then the end of the stream.
+
+        The bus stays usable: later events still reach the sinks and later subscribers.
+        """
+        with self._lock:
+            subs = {id(s): s for s in self._everything}
+            for group in self._by_session.values():
+                subs.update((id(s), s) for s in group)
+            for sub in subs.values():
+                self._unsubscribe(sub, _ENDING)
+
+    def _unsubscribe(self, sub: Subscription, state: int) -> None:
+        with self._lock:
+            if sub.sessions is None:
+                self._everything = tuple(s for s in self._everything if s is not sub)
+            else:
+                for sid in sub.sessions:
+                    remaining = tuple(s for s in self._by_session.get(sid, ()) if s is not sub)
+                    if remaining:
+                        self._by_session[sid] = remaining
+                    else:
+                        self._by_session.pop(sid, None)
+            sub._end(state)
