@@ -283,6 +283,7 @@ class Agent(SessionActor):
             max_tokens=cfg.agent.max_output_tokens,
             timeout=cfg.retry.request_timeout,
             include_reasoning=cfg.agent.send_reasoning,
+            mock_response=cfg.agent.mock_response,
         )
         run.step += 1
         run.estimated_tokens = estimate
