@@ -10,12 +10,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pykka
 
-from runtime.actor import PooledActor
+from runtime.actor import PooledActor, PooledFuture
 from runtime.events import Event
 
 log = logging.getLogger("agentcell.actors")
@@ -49,8 +49,8 @@ class SessionActor(PooledActor):
     def call(self, target: pykka.ActorRef[Any], message: Any, then: Callable[[Any], None]) -> None:
         """Ask ``target`` without blocking; ``then(value)`` runs later in this actor.
 
-        A callee that cannot answer at once returns a ``pykka.Future`` from its handler and completes it
-        later; the caller then receives that future's value.
+        A callee that cannot answer at once takes the reply over with ``defer_reply()`` and completes it
+        later (or returns a ``PooledFuture`` it completes later); either way ``then`` gets the value.
 
         If the target fails or is dead, ``then`` receives a :class:`CallFailed` instance instead of a value.
         """
@@ -58,7 +58,7 @@ class SessionActor(PooledActor):
         self._pending[token] = then
         me = self.actor_ref
         try:
-            future = target.ask(message, block=False)
+            future = cast(PooledFuture[Any], target.ask(message, block=False))
         except pykka.ActorDeadError as exc:
             me.tell(Reply(token, error=exc))
             return
@@ -69,7 +69,7 @@ class SessionActor(PooledActor):
             except BaseException as exc:  # the callee's failure becomes a value for the caller
                 me.tell(Reply(token, error=exc))
                 return
-            if isinstance(value, pykka.Future):  # the callee replies later: wait for that one too
+            if isinstance(value, PooledFuture):  # the callee replies later: wait for that one too
                 value.add_done_callback(deliver)
             else:
                 me.tell(Reply(token, value))

@@ -27,11 +27,10 @@ from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.integrity import model_view, repair_tool_calls
 from runtime.context.recovery import compaction_did_not_help
+from runtime.events import CompactionTrigger
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
-
-TRIGGER_THRESHOLD = "threshold"
 
 
 class AgentState(StrEnum):
@@ -117,7 +116,9 @@ class Agent(SessionActor):
         self._recovering = recovering
         self._busy_with_recovery = recovering
         self._context_tokens = 0
-        self._pending_trigger: str | None = None  # e.g. usage_overflow: compact before the next request
+        self._pending_trigger: CompactionTrigger | None = (
+            None  # e.g. usage_overflow: compact before the next request
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -158,7 +159,9 @@ class Agent(SessionActor):
             )
         for queued in self.queue:
             self.services.bus.publish(
-                ev.Error(session_id=self.session_id, message="queued prompt lost to an agent crash; resend it")
+                ev.Error(
+                    session_id=self.session_id, message="queued prompt lost to an agent crash; resend it"
+                )
             )
             queued.handle.set_exception(RuntimeError("the agent crashed before this queued prompt ran"))
 
@@ -218,7 +221,9 @@ class Agent(SessionActor):
         run = self.run = _Run(token=self._runs, prompt=prompt)
         self._enter(AgentState.RUNNING)
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
-        self.call(self.refs.require("store"), st.Append((prompt.message,)), self._guard(run, self._before_request))
+        self.call(
+            self.refs.require("store"), st.Append((prompt.message,)), self._guard(run, self._before_request)
+        )
 
     def _guard(self, run: _Run, step: Any) -> Any:
         """Wrap a continuation so it runs only while ``run`` is current, and store failures end it."""
@@ -237,7 +242,7 @@ class Agent(SessionActor):
     def _before_request(self, _: Any = None) -> None:
         run = self.run
         assert run is not None
-        trigger = self._pending_trigger or TRIGGER_THRESHOLD
+        trigger: CompactionTrigger = self._pending_trigger or "threshold"
         self._pending_trigger = None
         request = cp.MaybeCompact(trigger=trigger, attempted=run.compaction_attempted)
         self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction_check))
@@ -361,17 +366,25 @@ class Agent(SessionActor):
         if message.usage is not None:
             run.usage = run.usage + message.usage
             self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
-        self.refs.require("usage").tell(ut.RecordResponse(message=message, estimated_input=run.estimated_tokens))
+        self.refs.require("usage").tell(
+            ut.RecordResponse(message=message, estimated_input=run.estimated_tokens)
+        )
         if message.usage is not None:
             self.call(
                 self.refs.require("overflow"),
                 ov.CheckUsage(input_tokens=message.usage.input_tokens),
                 self._on_usage_verdict,
             )
-        self.call(self.refs.require("store"), st.Append((message,)), self._guard(run, lambda _: self._after_response(message)))
+        self.call(
+            self.refs.require("store"),
+            st.Append((message,)),
+            self._guard(run, lambda _: self._after_response(message)),
+        )
 
     def _on_usage_verdict(self, overflowed: bool) -> None:
-        if overflowed is True:  # silent overflow (SPEC 6.2): compact before the next request, even in a later turn
+        if (
+            overflowed is True
+        ):  # silent overflow (SPEC 6.2): compact before the next request, even in a later turn
             self._pending_trigger = "usage_overflow"
 
     def _after_response(self, message: Message) -> None:
@@ -426,7 +439,9 @@ class Agent(SessionActor):
 
         def on_start(call: ToolCallPart) -> None:
             publish(
-                ev.ToolExecutionStart(session_id=sid, turn_id=turn, call_id=call.id, name=call.name, arguments=call.arguments)
+                ev.ToolExecutionStart(
+                    session_id=sid, turn_id=turn, call_id=call.id, name=call.name, arguments=call.arguments
+                )
             )
 
         def on_output(call: ToolCallPart, chunk: str) -> None:
@@ -488,7 +503,9 @@ class Agent(SessionActor):
     def _after_tool_results(self, _: Any) -> None:
         run = self.run
         assert run is not None
-        self.call(self.refs.require("compactor"), cp.MaybeArchiveTools(), self._guard(run, self._before_request))
+        self.call(
+            self.refs.require("compactor"), cp.MaybeArchiveTools(), self._guard(run, self._before_request)
+        )
 
     # -- abort ----------------------------------------------------------------------------------------
     def _on_abort(self, abort: Abort) -> None:
@@ -529,7 +546,9 @@ class Agent(SessionActor):
             if status == "aborted":
                 self.emit(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
             elif status == "error":
-                self.emit(ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable)
+                self.emit(
+                    ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable
+                )
             store.tell(st.SyncTurn())
             self.emit(
                 ev.AgentEnd,

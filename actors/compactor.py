@@ -24,6 +24,7 @@ from runtime import events as ev
 from runtime.context import compaction as comp
 from runtime.context import tool_summary as ts
 from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
+from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
 from runtime.tokens import TokenCounter
@@ -34,14 +35,14 @@ from runtime.tokens import TokenCounter
 class MaybeCompact(msgspec.Struct, frozen=True):
     """Compact if the estimate reached the threshold (SPEC 5.1), at most once per turn (5.11)."""
 
-    trigger: str = "threshold"
+    trigger: CompactionTrigger = "threshold"
     attempted: bool = False
 
 
 class Compact(msgspec.Struct, frozen=True):
     """Compact now: manual (5.12) or emergency after an overflow (6.3)."""
 
-    trigger: str = "manual"
+    trigger: CompactionTrigger = "manual"
     emergency: bool = False
     keep_recent_tokens: int | None = None
     instructions: str | None = None
@@ -200,15 +201,24 @@ class Compactor(SessionActor):
         return messages[-1].id if messages else None
 
     # -- compacting -----------------------------------------------------------------------------------
-    def _start(self, job: _Job, trigger: str, emergency: bool, keep: int | None, instructions: str | None) -> None:
+    def _start(
+        self,
+        job: _Job,
+        trigger: CompactionTrigger,
+        emergency: bool,
+        keep: int | None,
+        instructions: str | None,
+    ) -> None:
         assert job.estimate is not None
         messages = list(job.view.messages)
         tokens_before = job.estimate.tokens
-        keep_tokens = comp.keep_recent_budget(self.context_window, self.cfg, emergency=emergency, override=keep)
+        keep_tokens = comp.keep_recent_budget(
+            self.context_window, self.cfg, emergency=emergency, override=keep
+        )
         plan = comp.plan_compaction(
             messages,
             mode=self.cfg.mode,
-            trigger=trigger,  # type: ignore[arg-type]
+            trigger=trigger,
             keep_tokens=keep_tokens,
             count=self.counter.count_message,
             config=self.cfg,
@@ -224,7 +234,9 @@ class Compactor(SessionActor):
             else:
                 self._fail(job, trigger, "nothing_to_compact", plan.reason, tokens_before)
             return
-        self.emit(ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before)
+        self.emit(
+            ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before
+        )
         job.plan = plan
         job.answers = [None] * len(plan.requests)
         job.outstanding = len(plan.requests)
@@ -232,12 +244,16 @@ class Compactor(SessionActor):
             self._finish(job, trigger)
             return
         self._compactions += 1
-        inputs = "\n\n".join(f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests)
+        inputs = "\n\n".join(
+            f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests
+        )
         self._write_artifact(0, inputs, job)
         for index, req in enumerate(plan.requests):
             self._summarize(job, index, self.summarizer_model, req.system, req.prompt, req.max_tokens)
 
-    def _summarize(self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int) -> None:
+    def _summarize(
+        self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int
+    ) -> None:
         from runtime.llm import CompletionRequest
         from runtime.messages import system as system_message
         from runtime.messages import user
@@ -271,7 +287,7 @@ class Compactor(SessionActor):
         else:
             self._finish(job, job.request.trigger)
 
-    def _finish(self, job: _Job, trigger: str) -> None:
+    def _finish(self, job: _Job, trigger: CompactionTrigger) -> None:
         assert job.estimate is not None
         tokens_before = job.estimate.tokens
         outcome = comp.finish_compaction(
@@ -330,7 +346,14 @@ class Compactor(SessionActor):
         self.call(self.refs.require("store"), record, recorded)
 
     def _fail(
-        self, job: _Job, trigger: str, reason: str, message: str, tokens: int, *, dead: bool = False
+        self,
+        job: _Job,
+        trigger: CompactionTrigger,
+        reason: str,
+        message: str,
+        tokens: int,
+        *,
+        dead: bool = False,
     ) -> None:
         self.emit(
             ev.CompactionFailed,
@@ -339,7 +362,7 @@ class Compactor(SessionActor):
             context_exceeded=dead,
             tokens=tokens,
             window=self.context_window,
-            trigger=trigger,  # type: ignore[arg-type]
+            trigger=trigger,
         )
         self._done(
             job,
@@ -399,7 +422,11 @@ class Compactor(SessionActor):
             )
             self._clear_tool_outputs(job)
 
-        self.call(store, st.Overlay(tuple(replacements)), lambda _: self.call(store, st.Append((summary,)), appended))
+        self.call(
+            store,
+            st.Overlay(tuple(replacements)),
+            lambda _: self.call(store, st.Append((summary,)), appended),
+        )
 
     def _clear_tool_outputs(self, job: _Job) -> None:
         cfg = self.cfg
@@ -422,7 +449,11 @@ class Compactor(SessionActor):
                 return
 
             def done(_: Any) -> None:
-                self.emit(ev.ToolOutputsCleared, cleared=len(cleared.replacements), tokens_freed=cleared.tokens_freed)
+                self.emit(
+                    ev.ToolOutputsCleared,
+                    cleared=len(cleared.replacements),
+                    tokens_freed=cleared.tokens_freed,
+                )
                 self._done(job, None)
 
             self.call(self.refs.require("store"), st.Overlay(tuple(cleared.replacements)), done)

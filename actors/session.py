@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import pykka
 
@@ -89,7 +89,7 @@ class Session:
         if self.supervisor is None or refs.agent is None:
             return False
         try:
-            state = refs.agent.ask(GetState(), timeout=timeout)
+            state = cast(dict[str, Any], refs.agent.ask(GetState(), timeout=timeout))
         except Exception:
             return False
         if state["state"] != "idle" or state["queued"]:
@@ -116,7 +116,9 @@ class Session:
 
     # -- the supervision tree -----------------------------------------------------------------------
     def _start_supervisor(self) -> Supervisor:
-        children = [ChildSpec(id=name, start=self._starter(name), restart="permanent") for name in CHILD_ORDER]
+        children = [
+            ChildSpec(id=name, start=self._starter(name), restart="permanent") for name in CHILD_ORDER
+        ]
         return Supervisor.start_tree(
             children,
             strategy="rest_for_one",
@@ -176,7 +178,12 @@ class Session:
                 spec, services, self.refs, self.counter, self.context_window, dispatcher=dispatcher
             )
         return Agent.start(
-            spec, services, self.refs, self.counter, self.context_window, recovering=restarted or not self.fresh,
+            spec,
+            services,
+            self.refs,
+            self.counter,
+            self.context_window,
+            recovering=restarted or not self.fresh,
             dispatcher=dispatcher,
         )
 

@@ -66,4 +66,4 @@ class SessionRefs:
         ref = getattr(self, name)
         if ref is None:
             raise pykka.ActorDeadError(f"the session's {name} actor is not running")
-        return ref  # type: ignore[no-any-return]
+        return ref

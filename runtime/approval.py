@@ -32,7 +32,11 @@ class ApprovalBroker:
         """Ask for approval of ``call``; blocks the calling worker until answered (or timed out: denied)."""
         self._publish(
             ApprovalRequest(
-                session_id=session_id, turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments
+                session_id=session_id,
+                turn_id=turn_id,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
             )
         )
         if policy is not None:
@@ -43,7 +47,9 @@ class ApprovalBroker:
             approved, reason = (verdict, None) if isinstance(verdict, bool) else (False, str(verdict))
         else:
             approved, reason = self._wait(session_id, call.id)
-        self._publish(ApprovalResponse(session_id=session_id, call_id=call.id, approved=approved, reason=reason))
+        self._publish(
+            ApprovalResponse(session_id=session_id, call_id=call.id, approved=approved, reason=reason)
+        )
         return approved, reason
 
     def _wait(self, session_id: str, call_id: str) -> tuple[bool, str | None]:

@@ -112,7 +112,7 @@ class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
     shell_timeout: PosFloat = 120.0
     send_reasoning: bool = True  # 3.3
     max_output_tokens: PosInt | None = None
-    mock_response: str | None = None  # litellm's in-process fake reply instead of a provider (tests, benchmarks)
+    mock_response: str | None = None  # litellm's in-process fake reply (tests, benchmarks)
 
 
 class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):

@@ -87,7 +87,9 @@ class Runtime:
             cfg = self.config
             self.sessions_path = cfg.sessions_path
             self.sessions_path.mkdir(parents=True, exist_ok=True)
-            self.dispatcher = Dispatcher(threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size)
+            self.dispatcher = Dispatcher(
+                threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size
+            )
             self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
             self.io = IoLoop()
             writer = LogWriter()
@@ -103,7 +105,9 @@ class Runtime:
                 directory=directory,
                 approvals=ApprovalBroker(self.bus.publish),
             )
-            self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
+            self.root = Supervisor.start_tree(
+                [], strategy="one_for_one", name="root", dispatcher=self.dispatcher
+            )
             self._sessions = SessionRegistry()
             self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
             self.services.directory.ensure()
@@ -248,7 +252,9 @@ class Runtime:
         session = self._host(spec)
         session.ensure_running()  # replay the log now: a corrupt log is an error here, not at the first prompt
         self.bus.publish(
-            ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window, resumed=True)
+            ev.SessionStarted(
+                session_id=sid, model=spec.model, context_window=session.context_window, resumed=True
+            )
         )
         return sid
 
@@ -266,7 +272,9 @@ class Runtime:
         from runtime.models import model_info
 
         window = model_info(spec.model, spec.config.models).context_window
-        session = Session(spec, self.services, self._counter(spec.model, spec.config), window, parent=self.root)
+        session = Session(
+            spec, self.services, self._counter(spec.model, spec.config), window, parent=self.root
+        )
         self._sessions.register(spec.session_id, session)
         return session
 
@@ -379,11 +387,18 @@ class Runtime:
         handle: Handle[CompactionResult] = Handle(new_id())
         refs = session.ensure_running()
         refs.require("compactor").tell(
-            Compact(trigger="manual", keep_recent_tokens=keep_recent_tokens, instructions=instructions, handle=handle)
+            Compact(
+                trigger="manual",
+                keep_recent_tokens=keep_recent_tokens,
+                instructions=instructions,
+                handle=handle,
+            )
         )
         return handle
 
-    def approve(self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None) -> bool:
+    def approve(
+        self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
+    ) -> bool:
         """Answer an ``approval_request`` event. Returns False when no such request is waiting."""
         self._require_started()
         return self.services.approvals.answer(session_id, call_id, approved, reason)

@@ -66,7 +66,11 @@ class Recorder:
 
     def of(self, kind: str, session_id: str | None = None) -> list[Any]:
         with self._cond:
-            return [e for e in self.events if e.type == kind and (session_id is None or e.session_id == session_id)]
+            return [
+                e
+                for e in self.events
+                if e.type == kind and (session_id is None or e.session_id == session_id)
+            ]
 
     def wait_for(self, predicate: Callable[[list[Event]], bool], timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -74,7 +78,9 @@ class Recorder:
             while not predicate(self.events):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"condition not met within {timeout}s; events: {[e.type for e in self.events]}")
+                    raise AssertionError(
+                        f"condition not met within {timeout}s; events: {[e.type for e in self.events]}"
+                    )
                 self._cond.wait(left)
 
     def wait_type(self, kind: str, count: int = 1, timeout: float = 10.0) -> None:

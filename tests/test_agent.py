@@ -28,7 +28,9 @@ def tool_messages(rt: Any, sid: str) -> list[Any]:
     return [m for m in rt.messages(sid) if m.role == "tool"]
 
 
-def test_multi_turn_coding_task(rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path) -> None:
+def test_multi_turn_coding_task(
+    rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path
+) -> None:
     (workspace / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     model = script(
         Turn(text="Let me look.", tool_calls=(call("read_file", '{"path": "calc.py"}'),)),
@@ -118,7 +120,9 @@ def test_hanging_tool_times_out_and_the_turn_goes_on(rt: Any, script: Any, sessi
     assert timed_out.is_error and "timed out" in timed_out.text.lower()
 
 
-def test_raising_tool_becomes_an_error_the_model_sees(rt: Any, script: Any, session: Any, provider: Any) -> None:
+def test_raising_tool_becomes_an_error_the_model_sees(
+    rt: Any, script: Any, session: Any, provider: Any
+) -> None:
     registry = ToolRegistry()
 
     @registry.tool
@@ -147,7 +151,9 @@ def test_malformed_arguments_and_unknown_tools_are_error_results(rt: Any, script
     assert unknown.is_error and "teleport" in unknown.text and "read_file" in unknown.text
 
 
-def test_denied_approval_becomes_an_error_result(rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path) -> None:
+def test_denied_approval_becomes_an_error_result(
+    rt: Any, recorder: Recorder, script: Any, session: Any, workspace: Path
+) -> None:
     asked: list[str] = []
 
     def policy(session_id: str, call: Any) -> bool | str:
@@ -170,7 +176,9 @@ def test_denied_approval_becomes_an_error_result(rt: Any, recorder: Recorder, sc
 
 
 def test_approval_answered_by_a_subscriber(rt: Any, script: Any, session: Any, workspace: Path) -> None:
-    model = script(Turn(tool_calls=(call("write_file", '{"path": "ok.txt", "content": "yes"}'),)), Turn(text="ok"))
+    model = script(
+        Turn(tool_calls=(call("write_file", '{"path": "ok.txt", "content": "yes"}'),)), Turn(text="ok")
+    )
     sid = session(model, require_approval=True)
 
     def answer(event: Any) -> None:
@@ -201,7 +209,9 @@ def test_abort_mid_stream_leaves_the_session_usable(
     assert after.status == "ok" and after.text == "second answer"
 
 
-def test_abort_during_tools_repairs_the_orphaned_call(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_abort_during_tools_repairs_the_orphaned_call(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     registry = ToolRegistry()
     release = threading.Event()
 
@@ -225,7 +235,9 @@ def test_abort_during_tools_repairs_the_orphaned_call(rt: Any, recorder: Recorde
     assert rt.prompt(sid, "next").result(timeout=20).status == "ok"
 
 
-def test_prompt_while_busy_is_queued_and_runs_next(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_prompt_while_busy_is_queued_and_runs_next(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     model = script(Turn(text="first", latency=0.5), Turn(text="second"))
     sid = session(model)
     first = rt.prompt(sid, "one")
@@ -239,7 +251,9 @@ def test_prompt_while_busy_is_queued_and_runs_next(rt: Any, recorder: Recorder, 
     assert users == ["one", "two"]
 
 
-def test_transient_provider_errors_are_retried(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_transient_provider_errors_are_retried(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     model = script(Turn(fault=Fault(kind="rate_limit", retry_after=0.05)), Turn(text="after the retry"))
     sid = session(model)
     result = rt.prompt(sid, "hi").result(timeout=20)
@@ -249,7 +263,9 @@ def test_transient_provider_errors_are_retried(rt: Any, recorder: Recorder, scri
     assert retry.status_code == 429 and retry.attempt == 1
 
 
-def test_auth_errors_end_the_turn_with_a_clear_error(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_auth_errors_end_the_turn_with_a_clear_error(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     model = script(Turn(fault=Fault(kind="auth")), Turn(text="unused"))
     sid = session(model)
     result = rt.prompt(sid, "hi").result(timeout=20)
@@ -259,7 +275,9 @@ def test_auth_errors_end_the_turn_with_a_clear_error(rt: Any, recorder: Recorder
     assert recorder.of("error", sid)[-1].code == "provider_auth"
 
 
-def test_agent_crash_mid_turn_recovers_from_the_store(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_agent_crash_mid_turn_recovers_from_the_store(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     registry = ToolRegistry()
     release = threading.Event()
 

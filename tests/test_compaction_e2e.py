@@ -82,7 +82,9 @@ def test_long_session_compacts_automatically_and_keeps_answering(
     assert len(artifacts) == 2 * len(ends)
 
 
-def test_manual_compaction_with_focus_and_hard_reset(rt: Any, recorder: Recorder, provider: Any, session: Any) -> None:
+def test_manual_compaction_with_focus_and_hard_reset(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
     model = chatty_model(provider, words=40)
     sid = session(model, tools=None, config=small_window(model, **{"compaction.mode": "hard_reset"}))
     for i in range(4):
@@ -151,7 +153,9 @@ def test_a_compaction_that_frees_nothing_is_discarded_and_never_loops(
     assert rt.messages(sid, view="model")[0].kind != KIND_COMPACTION_SUMMARY
 
 
-def test_old_tool_results_are_archived_with_a_summary(rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any) -> None:
+def test_old_tool_results_are_archived_with_a_summary(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
+) -> None:
     (workspace / "notes.txt").write_text("alpha\nbeta\n")
     name = f"tools-{next(_names)}"
     read = ToolCallSpec(name="read_file", arguments='{"path": "notes.txt"}')

@@ -72,7 +72,9 @@ def test_overflow_in_each_vendor_format_compacts_and_retries_once(
     assert rt.prompt(sid, "and one more").result(timeout=60).status == "ok"
 
 
-def test_a_second_overflow_in_the_same_turn_ends_it_cleanly(rt: Any, recorder: Recorder, tight_provider: Any) -> None:
+def test_a_second_overflow_in_the_same_turn_ends_it_cleanly(
+    rt: Any, recorder: Recorder, tight_provider: Any
+) -> None:
     tight_provider.overflow_format = "openai"
     model = chatty(tight_provider, words=120)
     sid = start(rt, tight_provider, model)
@@ -93,7 +95,9 @@ def test_a_second_overflow_in_the_same_turn_ends_it_cleanly(rt: Any, recorder: R
     assert any(m.text == huge for m in rt.messages(sid))
 
 
-def test_overflow_with_auto_compaction_disabled_is_an_error(rt: Any, recorder: Recorder, tight_provider: Any) -> None:
+def test_overflow_with_auto_compaction_disabled_is_an_error(
+    rt: Any, recorder: Recorder, tight_provider: Any
+) -> None:
     tight_provider.overflow_format = "anthropic"
     model = chatty(tight_provider)
     sid = start(rt, tight_provider, model, **{"compaction.auto": False})
