@@ -247,15 +247,14 @@ def test_two_stores_must_not_write_one_session(
 
 
 def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
-    start: Callable[..., Any], directory: SessionDirectory, writer: LogWriter, events: Events
+    start: Callable[..., Any], directory: SessionDirectory, events: Events
 ) -> None:
     ref = start()
     kept = user("kept")
     stored(ref, Append((kept,)))
     path = directory.log_path("s1")
-    writer.reset(path)  # the writer lets go of the file...
     path.unlink()
-    path.symlink_to("/dev/full")  # ...and its next write fails with ENOSPC
+    path.symlink_to("/dev/full")  # the writer reopens the path, and its next write fails with ENOSPC
     replies: list[Stored] = []
     ref.tell(Append((user("lost"),), reply_to=replies.append))
     wait_until(lambda: not ref.is_alive())

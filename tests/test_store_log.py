@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,16 @@ def test_a_raising_callback_does_not_stop_the_writer(tmp_path: Path, writer: Log
     assert (tmp_path / "a.log").read_text() == "1\n2\n"
 
 
+def test_a_file_deleted_underneath_is_reopened_by_path(tmp_path: Path, writer: LogWriter) -> None:
+    path = tmp_path / "s.events.jsonl"
+    writer.append(path, b"old session\n")
+    writer.flush()
+    path.unlink()  # the session is deleted, and a new one of the same id starts writing
+    writer.append(path, b"new session\n")
+    writer.flush()
+    assert path.read_text() == "new session\n"
+
+
 def test_write_file_creates_the_folder_and_replaces_whole_files(tmp_path: Path, writer: LogWriter) -> None:
     target = tmp_path / "s.artifacts" / "compaction-1-input.md"
     writer.write_file(target, b"first version, long")
@@ -326,7 +337,7 @@ def test_delete_removes_every_file_of_the_session(tmp_path: Path, writer: LogWri
     directory.spill_dir("s").mkdir()
     (directory.spill_dir("s") / "out.txt").write_text("x")
     directory.delete("s")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".agentcell.lock", "other.jsonl"]
     assert not directory.exists("s") and directory.exists("other")
     with pytest.raises(SessionNotFoundError):
         directory.delete("s")
@@ -336,7 +347,7 @@ def test_a_session_cannot_be_locked_twice_or_deleted_while_open(tmp_path: Path, 
     directory = SessionDirectory(tmp_path)
     write_session(directory.log_path("s"), writer)
     lock = directory.lock("s")
-    assert directory.lock_path("s").read_text().split() == [str(os.getpid()), socket.gethostname()]
+    assert directory.lock_path("s").read_text().split()[:2] == [str(os.getpid()), socket.gethostname()]
     with pytest.raises(SessionLockedError, match="this process") as info:
         directory.lock("s")
     assert info.value.held_by_this_process
@@ -363,13 +374,31 @@ def test_a_live_lock_in_another_process_is_refused_and_a_dead_one_taken_over(tmp
         with pytest.raises(SessionLockedError, match=f"pid {child.pid}") as info:
             directory.lock("s")
         assert info.value.owner_pid == child.pid
-    finally:
         child.send_signal(signal.SIGKILL)
+        wait_for_zombie(child.pid)  # not reaped yet: its pid still exists
+        assert directory.lock_path("s").exists()  # left behind by the killed process...
+        with directory.lock("s") as lock:  # ...and recognised as stale
+            assert lock.held
+            assert directory.lock_path("s").read_text().split()[0] == str(os.getpid())
+    finally:
+        child.kill()
         child.wait()
-    assert directory.lock_path("s").exists()  # left behind by the killed process...
-    with directory.lock("s") as lock:  # ...and recognised as stale
-        assert lock.held
-        assert directory.lock_path("s").read_text().split()[0] == str(os.getpid())
+
+
+def wait_for_zombie(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_stale(tmp_path: Path) -> None:
+    directory = SessionDirectory(tmp_path)
+    directory.ensure()
+    # Our own pid, but a start time that is not ours: the process that wrote it is gone, the pid reused.
+    directory.lock_path("s").write_text(f"{os.getpid()}\n{socket.gethostname()}\n1\nold-token\n")
+    with directory.lock("s") as lock:
+        assert lock.owner.token != "old-token"
 
 
 def test_a_lock_from_another_host_is_not_taken_over(tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""Session persistence (SPEC 2.2–2.4): the session tree, its append-only JSONL log, the shared writer
+thread, the sessions directory (list, delete, lock) and the event transcript.
+
+The pieces, from the inside out: :mod:`~runtime.store.entries` (what a log line holds),
+:mod:`~runtime.store.tree` (the pure session model and its views), :mod:`~runtime.store.writer` (one
+background thread that batches, writes and fsyncs for every session), :mod:`~runtime.store.log`
+(reading back and crash recovery), :mod:`~runtime.store.sessions` and :mod:`~runtime.store.transcript`.
+The actor that owns a session's tree and log is :class:`actors.session_store.SessionStore`.
+"""
+
+from runtime.store.entries import (
+    FORMAT_VERSION,
+    BranchEntry,
+    CompactionEntry,
+    Entry,
+    Header,
+    MessageEntry,
+    MetadataEntry,
+    NodeEntry,
+    OverlayEntry,
+    new_header,
+)
+from runtime.store.log import CorruptLogError, RecoveryInfo, SessionLog, load_tree, read_log
+from runtime.store.sessions import (
+    SessionDirectory,
+    SessionInfo,
+    SessionLock,
+    SessionLockedError,
+    SessionNotFoundError,
+)
+from runtime.store.transcript import TranscriptWriter, read_transcript
+from runtime.store.tree import SessionTree
+from runtime.store.writer import FsyncPolicy, LogWriteError, LogWriter, WriterClosedError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "BranchEntry",
+    "CompactionEntry",
+    "CorruptLogError",
+    "Entry",
+    "FsyncPolicy",
+    "Header",
+    "LogWriteError",
+    "LogWriter",
+    "MessageEntry",
+    "MetadataEntry",
+    "NodeEntry",
+    "OverlayEntry",
+    "RecoveryInfo",
+    "SessionDirectory",
+    "SessionInfo",
+    "SessionLock",
+    "SessionLockedError",
+    "SessionLog",
+    "SessionNotFoundError",
+    "SessionTree",
+    "TranscriptWriter",
+    "WriterClosedError",
+    "load_tree",
+    "new_header",
+    "read_log",
+    "read_transcript",
+]

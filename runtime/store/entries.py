@@ -103,10 +103,7 @@ _decoder = msgspec.json.Decoder(Entry)
 
 def encode_entry(entry: Entry) -> bytes:
     """One log line: the entry as JSON followed by a newline."""
-    buf = bytearray()
-    _encoder.encode_into(entry, buf)
-    buf += b"\n"
-    return bytes(buf)
+    return _encoder.encode(entry) + b"\n"
 
 
 def decode_entry(line: bytes | str) -> Entry:

@@ -10,10 +10,12 @@ Layout under the root (default ``~/.agentcell/sessions``, see ``persistence.sess
 
 Every id goes through :func:`runtime.ids.validate_session_id`, so an id can never name a path.
 
-The lock is a file created with ``O_EXCL`` that holds the owner's pid and host name, and the owner
-keeps an ``flock`` on it. The kernel drops the ``flock`` when its process dies, however it dies, so a
-lock left behind by a crash (``kill -9`` included) is recognised as stale and taken over; a lock whose
-owner is alive raises :class:`SessionLockedError` saying who holds it.
+The lock is a file created with ``O_EXCL`` that names its owner: pid, host, the process's start time
+and a random token. It holds no descriptor open, so 100,000 open sessions cost no file handles. A lock
+whose process is gone (checked on this host: the pid is dead, a zombie, or now belongs to a process that
+started at another time) is stale and taken over; a live one raises :class:`SessionLockedError` saying
+who holds it. Creating, taking over and releasing locks happen under a short ``flock`` on
+``<root>/.agentcell.lock``, so two processes can never both take over the same stale lock.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import fcntl
 import os
 import shutil
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -37,6 +42,7 @@ TRANSCRIPT_SUFFIX: Final = ".events.jsonl"
 ARTIFACTS_SUFFIX: Final = ".artifacts"
 SPILL_SUFFIX: Final = ".spill"
 LOCK_SUFFIX: Final = ".lock"
+GUARD_NAME: Final = ".agentcell.lock"
 
 _MESSAGE_LINE: Final = b'{"type":"message"'
 _METADATA_LINE: Final = b'{"type":"metadata"'
@@ -48,10 +54,10 @@ class SessionLockedError(RuntimeError):
     ``owner_pid`` and ``owner_host`` name the holder when its lock file says who it is.
     """
 
-    def __init__(self, message: str, owner: tuple[int, str] | None = None) -> None:
+    def __init__(self, message: str, owner: LockOwner | None = None) -> None:
         super().__init__(message)
-        self.owner_pid = owner[0] if owner else None
-        self.owner_host = owner[1] if owner else None
+        self.owner_pid = owner.pid if owner else None
+        self.owner_host = owner.host if owner else None
 
     @property
     def held_by_this_process(self) -> bool:
@@ -74,29 +80,73 @@ class SessionInfo(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+_identity: list[Any] = [0, "", ""]  # pid, host, start time of this process
+
+
+class LockOwner(msgspec.Struct, frozen=True):
+    """Who holds a session lock, as its lock file says."""
+
+    pid: int
+    host: str
+    started: str  # the process's start time (ticks since boot on Linux), "" where unknown
+    token: str  # tells this lock apart from a later one of the same process
+
+    @classmethod
+    def me(cls) -> LockOwner:
+        pid = os.getpid()
+        if _identity[0] != pid:  # computed once per process (a fork gets its own)
+            _identity[:] = [pid, socket.gethostname(), _process_start(pid)]
+        return cls(pid, _identity[1], _identity[2], os.urandom(8).hex())
+
+    def encode(self) -> bytes:
+        return f"{self.pid}\n{self.host}\n{self.started}\n{self.token}\n".encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> LockOwner | None:
+        fields = data.decode("utf-8", "replace").split("\n")
+        try:
+            return cls(
+                int(fields[0]),
+                fields[1],
+                fields[2] if len(fields) > 2 else "",
+                fields[3] if len(fields) > 3 else "",
+            )
+        except (ValueError, IndexError):
+            return None
+
+    @property
+    def here(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """Whether the owner's process still runs (only meaningful for a lock of this host)."""
+        state = _process_state(self.pid)
+        if state is None or state == "Z":
+            return False
+        return not self.started or _process_start(self.pid) in ("", self.started)
+
+
 class SessionLock:
     """A held session lock. Release it with :meth:`release` (or use it as a context manager)."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, owner: LockOwner, guard: _Guard) -> None:
         self.path = path
-        self._fd: int | None = fd
+        self.owner = owner
+        self._guard = guard
+        self._held = True
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._held
 
     def release(self) -> None:
-        """Remove the lock file and drop the ``flock``. Idempotent."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+        """Remove the lock file if it is still this lock's. Idempotent."""
+        if not self._held:
             return
-        try:
-            if _same_file(self.path, fd):
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(fd)  # drops the flock
+        self._held = False
+        with self._guard.held():
+            if _read_owner(self.path) == self.owner:
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> SessionLock:
         return self
@@ -113,10 +163,14 @@ class SessionDirectory:
 
     def __init__(self, root: StrPath) -> None:
         self.root = Path(os.path.expanduser(os.fspath(root)))
+        self._ensured = False
+        self._guard = _Guard(self.root / GUARD_NAME)
 
     def ensure(self) -> Path:
-        """Create the root folder if needed."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Create the root folder if needed (checked once; call again after removing it)."""
+        if not self._ensured:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._ensured = True
         return self.root
 
     # -- paths ----------------------------------------------------------------------------------------
@@ -202,36 +256,21 @@ class SessionDirectory:
         """Take the session's lock, or raise :class:`SessionLockedError` naming its live owner."""
         path = self.lock_path(session_id)
         self.ensure()
-        for _ in range(10):  # retried only when a concurrent release or takeover swaps the file
-            created = True
+        me = LockOwner.me()
+        with self._guard.held():
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except FileExistsError:
-                created = False
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    continue
+                owner = _read_owner(path)
+                if owner is not None and (not owner.here or owner.alive()):
+                    raise SessionLockedError(_locked_message(session_id, path, owner), owner) from None
+                # Stale (its process is gone) or unreadable: take it over.
+                fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = _read_owner(fd)
+                os.write(fd, me.encode())
+            finally:
                 os.close(fd)
-                raise SessionLockedError(_locked_message(session_id, path, owner), owner) from None
-            if not _same_file(path, fd):
-                os.close(fd)  # released or taken over between open and flock
-                continue
-            if not created:
-                owner = _read_owner(fd)
-                host = owner[1] if owner else None
-                if host and host != socket.gethostname():
-                    # Another machine's lock (a shared folder): its process cannot be checked from here.
-                    os.close(fd)
-                    raise SessionLockedError(_locked_message(session_id, path, owner), owner)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n{socket.gethostname()}\n".encode(), 0)
-            return SessionLock(path, fd)
-        raise SessionLockedError(f"session {session_id!r}: could not take {path}, it keeps changing")
+        return SessionLock(path, me, self._guard)
 
     def delete(self, session_id: str) -> None:
         """Delete the session's log, transcript, artifacts and spill files.
@@ -278,28 +317,74 @@ def _header(path: Path, line: bytes) -> Header:
     return entry
 
 
-def _same_file(path: Path, fd: int) -> bool:
+class _Guard:
+    """Serializes lock changes in a root: a thread lock here, an ``flock`` on a file across processes.
+
+    The guard file's descriptor stays open (one per sessions directory, not one per session); a forked
+    child opens its own, since a descriptor shared with the parent would not exclude it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._threads = threading.Lock()
+        self._fd = -1
+        self._pid = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._threads:
+            if self._pid != os.getpid():
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._pid = os.getpid()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+def _read_owner(path: Path) -> LockOwner | None:
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        return LockOwner.decode(path.read_bytes()[:1024])
     except FileNotFoundError:
-        return False
-
-
-def _read_owner(fd: int) -> tuple[int, str] | None:
-    try:
-        text = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
-        return int(text[0]), text[1] if len(text) > 1 else ""
-    except (OSError, ValueError, IndexError):
         return None
 
 
-def _locked_message(session_id: str, path: Path, owner: tuple[int, str] | None) -> str:
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or None without /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _process_state(pid: int) -> str | None:
+    """The process's state letter ("R", "S", "Z", ...), "?" if it exists but /proc says nothing, else None."""
+    fields = _proc_stat(pid)
+    if fields:
+        return fields[0]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return "?"
+    return "?"
+
+
+def _process_start(pid: int) -> str:
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else ""
+
+
+def _locked_message(session_id: str, path: Path, owner: LockOwner | None) -> str:
     if owner is None:
         who = "another process"
-    elif owner[0] == os.getpid() and owner[1] == socket.gethostname():
-        who = f"this process (pid {owner[0]})"
+    elif owner.pid == os.getpid() and owner.here:
+        who = f"this process (pid {owner.pid})"
     else:
-        who = f"pid {owner[0]} on {owner[1] or 'an unknown host'}"
+        who = f"pid {owner.pid} on {owner.host or 'an unknown host'}"
     return (
         f"session {session_id!r} is open in {who}: two runtimes must not write one session. "
         f"Stop it there first; if that process is gone, delete {path}."

@@ -234,6 +234,10 @@ class SessionTree:
         """The model's view of the path (see the module docstring)."""
         return list(self._ensure_context())
 
+    def context_snapshot(self) -> tuple[Message, ...]:
+        """:meth:`context` as an immutable tuple (one copy), safe to hand to another thread."""
+        return tuple(self._ensure_context())
+
     @property
     def usage_floor(self) -> int:
         """Index of the first message of :meth:`context` appended after the latest compaction.

@@ -97,7 +97,9 @@ class LogWriter:
         self._closed = False
         self._files: OrderedDict[str, int] = OrderedDict()  # path -> fd, least recently used first
         self._unsynced: set[str] = set()  # written since their last fsync
+        self._new_names: set[str] = set()  # created, but their directory entry is not fsynced yet
         self._failed: dict[str, OSError] = {}  # files with an undone write: refuse until reset()
+        self._inflight: dict[str, int] = {}  # operations queued per file and not yet done (under _cond)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -132,15 +134,20 @@ class LogWriter:
         self._put(_Op(_CLOSE, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
 
     def reset(self, path: StrPath, timeout: float | None = None) -> None:
-        """Block until every operation queued for ``path`` is done, then close it and forget a failed write.
+        """Block until every operation queued for ``path`` is done, and forget a failed write to it.
 
         A session calls this before reading its log at start, so no write of an earlier incarnation can
         land after it has read the file.
         """
+        name = os.fspath(path)
+        with self._cond:
+            if not self._inflight.get(name):  # nothing queued: no need to wait for the thread
+                self._failed.pop(name, None)
+                return
         done = threading.Event()
-        self._put(_Op(_BARRIER, os.fspath(path), event=done))
+        self._put(_Op(_BARRIER, name, event=done))
         if not done.wait(timeout):
-            raise TimeoutError(f"the log writer did not reach {os.fspath(path)} within {timeout} s")
+            raise TimeoutError(f"the log writer did not reach {name} within {timeout} s")
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every operation queued so far is done."""
@@ -177,6 +184,8 @@ class LogWriter:
         with self._cond:
             if self._closed:
                 raise WriterClosedError("the log writer is closed")
+            if op.path:
+                self._inflight[op.path] = self._inflight.get(op.path, 0) + 1
             self._queue.append(op)
             if len(self._queue) == 1:
                 self._cond.notify()
@@ -214,6 +223,10 @@ class LogWriter:
                 log.exception("log writer failed on %s", path)
                 for op in ops:
                     _finish(op, exc)
+            with self._cond:
+                left = self._inflight.pop(path) - len(ops)
+                if left:
+                    self._inflight[path] = left
         for op in barriers:
             _finish(op, None)
 
@@ -304,6 +317,9 @@ class LogWriter:
             _fdatasync(fd)
         self.stats.fsyncs += 1
         self._unsynced.discard(path)
+        if path in self._new_names:
+            self._new_names.discard(path)
+            _fsync_dir(os.path.dirname(path) or ".")
 
     def _write_whole(self, path: str, data: bytes, policy: FsyncPolicy) -> None:
         folder = os.path.dirname(path) or "."
@@ -326,8 +342,10 @@ class LogWriter:
     def _fd(self, path: str, policy: FsyncPolicy) -> int:
         fd = self._files.get(path)
         if fd is not None:
-            self._files.move_to_end(path)
-            return fd
+            if _same_file(path, fd):
+                self._files.move_to_end(path)
+                return fd
+            self._release(path)  # deleted or replaced underneath (a session deleted and started again)
         while len(self._files) >= self.max_open_files:
             oldest = next(iter(self._files))
             self._release(oldest)
@@ -338,8 +356,10 @@ class LogWriter:
             fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
             created = False
         self._files[path] = fd
-        if created and policy != "never":
+        if created and policy == "always":
             _fsync_dir(os.path.dirname(path) or ".")  # the new name must survive a crash too
+        elif created and policy == "turn":
+            self._new_names.add(path)  # made durable with the file's first sync
         return fd
 
     def _release(self, path: str) -> None:
@@ -371,6 +391,15 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:  # pragma: no cover - a regular file never does this
             raise OSError(errno.EIO, "write wrote nothing")
         view = view[written:]
+
+
+def _same_file(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (one cheap check per batch and file)."""
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return a.st_ino == b.st_ino and a.st_dev == b.st_dev
 
 
 def _fsync_dir(folder: str) -> None:
