@@ -90,19 +90,17 @@ class Subscription:
 
     # --- publisher side (the bus lock is held) -------------------------------------------------------
 
-    def _offer(self, event: Event, tag: str) -> None:
-        types = self.types
-        if types is not None and tag not in types:
-            return
-        queue = self._queue
-        if len(queue) >= self.queue_size:
-            old = queue.popleft()
-            lost = self._lost
-            if lost is None:
-                lost = self._lost = {}
-            lost[old.session_id] = lost.get(old.session_id, 0) + 1
-            self.dropped += 1
-        queue.append(event)
+    # EventBus.publish appends to _queue directly (the bus lock is held) and calls these two when needed.
+
+    def _drop_oldest(self) -> None:
+        old = self._queue.popleft()
+        lost = self._lost
+        if lost is None:
+            lost = self._lost = {}
+        lost[old.session_id] = lost.get(old.session_id, 0) + 1
+        self.dropped += 1
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -282,12 +280,18 @@ class EventBus:
                     sink(event)
                 except Exception:
                     logger.exception("event sink %r failed on %s", sink, tag)
-            for sub in self._everything:
-                sub._offer(event, tag)
             subs = self._by_session.get(sid)
-            if subs is not None:
-                for sub in subs:
-                    sub._offer(event, tag)
+            targets = self._everything if subs is None else self._everything + subs
+            for sub in targets:  # Subscription._offer, inlined: this loop is the bus's hot path
+                types = sub.types
+                if types is not None and tag not in types:
+                    continue
+                queue = sub._queue
+                if len(queue) >= sub.queue_size:
+                    sub._drop_oldest()
+                queue.append(event)
+                if sub._waiter is not None:
+                    sub._wake()
         return event
 
     def subscribe(
