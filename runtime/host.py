@@ -227,6 +227,8 @@ class Runtime:
         header = self.services.directory.read_header(sid)
         if header is None:
             raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
+        # Fail here, clearly, when another runtime is writing the session (its store takes the lock again).
+        self.services.directory.lock(sid).release()
         overrides = dict(header.config or {})
         cfg = self.config.with_overrides(overrides)
         spec = self._spec(
