@@ -440,20 +440,26 @@ class _Mailbox:
 
     # scheduling
 
-    def start(self, dispatcher: Dispatcher) -> None:
+    def start(self, dispatcher: Dispatcher) -> bool:
+        """Hand the actor to ``dispatcher``; False if it was killed before it could start."""
+        actor = self.actor
+        if actor is None:
+            return False
         # An actor without an on_start and without mail has nothing to run yet: leave it idle.
-        assert self.actor is not None
-        trivial = type(self.actor).on_start is pykka.Actor.on_start
+        trivial = type(actor).on_start is pykka.Actor.on_start
         with self._lock:
+            if self._state == _CLOSED:
+                return False
             if self._state != _UNSTARTED:
-                raise RuntimeError(f"{self.actor} was already started")
+                raise RuntimeError(f"{actor} was already started")
             self._dispatcher = dispatcher
             if trivial and not self._items:
                 self._started = True
                 self._state = _IDLE
-                return
+                return True
             self._state = _SCHEDULED
         dispatcher._run_queue.put(self)
+        return True
 
     def run(self, batch_size: int) -> None:
         """Handle up to ``batch_size`` messages; then go idle, re-queue, or tear the actor down."""
@@ -561,7 +567,7 @@ class _Mailbox:
 
 
 def _new_urn() -> str:
-    # uuid.uuid4().urn without the UUID object: about 3x faster, which shows when starting 100k actors.
+    # uuid.uuid4().urn without building a UUID object: ~1.6x faster, which shows when starting 100k actors.
     raw = bytearray(os.urandom(16))
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
@@ -641,8 +647,10 @@ class PooledActor(pykka.Actor):
         return PooledFuture()
 
     def _start_actor_loop(self) -> None:
-        assert self._pooled_dispatcher is not None
-        self._pooled_mailbox.start(self._pooled_dispatcher)
+        dispatcher = self._pooled_dispatcher
+        assert dispatcher is not None
+        if not self._pooled_mailbox.start(dispatcher):
+            dispatcher._unregister(self)  # killed before it started
 
     @property
     def actor_dispatcher(self) -> Dispatcher | None:
@@ -751,15 +759,16 @@ class PooledActor(pykka.Actor):
 class TimerHandle:
     """A scheduled call from :meth:`Dispatcher.call_later`; :meth:`cancel` it if it is no longer needed."""
 
-    __slots__ = ("_fn", "cancelled", "when")
+    __slots__ = ("_fn", "_timers", "cancelled", "when")
 
-    def __init__(self, when: float, fn: Callable[[], None]) -> None:
+    def __init__(self, when: float, fn: Callable[[], None], timers: _Timers) -> None:
         self.when = when
         self._fn = fn
+        self._timers = timers
         self.cancelled = False
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self._timers.cancel(self)
 
     def __lt__(self, other: TimerHandle) -> bool:
         return self.when < other.when
@@ -774,15 +783,17 @@ class _Timers:
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._cancelled = 0  # cancelled handles still in the heap
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> TimerHandle:
-        handle = TimerHandle(time.monotonic() + max(0.0, delay), fn)
+        handle = TimerHandle(time.monotonic() + max(0.0, delay), fn, self)
         with self._cond:
             if self._closed:
                 raise DispatcherClosed("the dispatcher's timers are shut down")
-            if len(self._heap) > 1024 and len(self._heap) > 2 * sum(not h.cancelled for h in self._heap):
+            if self._cancelled > 1024 and 2 * self._cancelled > len(self._heap):  # mostly dead weight
                 self._heap = [h for h in self._heap if not h.cancelled]
                 heapq.heapify(self._heap)
+                self._cancelled = 0
             heapq.heappush(self._heap, handle)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"{self._name}-timers", daemon=True)
@@ -791,10 +802,17 @@ class _Timers:
                 self._cond.notify()
         return handle
 
+    def cancel(self, handle: TimerHandle) -> None:
+        with self._cond:
+            if not handle.cancelled:
+                handle.cancelled = True
+                self._cancelled += 1
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._heap.clear()
+            self._cancelled = 0
             self._cond.notify()
 
     def _run(self) -> None:
@@ -813,7 +831,9 @@ class _Timers:
                         continue
                     while self._heap and self._heap[0].when <= time.monotonic():
                         handle = heapq.heappop(self._heap)
-                        if not handle.cancelled:
+                        if handle.cancelled:
+                            self._cancelled -= 1
+                        else:
                             due.append(handle)
             for handle in due:
                 if handle.cancelled:

@@ -800,6 +800,27 @@ def test_call_later_runs_unless_cancelled(dispatcher: Dispatcher) -> None:
     assert not skipped.is_set()
 
 
+def test_cancelled_timers_do_not_pile_up(dispatcher: Dispatcher) -> None:
+    for _ in range(5_000):  # e.g. shutdown timeouts of children that stopped in time
+        dispatcher.call_later(3_600, lambda: None).cancel()
+    fired = threading.Event()
+    dispatcher.call_later(0.01, fired.set)
+    assert fired.wait(WAIT)
+    assert len(dispatcher._timers._heap) < 2_048
+
+
+def test_an_actor_killed_before_it_starts_never_runs(dispatcher: Dispatcher, events: Events) -> None:
+    class Doomed(AnActor):
+        def __init__(self, events: Events) -> None:
+            super().__init__(events)
+            kill(self.actor_ref)  # e.g. a supervisor gave up on it between creation and start
+
+    ref = Doomed.start(events, dispatcher=dispatcher)
+    assert not ref.is_alive() and len(dispatcher) == 0
+    time.sleep(0.05)
+    assert not events.on_start.is_set()
+
+
 def test_the_default_dispatcher_is_made_on_demand_and_replaceable() -> None:
     mine = Dispatcher(threads=1)
     try:
