@@ -322,9 +322,9 @@ class SessionStore(PooledActor):
                 batch = (messages,) if isinstance(messages, Message) else tuple(messages)
                 _check_appendable(tree, batch, parent_id)  # all or nothing
                 entries = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
-                return self._write(entries, reply_to)
+                self._write(entries, reply_to)
             case SyncTurn(reply_to=reply_to):
-                return self._sync(reply_to)
+                self._sync(reply_to)
             case RecordCompaction():
                 entry = tree.record_compaction(
                     message.summary,
@@ -335,13 +335,13 @@ class SessionStore(PooledActor):
                     trigger=message.trigger,
                     artifacts=message.artifacts,
                 )
-                return self._write((entry,), message.reply_to)
+                self._write((entry,), message.reply_to)
             case Overlay(replacements=replacements, reply_to=reply_to):
-                return self._write((tree.overlay(replacements),), reply_to)
+                self._write((tree.overlay(replacements),), reply_to)
             case Branch(leaf_id=leaf_id, reply_to=reply_to):
-                return self._write((tree.branch(leaf_id),), reply_to)
+                self._write((tree.branch(leaf_id),), reply_to)
             case SetMetadata(key=key, value=value, reply_to=reply_to):
-                return self._write((tree.set_metadata(key, value),), reply_to)
+                self._write((tree.set_metadata(key, value),), reply_to)
             case GetMessages(reply_to=reply_to):
                 view = MessagesView(
                     session_id=self.session_id, leaf_id=tree.leaf_id, messages=tuple(tree.messages())
@@ -353,6 +353,7 @@ class SessionStore(PooledActor):
                 raise StoreWriteError(f"the log {self._log.path} could not be written: {error}") from error
             case _:
                 return super().on_receive(message)
+        return None  # writes are answered once the writer confirms them (see the module docstring)
 
     # -- plain methods (usable through a proxy) ---------------------------------------------------------
 
