@@ -144,6 +144,11 @@ class Agent(SessionActor):
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         # The supervisor restarts us; whoever waits on the current prompt must not wait forever.
+        crash = f"the agent crashed ({exception_type.__name__}: {exception_value}); the session recovers from its log"
+        if self._incoming is not None:
+            self._incoming.handle.set_result(
+                TurnResult(prompt_id=self._incoming.handle.id, status="error", error=crash)
+            )
         run = self.run
         if run is not None:
             self._cancel_io(run)
@@ -153,8 +158,7 @@ class Agent(SessionActor):
                     status="error",
                     usage=run.usage,
                     steps=run.step,
-                    error=f"the agent crashed ({exception_type.__name__}: {exception_value}); "
-                    "the session recovers from its log",
+                    error=crash,
                 )
             )
         for queued in self.queue:
@@ -182,7 +186,9 @@ class Agent(SessionActor):
             case Reply():
                 self.handle_reply(message)
             case Prompt():
+                self._incoming = message  # if handling it crashes, on_failure still answers its handle
                 self._on_prompt(message)
+                self._incoming = None
             case _ProviderDone(run=token) if self._current(token):
                 self._on_provider_done(message.result)
             case _ToolsDone(run=token) if self._current(token):

@@ -196,3 +196,24 @@ def test_async_subscription_receives_events_in_order(sessions_dir: Path, provide
     seqs = [e.seq for e in seen]
     assert seqs == sorted(seqs) and seen[-1].type == "agent_end"
     assert "".join(e.delta for e in seen if e.type == "text_delta").strip() == ("streamed " * 20).strip()
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_a_base_exception_in_one_session_never_stops_another(
+    rt: Any, recorder: Recorder, provider: Any, script: Any, exc: type[BaseException]
+) -> None:
+    victim = rt.start_session(model=script(Turn(text="back")), api_base=provider.url, api_key="k")
+    bystander = rt.start_session(model=script(Turn(text="still here")), api_base=provider.url, api_key="k")
+    refs = rt._session(victim).ensure_running()
+    rt._session(bystander).ensure_running()
+    agent = refs.agent._actor_weakref()  # inject the fault into this one actor instance only
+
+    def explode(prompt: Any) -> None:
+        raise exc("injected")
+
+    agent._on_prompt = explode
+    crashed = rt.prompt(victim, "boom").result(timeout=10)
+    assert crashed.status == "error" and "crashed" in (crashed.error or "")
+    recorder.wait_type("agent_recovered")
+    assert rt.prompt(bystander, "hello").result(timeout=30).text == "still here"
+    assert rt.prompt(victim, "again").result(timeout=30).text == "back"  # restarted, usable
