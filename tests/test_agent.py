@@ -322,3 +322,14 @@ def test_prompt_rejects_non_text(rt: Any, script: Any, session: Any, bad: Any) -
     sid = session(script(Turn(text="x")))
     with pytest.raises(TypeError, match="must be a string"):
         rt.prompt(sid, bad)
+
+
+def test_a_silent_stream_is_reported_as_stalled(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    model = script(Turn(text="finally", latency=0.8))
+    sid = session(model, config={"agent.stream_stall_seconds": 0.2})
+    result = rt.prompt(sid, "take your time").result(timeout=20)
+    assert result.status == "ok" and result.text == "finally"
+    recorder.wait_type("agent_end")
+    stalls = recorder.of("stream_stalled", sid)
+    assert stalls and stalls[0].seconds >= 0.2
+    assert recorder.types(sid).index("stream_stalled") < recorder.types(sid).index("text_delta")
