@@ -256,7 +256,9 @@ class Agent(SessionActor):
     def _after_compaction_check(self, outcome: cp.Outcome) -> None:
         run = self.run
         assert run is not None
-        if outcome.attempted:
+        if outcome.attempted and not outcome.compacted:
+            # A failed automatic compaction is not retried in this run (SPEC 5.11); a successful one
+            # leaves the next provider step free to compact again if the tool loop keeps growing.
             run.compaction_attempted = True
         if outcome.dead:
             self.emit(ev.SessionDead, message=outcome.message or "context limit exceeded")
