@@ -173,3 +173,32 @@ def test_old_tool_results_are_archived_with_a_summary(
     assert check_integrity(context).ok
     everything = rt.messages(sid)
     assert sum(m.role == "tool" for m in everything) == 5  # archived, not deleted
+
+
+def test_a_failed_automatic_compaction_is_not_retried_in_the_same_turn(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
+) -> None:
+    (workspace / "big.txt").write_text("\n".join(f"line {i} " + "x" * 40 for i in range(120)))
+    name = f"loop-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "big.txt"}')
+    provider.add_script(
+        name,
+        [Turn(tool_calls=(read,)), Turn(tool_calls=(read,)), Turn(tool_calls=(read,)), Turn(text="done")],
+    )
+    provider.add_script("mute-summarizer", [Turn(text="")], loop=True)
+    model = f"openai/{name}"
+    config = small_window(
+        model, **{"compaction.mode": "hard_reset", "compaction.summarizer_model": "openai/mute-summarizer"}
+    )
+    config["models.context_windows"]["openai/mute-summarizer"] = 32_000
+    config["models.context_windows"][model] = 5_000
+    sid = session(model, config=config)
+    result = rt.prompt(sid, "read big.txt three times").result(timeout=60)
+    recorder.wait_type("agent_end")
+    failures = recorder.of("compaction_failed", sid)
+    assert len(failures) == 1, "one automatic attempt, not one per step"
+    assert failures[0].reason == "summarizer_failed" and failures[0].trigger == "threshold"
+    assert result.status in ("ok", "error")
+    # A manual retry is always allowed.
+    assert rt.compact(sid).result(timeout=30).compacted is False
+    recorder.wait_type("compaction_failed", 2)
