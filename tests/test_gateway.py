@@ -1,0 +1,554 @@
+"""The litellm gateway against the local provider over real HTTP on 127.0.0.1 (SPEC 3.2, 3.3, 3.7)."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import tiktoken
+
+import runtime  # noqa: F401  (offline environment)
+from runtime import messages as m
+from runtime.config import RetryConfig
+from runtime.llm import (
+    CompletionRequest,
+    CompletionResult,
+    Delta,
+    Gateway,
+    IoLoop,
+    RetryInfo,
+    accepts_reasoning,
+    backoff_delay,
+    classify_error,
+    complete_sync,
+    normalize_usage,
+    retry_after_seconds,
+)
+from runtime.provider import OVERFLOW_FORMATS, LocalProvider, ToolCallSpec, Turn
+
+ENC = tiktoken.get_encoding("o200k_base")
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")  # litellm's own
+
+FAST_RETRY = RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05, jitter=0.25)
+
+
+def tokens(text: str) -> int:
+    return len(ENC.encode(text))
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[LocalProvider]:
+    with LocalProvider(context_window=2_000) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def io() -> Iterator[IoLoop]:
+    loop = IoLoop()
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(io: IoLoop) -> Gateway:
+    gw = Gateway(io, FAST_RETRY)
+    gw.preload().result(timeout=60)
+    return gw
+
+
+@pytest.fixture(autouse=True)
+def _reset(provider: LocalProvider) -> None:
+    provider.clear_faults()
+    provider.context_window = 2_000
+    provider.overflow_format = "openai"
+    provider.chunk_chars = 24
+    provider.chunk_delay = 0.0
+
+
+def request(provider: LocalProvider, model: str, messages: list[Any], **kw: Any) -> CompletionRequest:
+    return CompletionRequest(
+        model=f"openai/{model}", messages=messages, api_base=provider.url, api_key="sk-local", **kw
+    )
+
+
+class Recorder:
+    """Collects every callback of one call."""
+
+    def __init__(self) -> None:
+        self.results: list[CompletionResult] = []
+        self.deltas: list[Delta] = []
+        self.retries: list[RetryInfo] = []
+        self.stalls: list[float] = []
+        self.done = threading.Event()
+
+    def on_result(self, result: CompletionResult) -> None:
+        self.results.append(result)
+        self.done.set()
+
+    def start(self, gateway: Gateway, req: CompletionRequest, **kw: Any) -> Any:
+        return gateway.complete(
+            req,
+            self.on_result,
+            on_delta=self.deltas.append,
+            on_retry=self.retries.append,
+            on_stall=self.stalls.append,
+            **kw,
+        )
+
+    def result(self, timeout: float = 10.0) -> CompletionResult:
+        assert self.done.wait(timeout), "no result delivered"
+        time.sleep(0.02)  # a second delivery would arrive now
+        assert len(self.results) == 1, "on_result fires exactly once"
+        return self.results[0]
+
+
+def test_streamed_text_arrives_as_deltas_and_as_the_final_message(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    text = "The quick brown fox jumps over the lazy dog, twice over, to make several chunks."
+    provider.add_script("text", [Turn(text=text)])
+    rec = Recorder()
+    rec.start(gateway, request(provider, "text", [m.system("Be brief."), m.user("Tell me about the fox.")]))
+    result = rec.result()
+    assert result.ok and result.error is None
+    assert result.message is not None
+    assert result.message.role == "assistant"
+    assert result.message.text == text
+    assert result.message.stop_reason == "stop"
+    assert len([d for d in rec.deltas if d.kind == "text"]) > 1
+    assert "".join(d.text for d in rec.deltas if d.kind == "text") == text
+    assert result.attempts == 1
+    assert provider.request_log[-1].body["stream_options"] == {"include_usage": True}
+
+
+def test_usage_is_exact_and_normalized(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.add_script("usage", [Turn(text="Fine, thanks.", reasoning="Be polite.")])
+    history = [m.system("You are helpful."), m.user("How are you?")]
+    result = complete_sync(gateway, request(provider, "usage", history), timeout=10)
+    expected_prompt = (
+        3
+        + (3 + tokens("system") + tokens("You are helpful."))
+        + (3 + tokens("user") + tokens("How are you?"))
+    )
+    assert result.usage.input_tokens == expected_prompt
+    assert result.usage.reasoning_tokens == tokens("Be polite.")
+    assert result.usage.output_tokens == tokens("Fine, thanks.") + tokens("Be polite.")
+    assert result.message is not None and result.message.usage == result.usage
+    assert result.usage.cost is None, "litellm has no price for a local model"
+
+
+def test_a_repeated_prefix_reports_cache_reads(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.add_script("cached", [Turn(text="first answer"), Turn(text="second answer")])
+    history = [m.system("Cache me: gateway test 41b2."), m.user("one")]
+    first = complete_sync(gateway, request(provider, "cached", history), timeout=10)
+    assert first.usage.cache_read_tokens == 0
+    assert first.message is not None
+    history += [first.message, m.user("two")]
+    second = complete_sync(gateway, request(provider, "cached", history), timeout=10)
+    assert second.usage.cache_read_tokens == first.usage.input_tokens - 3
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_non_streamed_call_gives_the_same_message(provider: LocalProvider, gateway: Gateway) -> None:
+    call = ToolCallSpec(name="read_file", arguments='{"path": "a.txt"}', id="call_ns")
+    provider.add_script("plain", [Turn(text="Reading.", reasoning="Need a.txt.", tool_calls=(call,))])
+    result = complete_sync(
+        gateway, request(provider, "plain", [m.user("read a.txt")], stream=False), timeout=10
+    )
+    assert result.message is not None
+    assert result.message.text == "Reading."
+    assert result.message.reasoning == "Need a.txt."
+    assert result.message.tool_calls == (
+        m.ToolCallPart(id="call_ns", name="read_file", arguments='{"path": "a.txt"}'),
+    )
+    assert result.message.stop_reason == "tool_calls"
+    assert result.usage.input_tokens > 0
+    assert provider.request_log[-1].stream is False
+
+
+def test_tool_call_arguments_split_across_chunks_are_reassembled(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.chunk_chars = 4
+    good = '{"path": "src/main.py", "old": "a", "new": "b"}'
+    malformed = '{"path": "x.py", "content": "no closing brace'
+    calls = (
+        ToolCallSpec(name="edit_file", arguments=good, id="call_a"),
+        ToolCallSpec(name="write_file", arguments=malformed, id="call_b"),
+    )
+    provider.add_script("tools", [Turn(tool_calls=calls)])
+    rec = Recorder()
+    rec.start(gateway, request(provider, "tools", [m.user("edit things")]))
+    result = rec.result()
+    assert result.message is not None
+    assert [(c.id, c.name, c.arguments) for c in result.message.tool_calls] == [
+        ("call_a", "edit_file", good),
+        ("call_b", "write_file", malformed),
+    ]
+    assert result.message.stop_reason == "tool_calls"
+    fragments = [d for d in rec.deltas if d.kind == "tool_call" and d.index == 0]
+    assert len(fragments) > 5
+    assert fragments[0].call_id == "call_a" and fragments[0].name == "edit_file"
+    with pytest.raises(ValueError, match="not valid JSON"):
+        result.message.tool_calls[1].parsed_arguments()
+
+
+def test_reasoning_is_stored_with_its_signature_and_sent_back(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script(
+        "thinker",
+        [Turn(text="42.", reasoning="Six times seven.", reasoning_signature="sig-abc"), Turn(text="Yes.")],
+    )
+    rec = Recorder()
+    rec.start(gateway, request(provider, "thinker", [m.user("6*7?")]))
+    first = rec.result()
+    assert first.message is not None
+    reasoning = [p for p in first.message.parts if isinstance(p, m.ReasoningPart)]
+    assert reasoning == [m.ReasoningPart("Six times seven.", signature="sig-abc")]
+    assert "".join(d.text for d in rec.deltas if d.kind == "reasoning") == "Six times seven."
+
+    complete_sync(
+        gateway, request(provider, "thinker", [m.user("6*7?"), first.message, m.user("Sure?")]), timeout=10
+    )
+    sent = provider.request_log[-1].messages[1]
+    assert sent["role"] == "assistant"
+    assert sent["reasoning_content"] == "Six times seven."
+    assert sent["thinking_blocks"] == [
+        {"type": "thinking", "thinking": "Six times seven.", "signature": "sig-abc"}
+    ]
+
+    provider.add_script("thinker", [Turn(text="ok")])
+    no_reasoning = request(
+        provider, "thinker", [m.user("6*7?"), first.message, m.user("Sure?")], include_reasoning=False
+    )
+    complete_sync(gateway, no_reasoning, timeout=10)
+    assert "reasoning_content" not in provider.request_log[-1].messages[1]
+
+
+def test_hidden_messages_are_not_sent_and_dicts_pass_through(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("mixed", [Turn(text="ok")])
+    hidden = m.user("archived output", agent_visible=False)
+    raw = {"role": "user", "content": "raw dict message"}
+    complete_sync(gateway, request(provider, "mixed", [m.system("sys"), hidden, raw]), timeout=10)
+    assert provider.request_log[-1].messages == [{"role": "system", "content": "sys"}, raw]
+
+
+@pytest.mark.parametrize("fmt", sorted(OVERFLOW_FORMATS))
+def test_every_vendor_overflow_is_classified_as_overflow_and_not_retried(
+    fmt: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.context_window = 30
+    provider.overflow_format = fmt
+    rec = Recorder()
+    rec.start(gateway, request(provider, "anything", [m.user("far too long " * 50)]))
+    result = rec.result()
+    assert result.error is not None
+    assert result.error.kind == "overflow", f"{fmt}: {result.error}"
+    assert result.error.is_overflow and not result.error.retryable
+    assert result.attempts == 1
+    assert rec.retries == []
+    assert result.message is None
+
+
+def test_rate_limit_is_retried_after_the_servers_retry_after(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("limited", [Turn(text="finally")])
+    provider.inject_fault("rate_limit", retry_after=0.3)
+    rec = Recorder()
+    started = time.monotonic()
+    rec.start(gateway, request(provider, "limited", [m.user("hi")]))
+    result = rec.result()
+    assert result.message is not None and result.message.text == "finally"
+    assert time.monotonic() - started >= 0.3
+    assert result.attempts == 2
+    assert [(r.attempt, r.max_attempts, r.delay, r.status_code, r.kind) for r in rec.retries] == [
+        (1, 3, 0.3, 429, "rate_limit")
+    ]
+    assert "Rate limit reached" in rec.retries[0].error
+
+
+def test_server_errors_and_overload_are_retried_then_succeed(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("flaky", [Turn(text="made it")])
+    provider.inject_fault("server_error")
+    provider.inject_fault("overloaded")
+    rec = Recorder()
+    rec.start(gateway, request(provider, "flaky", [m.user("hi")]))
+    result = rec.result()
+    assert result.message is not None and result.message.text == "made it"
+    assert result.attempts == 3
+    assert [r.status_code for r in rec.retries] == [500, 503]
+    assert all(r.kind == "transient" and 0 < r.delay <= FAST_RETRY.max_delay for r in rec.retries)
+
+
+def test_retries_stop_at_max_attempts(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.inject_fault("server_error", count=3)
+    rec = Recorder()
+    rec.start(gateway, request(provider, "x", [m.user("hi")]))
+    result = rec.result()
+    assert result.error is not None and result.error.kind == "transient"
+    assert result.error.status_code == 500
+    assert result.attempts == 3
+    assert len(rec.retries) == 2
+
+
+def test_auth_errors_are_not_retried(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.inject_fault("auth", count=3)
+    rec = Recorder()
+    rec.start(gateway, request(provider, "x", [m.user("hi")]))
+    result = rec.result()
+    assert result.error is not None and result.error.kind == "auth"
+    assert result.error.status_code == 401
+    assert result.attempts == 1 and rec.retries == []
+    provider.clear_faults()
+
+
+def test_a_hung_provider_times_out_and_the_timeout_is_retried(
+    provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("hung", [Turn(text="awake")])
+    provider.inject_fault("hang")
+    rec = Recorder()
+    rec.start(gateway, request(provider, "hung", [m.user("hi")], timeout=0.3))
+    result = rec.result()
+    assert result.message is not None and result.message.text == "awake"
+    assert [r.kind for r in rec.retries] == ["timeout"]
+
+
+def test_a_hang_on_every_attempt_ends_as_a_timeout(provider: LocalProvider, io: IoLoop) -> None:
+    gateway = Gateway(io, RetryConfig(max_attempts=1))
+    provider.inject_fault("hang")
+    result = complete_sync(gateway, request(provider, "x", [m.user("hi")], timeout=0.3), timeout=10)
+    assert result.error is not None and result.error.kind == "timeout"
+    assert result.attempts == 1
+
+
+@pytest.mark.parametrize("after_chunks", [0, 2])
+def test_a_reset_connection_is_retried(after_chunks: int, provider: LocalProvider, gateway: Gateway) -> None:
+    provider.add_script("reset", [Turn(text="second time lucky")])
+    provider.inject_fault("reset", after_chunks=after_chunks)
+    rec = Recorder()
+    rec.start(gateway, request(provider, "reset", [m.user("hi")]))
+    result = rec.result()
+    assert result.message is not None and result.message.text == "second time lucky"
+    assert len(rec.retries) == 1 and rec.retries[0].kind in ("transient", "timeout")
+
+
+def test_cancel_stops_an_in_flight_stream(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.chunk_delay = 0.2
+    provider.add_script("slow", [Turn(text="word " * 40)])
+    rec = Recorder()
+    handle = rec.start(gateway, request(provider, "slow", [m.user("hi")]))
+    deadline = time.monotonic() + 5
+    while not rec.deltas and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rec.deltas, "the stream had started"
+    started = time.monotonic()
+    handle.cancel()
+    result = rec.result()
+    assert time.monotonic() - started < 1.0
+    assert result.error is not None and result.error.kind == "cancelled"
+    assert result.message is None
+    assert handle.done
+    handle.cancel()  # a second cancel is harmless
+    time.sleep(0.05)
+    assert len(rec.results) == 1
+    assert gateway.in_flight == 0
+
+
+def test_cancel_before_the_loop_starts_the_call(
+    provider: LocalProvider, io: IoLoop, gateway: Gateway
+) -> None:
+    blocker = threading.Event()
+    io.call_soon(blocker.wait, 5)  # keep the loop busy so the call cannot start yet
+    rec = Recorder()
+    handle = rec.start(gateway, request(provider, "x", [m.user("hi")]))
+    handle.cancel()
+    blocker.set()
+    result = rec.result()
+    assert result.error is not None and result.error.kind == "cancelled"
+    assert result.attempts == 0
+
+
+def test_a_stalled_stream_is_reported_once_per_stall(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.chunk_delay = 0.3
+    provider.chunk_chars = 1000
+    provider.add_script("stally", [Turn(text="abc")])
+    rec = Recorder()
+    rec.start(gateway, request(provider, "stally", [m.user("hi")]), stall_after=0.05)
+    result = rec.result()
+    assert result.ok
+    # Frames: role, text, finish, usage, [DONE], 0.3 s apart: 4 gaps, each six times stall_after. Reporting
+    # every 0.05 s of silence would give ~20 stalls; once per stall gives one per gap (and maybe one more
+    # while the request itself is sent).
+    assert 3 <= len(rec.stalls) <= 5, rec.stalls
+    assert all(s >= 0.05 for s in rec.stalls)
+
+
+def test_callbacks_that_raise_do_not_break_the_call(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.add_script("robust", [Turn(text="still fine")])
+    box: list[CompletionResult] = []
+    done = threading.Event()
+
+    def bad_delta(delta: Delta) -> None:
+        raise RuntimeError("subscriber bug")
+
+    def on_result(result: CompletionResult) -> None:
+        box.append(result)
+        done.set()
+
+    gateway.complete(request(provider, "robust", [m.user("hi")]), on_result, on_delta=bad_delta)
+    assert done.wait(10)
+    assert box[0].message is not None and box[0].message.text == "still fine"
+
+
+def test_concurrent_calls_share_the_loop(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.add_script("many", [Turn(text="same")], loop=True)
+    recs = [Recorder() for _ in range(20)]
+    for rec in recs:
+        rec.start(gateway, request(provider, "many", [m.user("hi")]))
+    assert all(rec.result().ok for rec in recs)
+
+
+def test_policy_replies_work_through_the_gateway(provider: LocalProvider, gateway: Gateway) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        }
+    ]
+    result = complete_sync(
+        gateway,
+        request(provider, "agentcell-local", [m.user("Summarize docs/guide.md")], tools=tools),
+        timeout=10,
+    )
+    assert result.message is not None
+    assert [(c.name, c.parsed_arguments()) for c in result.message.tool_calls] == [
+        ("read_file", {"path": "docs/guide.md"})
+    ]
+    sent = provider.request_log[-1].body
+    assert sent["tools"] == tools
+    assert set(sent) <= {"model", "messages", "tools", "stream", "stream_options"}, "no internal flags leak"
+
+
+def test_mock_response_needs_no_network(io: IoLoop, gateway: Gateway) -> None:
+    req = CompletionRequest(
+        model="gpt-4o-mini", messages=[m.user("hi")], mock_response="mocked!", api_key="sk-x"
+    )
+    result = complete_sync(gateway, req, timeout=10)
+    assert result.message is not None and result.message.text == "mocked!"
+
+
+def test_the_api_key_never_shows(provider: LocalProvider, gateway: Gateway) -> None:
+    secret = "sk-secret-never-shown-9f8e"
+    req = CompletionRequest(model="openai/x", messages=[m.user("hi")], api_base=provider.url, api_key=secret)
+    assert secret not in repr(req) and secret not in str(req)
+    provider.inject_fault("auth")
+    result = complete_sync(gateway, req, timeout=10)
+    assert result.error is not None
+    assert secret not in repr(result)
+
+
+def test_complete_sync_cancels_on_timeout(provider: LocalProvider, gateway: Gateway) -> None:
+    provider.inject_fault("hang")
+    result = complete_sync(gateway, request(provider, "x", [m.user("hi")], timeout=30), timeout=0.3)
+    assert result.error is not None and result.error.kind == "cancelled"
+
+
+# --- pure helpers ------------------------------------------------------------------------------------
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    cfg = RetryConfig(base_delay=1.0, max_delay=30.0, jitter=0.25)
+    rng = random.Random(7)
+    for attempt, nominal in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (6, 30.0), (10, 30.0)]:
+        delays = [backoff_delay(attempt, cfg, rng=rng) for _ in range(200)]
+        assert all(0.75 * nominal <= d <= nominal for d in delays)
+        assert len(set(delays)) > 100, "jittered"
+    assert backoff_delay(1, cfg, retry_after=7.0) == 7.0
+    assert 0.75 <= backoff_delay(1, cfg, retry_after=3600.0) <= 1.0, "an absurd retry-after is not honoured"
+
+
+def test_retry_after_headers_are_parsed() -> None:
+    assert retry_after_seconds({"retry-after": "2"}) == 2.0
+    assert retry_after_seconds({"retry-after": "1.5", "retry-after-ms": "250"}) == 0.25
+    now = time.time()
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    parsed = retry_after_seconds({"retry-after": date}, now=now)
+    assert parsed is not None and 9.0 <= parsed <= 10.0
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    assert retry_after_seconds(None) is None
+
+
+def test_usage_normalization_covers_openai_and_anthropic_shapes() -> None:
+    openai = {
+        "prompt_tokens": 1200,
+        "completion_tokens": 300,
+        "prompt_tokens_details": {"cached_tokens": 1024},
+        "completion_tokens_details": {"reasoning_tokens": 120},
+    }
+    assert normalize_usage(openai, cost=0.5) == m.Usage(
+        input_tokens=1200, output_tokens=300, reasoning_tokens=120, cache_read_tokens=1024, cost=0.5
+    )
+    anthropic = {
+        "input_tokens": 50,
+        "output_tokens": 10,
+        "cache_read_input_tokens": 900,
+        "cache_creation_input_tokens": 40,
+    }
+    assert normalize_usage(anthropic) == m.Usage(
+        input_tokens=50, output_tokens=10, cache_read_tokens=900, cache_write_tokens=40
+    )
+    assert normalize_usage(None) == m.Usage()
+
+
+def test_classification_of_litellm_exceptions() -> None:
+    import litellm
+
+    overflow = litellm.ContextWindowExceededError(message="too long", model="m", llm_provider="openai")
+    assert classify_error(overflow).kind == "overflow"
+    rate = litellm.RateLimitError(message="Rate limit reached for requests", model="m", llm_provider="openai")
+    assert classify_error(rate).kind == "rate_limit"
+    param = litellm.BadRequestError(
+        message="max_tokens is too large: 99999", model="m", llm_provider="openai"
+    )
+    assert classify_error(param).kind == "invalid_request"
+    assert classify_error(ConnectionResetError(104, "Connection reset by peer")).kind == "transient"
+    assert classify_error(TimeoutError()).kind == "timeout"
+    assert classify_error(ValueError("something odd")).kind == "unknown"
+
+
+def test_reasoning_goes_back_only_where_the_provider_accepts_it() -> None:
+    assert accepts_reasoning("anthropic/claude-sonnet-4-5", None)
+    assert accepts_reasoning("openai/local-model", "http://127.0.0.1:8400/v1")
+    assert not accepts_reasoning("gpt-4o", None)
+    assert not accepts_reasoning("openai/gpt-4o", None)
+    assert not accepts_reasoning("deepseek/deepseek-reasoner", None)
+
+
+def test_io_loop_runs_submitted_work_and_stops() -> None:
+    loop = IoLoop(name="test-io")
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    assert loop.submit(add(2, 3)).result(timeout=5) == 5
+    seen = threading.Event()
+    loop.call_soon(seen.set)
+    assert seen.wait(5)
+    loop.stop()
+    assert not loop.running
+    loop.stop()  # idempotent
