@@ -209,9 +209,8 @@ def test_abort_mid_stream_leaves_the_session_usable(
     assert after.status == "ok" and after.text == "second answer"
 
 
-def test_abort_during_tools_repairs_the_orphaned_call(
-    rt: Any, recorder: Recorder, script: Any, session: Any
-) -> None:
+def blocking_registry() -> tuple[ToolRegistry, threading.Event]:
+    """A ``wait_here`` tool that blocks until the returned event is set."""
     registry = ToolRegistry()
     release = threading.Event()
 
@@ -221,6 +220,13 @@ def test_abort_during_tools_repairs_the_orphaned_call(
         release.wait(30)
         return "released"
 
+    return registry, release
+
+
+def test_abort_during_tools_repairs_the_orphaned_call(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
+    registry, release = blocking_registry()
     model = script(Turn(tool_calls=(call("wait_here", id="call_stuck"),)), Turn(text="fine"))
     sid = session(model, tools=registry)
     handle = rt.prompt(sid, "go")
@@ -278,15 +284,7 @@ def test_auth_errors_end_the_turn_with_a_clear_error(
 def test_agent_crash_mid_turn_recovers_from_the_store(
     rt: Any, recorder: Recorder, script: Any, session: Any
 ) -> None:
-    registry = ToolRegistry()
-    release = threading.Event()
-
-    @registry.tool
-    def wait_here() -> str:
-        """Blocks until released."""
-        release.wait(30)
-        return "released"
-
+    registry, release = blocking_registry()
     model = script(Turn(tool_calls=(call("wait_here", id="call_crash"),)), Turn(text="recovered fine"))
     sid = session(model, tools=registry)
     handle = rt.prompt(sid, "go")
