@@ -95,6 +95,7 @@ class IoLoop:
             task.cancel()
         if tasks:
             self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.run_until_complete(_close_loop_clients(self._loop))
         with contextlib.suppress(RuntimeError):
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
@@ -132,6 +133,34 @@ class IoLoop:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def _close_loop_clients(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the HTTP clients litellm cached for ``loop`` and take them out of its cache.
+
+    litellm keeps one client (and its pool of open connections) per event loop, keyed by ``id(loop)``,
+    for as long as the process lives. Without this, every runtime that stops leaves its connections
+    open, and a later loop that happens to get the same ``id`` is handed clients bound to a closed loop.
+    """
+    cache = getattr(_litellm_module, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return
+    suffix = f"-{id(loop)}"
+    for key in [k for k in list(entries) if isinstance(k, str) and k.endswith(suffix)]:
+        client = entries.pop(key, None)
+        ttl = getattr(cache, "ttl_dict", None)
+        if isinstance(ttl, dict):
+            ttl.pop(key, None)
+        close = getattr(client, "close", None) or getattr(client, "aclose", None)
+        if close is None:
+            continue
+        try:
+            closing = close()
+            if asyncio.iscoroutine(closing) or isinstance(closing, asyncio.Future):
+                await closing
+        except Exception:  # a client that fails to close must not keep the others open
+            _log.warning("closing a cached provider client failed", exc_info=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -888,6 +917,10 @@ class Gateway:
                 raise
             except Exception as exc:
                 error = classify_error(exc, provider=provider)
+                if request.api_key and request.api_key in error.message:  # keys never reach events or logs
+                    error = msgspec.structs.replace(
+                        error, message=error.message.replace(request.api_key, "***")
+                    )
                 if not error.retryable or call.attempts >= max_attempts:
                     return CompletionResult(
                         message=None, error=error, attempts=call.attempts, latency=self._elapsed(call)

@@ -455,11 +455,24 @@ def test_policy_lists_a_directory_and_reports_errors() -> None:
     ]
     turn = policy.respond(messages, FILE_TOOLS)
     assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [("list_dir", {"path": "src"})]
-    messages = _tool_round(messages, "app.py\nutil.py")
+    messages = _tool_round(messages, "src/ (2 entries)\napp.py  (120 bytes)\nutil.py  (64 bytes)")
     messages = _tool_round(messages, "Error: file not found: missing.txt")
     final = policy.respond(messages, FILE_TOOLS)
-    assert "2 entries" in final.text
+    assert "2 entries: `app.py`, `util.py`" in final.text
     assert "not found" in final.text
+
+
+def test_policy_notes_a_free_form_edit_as_a_comment_in_the_files_language() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Update tools/build.py to mention the new flag."}
+    ]
+    messages = _tool_round(messages, "     1\timport sys\n     2\t\n     3\tsys.exit(main())")
+    turn = policy.respond(messages, FILE_TOOLS)
+    [call] = turn.tool_calls
+    args = json.loads(call.arguments)
+    assert call.name == "edit_file"
+    assert args["old"] == "sys.exit(main())", "line numbers of the read output are not part of the anchor"
+    assert args["new"].startswith("sys.exit(main())\n# Note added by agentcell: Update tools/build.py")
 
 
 def test_policy_without_files_answers_directly() -> None:

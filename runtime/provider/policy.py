@@ -164,10 +164,10 @@ def _edit_step(
     if replace and original is not None and "edit_file" in schemas:
         return _call(schemas, "edit_file", seed, path=path, old=replace.group(2), new=replace.group(4))
     if "write_file" in schemas and (wants_write or original is None):
-        return _call(schemas, "write_file", seed, path=path, content=_new_content(user_text))
+        return _call(schemas, "write_file", seed, path=path, content=_new_content(user_text, path))
     if original is None:
         return None
-    note = f"{NOTE_PREFIX}: {_first_sentence(user_text, 80)}"
+    note = _note_line(path, user_text)
     lines = [line for line in original.splitlines() if line.strip()]
     anchor = lines[-1] if lines else ""
     if "edit_file" in schemas and anchor and original.count(anchor) == 1:
@@ -177,12 +177,29 @@ def _edit_step(
     return None
 
 
-def _new_content(user_text: str) -> str:
+def _new_content(user_text: str, path: str) -> str:
     for pattern in (_FENCE, _CONTAINING):
         match = pattern.search(user_text)
         if match:
             return match.group(match.lastindex or 1)
-    return f"{NOTE_PREFIX}: {_first_sentence(user_text, 80)}\n"
+    return _note_line(path, user_text) + "\n"
+
+
+_COMMENT_SYNTAX: Final = {
+    **dict.fromkeys(("py", "sh", "toml", "yaml", "yml", "rb", "pl", "r", "cfg", "ini", "conf"), ("# ", "")),
+    **dict.fromkeys(
+        ("js", "ts", "jsx", "tsx", "c", "h", "cc", "cpp", "go", "rs", "java", "kt", "swift"), ("// ", "")
+    ),
+    **dict.fromkeys(("html", "xml", "svg"), ("<!-- ", " -->")),
+    **dict.fromkeys(("css", "scss"), ("/* ", " */")),
+    **dict.fromkeys(("sql", "lua", "hs"), ("-- ", "")),
+}
+
+
+def _note_line(path: str, user_text: str) -> str:
+    """A line recording the request, as a comment in the file's language (plain text for prose files)."""
+    start, end = _COMMENT_SYNTAX.get(path.rsplit(".", 1)[-1].lower(), ("", ""))
+    return f"{start}{NOTE_PREFIX}: {_first_sentence(user_text, 80)}{end}"
 
 
 def _turn_progress(turn: Chat) -> _Done:
@@ -215,11 +232,11 @@ def _turn_progress(turn: Chat) -> _Done:
 def _answer(user_text: str, files: list[str], done: _Done) -> str:
     lines: list[str] = []
     for directory, listing in done.listed.items():
-        entries = [e for e in listing.splitlines() if e.strip()]
+        entries = _entries(listing)
         lines.append(f"- `{directory}` holds {len(entries)} entries: {_join(entries[:8])}.")
     for path, content in done.reads.items():
         body = [line for line in content.splitlines() if line.strip()]
-        first = f' It starts with "{_clip(body[0], 80)}".' if body else " It is empty."
+        first = f" It starts with: `{_clip(body[0].strip(), 80)}`." if body else " It is empty."
         lines.append(
             f"- I read `{path}` ({len(content.splitlines())} lines, {len(content)} characters).{first}"
         )
@@ -233,6 +250,17 @@ def _answer(user_text: str, files: list[str], done: _Done) -> str:
             f'You asked: "{request}". I am the local agentcell provider: mention a file and I will read it.'
         )
     return "Here is what I did:\n" + "\n".join(lines) + "\nDone."
+
+
+_LISTING_HEADER: Final = re.compile(r"(\(\d[\d,]* entries\)|is empty|:)\s*$")
+
+
+def _entries(listing: str) -> list[str]:
+    """Entry names of a directory listing: a header line and per-entry details (sizes) left out."""
+    rows = [row.strip() for row in listing.splitlines() if row.strip()]
+    if rows and _LISTING_HEADER.search(rows[0]):
+        rows = rows[1:]
+    return [re.split(r"\s{2,}|\t| -> ", row, maxsplit=1)[0] for row in rows if not row.startswith("[")]
 
 
 def _final_reasoning(done: _Done, user_text: str) -> str:
