@@ -135,6 +135,7 @@ class Runtime:
             self.services.executor.shutdown()
             self.io.stop()
             self.services.writer.close()
+            self.services.directory.close()
             self.bus.close()
             self.dispatcher.shutdown()
 

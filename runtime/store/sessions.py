@@ -166,6 +166,10 @@ class SessionDirectory:
         self._ensured = False
         self._guard = _Guard(self.root / GUARD_NAME)
 
+    def close(self) -> None:
+        """Release the one descriptor the directory keeps open (its lock guard); using it again reopens it."""
+        self._guard.close()
+
     def ensure(self) -> Path:
         """Create the root folder if needed (checked once; call again after removing it)."""
         if not self._ensured:
@@ -341,6 +345,13 @@ class _Guard:
                 yield
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the guard file's descriptor (the next :meth:`held` opens it again)."""
+        with self._threads:
+            fd, self._fd, pid, self._pid = self._fd, -1, self._pid, 0
+            if fd >= 0 and pid == os.getpid():
+                os.close(fd)
 
 
 def _read_owner(path: Path) -> LockOwner | None:
