@@ -88,9 +88,7 @@ class Subscription:
         """Events queued and not yet read."""
         return len(self._buffer) + len(self._queue)
 
-    # --- publisher side (the bus lock is held) -------------------------------------------------------
-
-    # EventBus.publish appends to _queue directly (the bus lock is held) and calls these two when needed.
+    # --- publisher side: EventBus.publish appends to _queue itself (bus lock held) and calls these ---
 
     def _drop_oldest(self) -> None:
         old = self._queue.popleft()
