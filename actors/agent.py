@@ -11,10 +11,11 @@ Each run carries a token, so a late answer from an aborted run is recognised and
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -31,6 +32,8 @@ from runtime.events import CompactionTrigger
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
+
+log = logging.getLogger(__name__)
 
 
 class AgentState(StrEnum):
@@ -152,6 +155,7 @@ class Agent(SessionActor):
         run = self.run
         if run is not None:
             self._cancel_io(run)
+            self._end_interrupted(run, "error", crash)
             run.prompt.handle.set_result(
                 TurnResult(
                     prompt_id=run.prompt.handle.id,
@@ -172,6 +176,7 @@ class Agent(SessionActor):
     def on_stop(self) -> None:
         if self.run is not None:
             self._cancel_io(self.run)
+            self._end_interrupted(self.run, "aborted", "session stopped")
             self.run.prompt.handle.set_result(
                 TurnResult(prompt_id=self.run.prompt.handle.id, status="aborted", error="session stopped")
             )
@@ -179,6 +184,22 @@ class Agent(SessionActor):
             queued.handle.set_result(
                 TurnResult(prompt_id=queued.handle.id, status="aborted", error="session stopped")
             )
+
+    def _end_interrupted(self, run: _Run, status: Literal["aborted", "error"], reason: str) -> None:
+        """Close a run cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
+        try:
+            if status == "error":
+                self.emit(ev.Error, message=reason, code="agent_crashed", turn_id=run.turn_id)
+            self.emit(
+                ev.AgentEnd,
+                turn_id=run.turn_id,
+                status=status,
+                usage=run.usage,
+                context_window=self.context_window,
+                context_tokens=self._context_tokens,
+            )
+        except Exception:  # the bus may be gone at shutdown; the handle is answered regardless
+            log.debug("could not announce the end of run %s", run.turn_id, exc_info=True)
 
     # -- mailbox ----------------------------------------------------------------------------------------
     def on_receive(self, message: Any) -> Any:
