@@ -9,6 +9,7 @@ records the result in the store and broadcasts ``compaction_start`` / ``compacti
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
 from runtime.tokens import TokenCounter
+
+log = logging.getLogger(__name__)
 
 # -- messages -------------------------------------------------------------------------------------------
 
@@ -119,6 +122,38 @@ class Compactor(SessionActor):
 
         self.summarizer_model = self.cfg.summarizer_model or self.model
         self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self._abandon_jobs(f"the compactor crashed ({exception_type.__name__}: {exception_value})")
+
+    def on_stop(self) -> None:
+        self._abandon_jobs("the session stopped")
+
+    def _abandon_jobs(self, why: str) -> None:
+        """Answer every request still waiting, so no caller (a ``compact`` handle) waits forever; a
+        compaction cut short after its ``compaction_start`` ends with ``compaction_failed``."""
+        jobs = ([self._active] if self._active is not None else []) + list(self._jobs)
+        self._active = None
+        self._jobs.clear()
+        for job in jobs:
+            compacting = isinstance(job.request, MaybeCompact | Compact)
+            tokens = job.estimate.tokens if job.estimate is not None else 0
+            try:
+                if compacting and job.plan is not None:  # its compaction_start was broadcast
+                    self.emit(
+                        ev.CompactionFailed,
+                        error=f"the compaction was interrupted: {why}",
+                        reason="interrupted",
+                        tokens=tokens,
+                        window=self.context_window,
+                        trigger=job.request.trigger,
+                    )
+                messages = tuple(job.view.messages) if job.view is not None else ()
+                outcome = Outcome(messages=messages, estimate=tokens, attempted=True, message=why)
+                job.reply(outcome if compacting else None)
+            except Exception:  # the bus or a caller may be gone at shutdown: answer the rest regardless
+                log.debug("could not answer an interrupted compactor request", exc_info=True)
 
     # -- mailbox ----------------------------------------------------------------------------------------
     def on_receive(self, message: Any) -> Any:
