@@ -95,7 +95,7 @@ class Runtime:
             writer = LogWriter()
             directory = SessionDirectory(self.sessions_path)
             if cfg.persistence.transcript:
-                self.bus.add_sink(TranscriptWriter(directory, writer))
+                self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))
             self.services = Services(
                 dispatcher=self.dispatcher,
                 bus=self.bus,
@@ -118,6 +118,17 @@ class Runtime:
                 self._reaper.start()
             self._started = True
             return self
+
+    def _transcript_failed(self, session_id: str, path: str, error: Exception) -> None:
+        """A transcript write failed (e.g. a full disk): say so to subscribers (SPEC 9), not just the log."""
+        from runtime.store.writer import WriterClosedError
+
+        if isinstance(error, WriterClosedError):  # an event after stop(): nobody is left to tell
+            return
+        log.error("event transcript of session %s: %s", session_id, error)
+        self.bus.publish(
+            ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error))
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every session (agents first, stores last), flush the logs, stop the machinery."""

@@ -23,8 +23,9 @@ from runtime.store.writer import FsyncPolicy, LogWriter, StrPath, WriterClosedEr
 
 log = logging.getLogger("agentcell.store")
 
-OnTranscriptError = Callable[[str, Exception], None]
-"""Called (on the writer thread) with the session id and the error when a transcript write fails."""
+OnTranscriptError = Callable[[str, str, Exception], None]
+"""Called (on the writer thread) with the session id, the transcript's path and the error when a write
+to it fails — once per run of failures: again only after a write to that transcript succeeded."""
 
 _decoder = msgspec.json.Decoder(AnyEvent)
 
@@ -52,6 +53,7 @@ class TranscriptWriter:
         self.on_error = on_error
         self.fsync = fsync
         self._sessions: dict[str, tuple[str, Callable[[Exception | None], None]]] = {}
+        self._failing: set[str] = set()  # sessions whose last transcript write failed (writer thread only)
 
     def __call__(self, event: Event) -> None:
         if event.type in self.exclude:
@@ -65,7 +67,7 @@ class TranscriptWriter:
         try:
             self.writer.append(path, encode_event(event) + b"\n", on_done, fsync=self.fsync)
         except WriterClosedError as exc:
-            self._report(event.session_id, exc)
+            self._done(event.session_id, exc)
 
     def forget(self, session_id: str) -> None:
         """Drop what is cached about a session (after it is deleted)."""
@@ -83,12 +85,16 @@ class TranscriptWriter:
         return target
 
     def _done(self, session_id: str, error: Exception | None) -> None:
-        if error is not None:
+        if error is None:
+            self._failing.discard(session_id)
+        elif session_id not in self._failing:  # report a full disk once, not once per event
+            self._failing.add(session_id)
             self._report(session_id, error)
 
     def _report(self, session_id: str, error: Exception) -> None:
         if self.on_error is not None:
-            self.on_error(session_id, error)
+            path = os.fspath(self.directory.transcript_path(session_id))
+            self.on_error(session_id, path, error)
         else:
             log.error("transcript of session %s: %s", session_id, error)
 
