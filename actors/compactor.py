@@ -128,7 +128,7 @@ class Compactor(SessionActor):
         self._abandon_jobs(f"the compactor crashed ({exception_type.__name__}: {exception_value})")
 
     def on_stop(self) -> None:
-        self._abandon_jobs("the session stopped")
+        self._abandon_jobs("the compactor was stopped (its session stopped or restarted)")
 
     def _abandon_jobs(self, why: str) -> None:
         """Answer every request still waiting, so no caller (a ``compact`` handle) waits forever; a
@@ -414,7 +414,14 @@ class Compactor(SessionActor):
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
         path = self.services.directory.compaction_artifacts(self.session_id, self._compactions)[which]
         job.artifacts.append(str(path))
-        self.services.writer.write_file(path, text.encode("utf-8"))
+        publish, session_id = self.publish, self.session_id
+
+        def written(error: Exception | None) -> None:  # on the writer thread
+            if error is not None:
+                publish(ev.PersistenceError(session_id=session_id, path=str(path), error=str(error)))
+
+        data = text.encode("utf-8", errors="replace")  # a lone surrogate must not crash the compactor
+        self.services.writer.write_file(path, data, written)
 
     # -- tool-result archiving (5.9) ------------------------------------------------------------------
     def _archive_tools(self, job: _Job) -> None:
