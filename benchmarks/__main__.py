@@ -1,0 +1,345 @@
+"""Run every benchmark, print one summary table against the SPEC 8 targets, write JSON and the chart.
+
+    python -m benchmarks [--quick] [--only NAMES] [--skip NAMES] [--no-chart] [--list]
+    agentcell bench [the same arguments]
+
+Each benchmark runs in its own process (``python -m benchmarks.bench_<name>``), so one cannot skew
+another's memory or threads. Its output streams through, and it writes
+``benchmarks/results/<name>.json``. The runner then reads those files and prints the headline figures
+next to their targets. It writes them, with the machine's facts, to ``benchmarks/results/summary.json``
+and draws ``benchmarks/results/scale.png`` (turns/s and memory against the number of sessions).
+
+``--quick`` runs every benchmark at small sizes. It takes under 2 minutes on a quiet 2-core machine.
+The full run takes about 25 minutes: 100,000 sessions, and 1,000 concurrent conversations in 3 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import RESULTS_DIR, format_table, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Summary = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark script, its arguments, and how to read its headline figures."""
+
+    name: str
+    quick: tuple[str, ...]
+    full: tuple[str, ...]
+    summarize: Callable[[dict[str, Any]], Summary]
+    about: str
+
+    @property
+    def module(self) -> str:
+        return f"benchmarks.bench_{self.name}"
+
+
+def _figure(bench: str, figure: str, measured: Any, target: str, met: bool | None) -> dict[str, Any]:
+    return {"benchmark": bench, "figure": figure, "measured": measured, "target": target, "met": met}
+
+
+def _rows(doc: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
+    return [r for r in doc["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _sessions(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    ours = sorted(_rows(doc, kind="runtime"), key=lambda r: r["sessions"])
+    bare = {r["sessions"]: r for r in _rows(doc, kind="bare")}
+    largest = ours[-1]
+    out.append(
+        _figure(
+            "sessions", "idle sessions hosted", largest["hosted"], ">= 100,000", largest["hosted"] >= 100_000
+        )
+    )
+    for row in ours:
+        n = row["sessions"]
+        base = bare.get(n)
+        out.append(
+            _figure(
+                "sessions",
+                f"start {n:,} sessions (s; on disk; bare files)",
+                f"{row['start_s']:.2f}; {row['on_disk_s']:.2f}"
+                + (f"; {base['start_s']:.2f}" if base else ""),
+                "<= 2 s for 10,000" if n == 10_000 else "-",
+                row["start_s"] <= 2.0 if n == 10_000 else None,
+            )
+        )
+        out.append(
+            _figure(
+                "sessions",
+                f"RSS per idle session at {n:,} (bytes)",
+                row["rss_bytes_per_session"],
+                "<= 10 KB",
+                row["rss_bytes_per_session"] <= 10 * 1024 if n >= 10_000 else None,
+            )
+        )
+    for row in _rows(doc, kind="running"):
+        out.append(
+            _figure(
+                "sessions",
+                f"RSS per running session ({row['sessions']:,} started, bytes)",
+                row["rss_bytes_per_session"],
+                "-",
+                None,
+            )
+        )
+        out.append(
+            _figure(
+                "sessions",
+                "actors after hibernating them all",
+                f"{row['actors_running']:,} -> {row['actors_after_hibernate']:,}",
+                "back to the idle count",
+                row["actors_after_hibernate"] == row["actors_before"],
+            )
+        )
+    return out
+
+
+def _throughput(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    target = doc["meta"].get("target_ratio", 0.9)
+    for row in _rows(doc, bench="turns", side="runtime"):
+        out.append(
+            _figure(
+                "throughput",
+                f"{row['mode']} x{row['sessions']}: turns/s vs bare litellm",
+                f"{row['vs_bare']:.2f} ({row['turns_per_s']:.1f} turns/s, p99 {row['p99_ms']:,.0f} ms)",
+                f">= {target}",
+                row["vs_bare"] >= target,
+            )
+        )
+    for row in _rows(doc, bench="thread_per_actor", side="threads"):
+        out.append(
+            _figure(
+                "throughput",
+                f"mock x{row['sessions']}: pooled / thread-per-actor turns/s",
+                f"{row['pooled_vs_threads']:.2f} ({row['dispatcher_threads']:,} threads)",
+                "-",
+                None,
+            )
+        )
+    for row in _rows(doc, bench="fanout"):
+        if row.get("subscribers"):
+            out.append(
+                _figure(
+                    "throughput",
+                    f"fan-out to {row['subscribers']:,} subscribers: deliveries/s; turns/s kept",
+                    f"{row['deliveries_per_s']:,}; {row['vs_no_subscribers']:.2f}",
+                    "-",
+                    None,
+                )
+            )
+    return out
+
+
+def _met_flags(bench: str, doc: dict[str, Any]) -> Summary:
+    """The ``meta.met`` flags a benchmark reports, with the measured value when ``meta.targets`` has it."""
+    meta = doc["meta"]
+    targets = meta.get("targets", {})
+    out: Summary = []
+    for key, ok in meta.get("met", {}).items():
+        spec = next((v for k, v in targets.items() if k.startswith(key) or key.startswith(k)), None)
+        measured = spec.get("measured") if isinstance(spec, dict) else None
+        target = spec.get("target") if isinstance(spec, dict) else None
+        if isinstance(measured, dict):
+            measured = ", ".join(f"{k} {v:,}" for k, v in measured.items())
+        out.append(_figure(bench, key, measured, "-" if target is None else f"{target:,}", ok))
+    return out
+
+
+def _actors(doc: dict[str, Any]) -> Summary:
+    out = _met_flags("actors", doc)
+    for row in doc["rows"]:
+        if row.get("kind") == "pooled" and "vs_threading" in row:
+            out.append(
+                _figure(
+                    "actors",
+                    f"{row['bench']} n={row['n']:,}: pooled / ThreadingActor",
+                    row["vs_threading"],
+                    "-",
+                    None,
+                )
+            )
+    return out
+
+
+def _tokens(doc: dict[str, Any]) -> Summary:
+    meta = doc["meta"]
+    ratio, target = meta["ratio_10k_vs_10"], meta.get("target_ratio", 1.2)
+    return [
+        _figure(
+            "tokens",
+            "estimate per turn, 10,000 vs 10 messages",
+            f"{ratio:.2f}x",
+            f"<= {target}x",
+            ratio <= target,
+        )
+    ]
+
+
+def _compaction(doc: dict[str, Any]) -> Summary:
+    target = doc["meta"].get("target_ms", 50.0)
+    messages = doc["meta"].get("messages", 10_000)
+    return [
+        _figure(
+            "compaction",
+            f"{row['case']}, {messages:,} messages (ms)",
+            row["median_ms"],
+            f"<= {target:g}",
+            row["median_ms"] <= target,
+        )
+        for row in doc["rows"]
+        if not str(row["case"]).startswith("baseline")
+    ]
+
+
+def _store(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    for row in doc["rows"]:
+        if row["bench"] in ("reopen_10k", "turn_view") or row["case"].startswith("turn"):
+            out.append(
+                _figure(
+                    "store",
+                    f"{row['bench']}: {row['case']} ({row['unit']})",
+                    f"{row['value']:,} (x{row['ratio']} of baseline)",
+                    "-",
+                    None,
+                )
+            )
+    return out
+
+
+def _gateway(doc: dict[str, Any]) -> Summary:
+    meta = doc["meta"]
+    ratio, target = meta["ratio"], meta.get("target_ratio", 0.9)
+    return [
+        _figure("gateway", "gateway calls/s vs bare litellm", f"{ratio:.2f}", f">= {target}", ratio >= target)
+    ]
+
+
+BENCHES: tuple[Bench, ...] = (
+    Bench("sessions", ("--quick",), (), _sessions, "idle sessions per process: start time, RSS, files"),
+    Bench(
+        "throughput",
+        ("--quick",),
+        (),
+        _throughput,
+        "turns/s against bare litellm; thread per actor; fan-out during the turns",
+    ),
+    Bench("actors", ("--quick",), (), _actors, "pooled actors against ThreadingActor; bus fan-out"),
+    Bench("tokens", ("--quick",), (), _tokens, "token accounting per turn against history length"),
+    Bench("compaction", ("--repeat", "5"), (), _compaction, "compaction of 10,000 messages, every mode"),
+    Bench("store", ("--quick",), (), _store, "appends, reopen, per-turn view"),
+    Bench("gateway", ("--calls", "20", "--rounds", "2"), (), _gateway, "the gateway against bare litellm"),
+)
+
+
+def _run(bench: Bench, quick: bool) -> tuple[int, float]:
+    args = bench.quick if quick else bench.full
+    command = [sys.executable, "-m", bench.module, *args]
+    print(
+        f"\n== {bench.name}: {bench.about}\n$ python -m {bench.module} {' '.join(args)}".rstrip(), flush=True
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    began = time.perf_counter()
+    code = subprocess.call(command, cwd=ROOT, env=env)
+    return code, time.perf_counter() - began
+
+
+def _read(name: str, since: float) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    try:
+        if path.stat().st_mtime < since:
+            return None  # left from an earlier run: this one wrote nothing
+        document: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return document
+
+
+def _select(names: str | None) -> set[str]:
+    chosen = {n.strip() for n in (names or "").split(",") if n.strip()}
+    unknown = chosen - {b.name for b in BENCHES}
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s): {', '.join(sorted(unknown))} (see --list)")
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the selected benchmarks; 0 when every one ran and wrote its results, 1 otherwise."""
+    parser = argparse.ArgumentParser(
+        prog="agentcell bench", description="Run the benchmarks and summarize them against SPEC 8."
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: under 2 minutes on 2 cores")
+    parser.add_argument("--only", default=None, help="comma-separated benchmarks to run")
+    parser.add_argument("--skip", default=None, help="comma-separated benchmarks to leave out")
+    parser.add_argument("--no-chart", action="store_true", help="do not draw results/scale.png")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for bench in BENCHES:
+            print(f"{bench.name:12} {bench.about}")
+        return 0
+    only, skip = _select(args.only), _select(args.skip)
+    selected = [b for b in BENCHES if (not only or b.name in only) and b.name not in skip]
+
+    began = time.time()
+    summary: Summary = []
+    runs: list[dict[str, Any]] = []
+    for bench in selected:
+        started = time.time()
+        code, seconds = _run(bench, args.quick)
+        document = _read(bench.name, started)
+        runs.append({"benchmark": bench.name, "exit_code": code, "seconds": round(seconds, 1)})
+        if document is None:
+            summary.append(_figure(bench.name, f"no results (exit code {code})", None, "-", False))
+            continue
+        try:
+            summary.extend(bench.summarize(document))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            summary.append(_figure(bench.name, f"results unreadable ({exc!r})", None, "-", None))
+
+    chart = None
+    if not args.no_chart:
+        from benchmarks.bench_chart import draw
+
+        chart = draw()
+    elapsed = time.time() - began
+    print("\n== summary (SPEC 8 targets)")
+    meta = {
+        "quick": args.quick,
+        "seconds": round(elapsed, 1),
+        "runs": runs,
+        "chart": None if chart is None else str(chart.relative_to(ROOT)),
+        "command": "python -m benchmarks" + (" --quick" if args.quick else ""),
+    }
+    write_results("summary", summary, meta)
+    print(format_table(runs))
+    if chart is not None:
+        print(f"chart: {chart}")
+    missed = [f"{s['benchmark']}: {s['figure']}" for s in summary if s["met"] is False]
+    print(f"\n{len(selected)} benchmarks in {elapsed:.0f} s; targets missed: {len(missed)}")
+    for line in missed:
+        print(f"  - {line}")
+    failed = [s for s in summary if str(s["figure"]).startswith("no results")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
