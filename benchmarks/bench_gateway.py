@@ -155,9 +155,9 @@ def _write(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--calls", type=int, default=200, help="calls per side and round (default 200)")
+    parser.add_argument("--calls", type=int, default=100, help="calls per side and round (default 100)")
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight (default 16)")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds (default 8)")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds (default 12)")
     parser.add_argument("--quick", action="store_true", help="60 calls, 4 rounds")
     args = parser.parse_args(argv)
     calls, rounds = (60, 4) if args.quick else (args.calls, args.rounds)

@@ -76,6 +76,7 @@ class IoLoop:
 
     def __init__(self, name: str = "agentcell-io") -> None:
         self._loop = asyncio.new_event_loop()
+        self._stopping: asyncio.Future[None] = self._loop.create_future()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -85,9 +86,19 @@ class IoLoop:
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(self._ready.set)
         try:
-            self._loop.run_forever()
+            self._loop.run_until_complete(self._root())
         finally:
             self._shutdown()
+
+    async def _root(self) -> None:
+        # The loop runs one long-lived root task (run_until_complete) rather than run_forever(): anyio, which
+        # litellm's HTTP stack uses, ties its worker threads to the root task. Without one it takes each
+        # call's own task as the root and starts (and stops) a thread per call: milliseconds each.
+        await self._stopping
+
+    def _request_stop(self) -> None:
+        if not self._stopping.done():
+            self._stopping.set_result(None)
 
     def _shutdown(self) -> None:
         tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
@@ -124,7 +135,7 @@ class IoLoop:
         if self._loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.call_soon_threadsafe(self._request_stop)
         if not self.in_loop_thread():
             self._thread.join(timeout)
 
@@ -436,10 +447,25 @@ def normalize_usage(raw: Any, *, cost: float | None = None) -> Usage:
 
 
 def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` or ``obj.key``, None when absent.
+
+    litellm's response objects are pydantic models whose optional fields (``reasoning_content``, ...) are
+    often simply absent, and a missing attribute costs a raised and caught ``AttributeError`` inside
+    pydantic. Dozens of such lookups per streamed call add up, so the instance dictionaries are read first.
+    """
     if obj is None:
         return None
     if isinstance(obj, Mapping):
         return obj.get(key)
+    values = getattr(obj, "__dict__", None)
+    if values is not None and key in values:
+        return values[key]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        if key in extra:
+            return extra[key]
+        if key not in getattr(type(obj), "model_fields", ()):
+            return None
     return getattr(obj, key, None)
 
 
@@ -958,6 +984,7 @@ class Gateway:
             return message_from_response(response, model=model, usage=usage)
         assembler = StreamAssembler()
         on_delta = call.on_delta
+        finished = False
         try:
             async for chunk in response:
                 call.activity()
@@ -965,9 +992,11 @@ class Gateway:
                 if on_delta is not None:
                     for delta in deltas:
                         _safely(on_delta, delta)
+            finished = True
         finally:
+            # A stream abandoned midway (error, cancel) must give its connection back to the pool.
             aclose: Callable[[], Awaitable[object]] | None = getattr(response, "aclose", None)
-            if aclose is not None:
+            if not finished and aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
         usage = normalize_usage(assembler.usage, cost=self._cost(litellm, model, assembler.usage))

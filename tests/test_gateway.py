@@ -319,7 +319,7 @@ def test_a_hung_provider_times_out_and_the_timeout_is_retried(
     provider.add_script("hung", [Turn(text="awake")])
     provider.inject_fault("hang")
     rec = Recorder()
-    rec.start(gateway, request(provider, "hung", [m.user("hi")], timeout=0.3))
+    rec.start(gateway, request(provider, "hung", [m.user("hi")], timeout=1.0))
     result = rec.result()
     assert result.message is not None and result.message.text == "awake"
     assert [r.kind for r in rec.retries] == ["timeout"]
