@@ -1,13 +1,14 @@
-"""``agentcell chat``: an interactive session with any litellm model (SPEC 7.1).
+"""``agentcell chat``: an interactive session with any litellm model, or the built-in local provider
+(SPEC 7.1).
 
-Replies stream as they arrive. Ctrl-C during a turn aborts the turn (the session stays usable); Ctrl-C
-or Ctrl-D at the prompt leaves. Commands: ``/compact [focus]``, ``/context``, ``/sessions``,
-``/branch [n]``, ``/help``, ``/quit``.
+Replies stream as they arrive, with the tool calls the agent makes in the current directory. Ctrl-C
+during a turn aborts the turn (the session stays usable); at the prompt it only clears the line. Ctrl-D
+or ``/quit`` leaves. Commands: ``/compact [focus]``, ``/context``, ``/sessions``, ``/branch [n]``,
+``/help``, ``/quit``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -17,85 +18,122 @@ from typing import Any, TextIO
 from runtime import events as ev
 
 HELP = """commands:
-  /compact [focus]  compact the conversation now, optionally focusing the summary
-  /context          the context window: a bar and the breakdown
-  /sessions         stored sessions
-  /branch [n]       list your messages; /branch n continues from before message n
+  /compact [focus]  compact the conversation now, optionally telling the summary what to focus on
+  /context          how full the context window is: a bar and the breakdown
+  /sessions         the stored sessions (* marks this one)
+  /branch [n]       list your messages; /branch n continues the conversation from just before message n
   /help             this text
-  /quit             leave (Ctrl-D works too)"""
+  /quit             leave (Ctrl-D works too); Ctrl-C aborts a running turn"""
+
+LOCAL_MODEL = "openai/agentcell-local"
+"""The model name ``--local`` uses: the local provider's built-in policy answers it."""
 
 
 def context_bar(used: int, window: int, width: int = 40) -> str:
-    """``[#########.......]  12,345 / 128,000 tokens (10%)``."""
+    """``[#########...............] 12,345 / 128,000 tokens (10%)``."""
     frac = 0.0 if window <= 0 else min(1.0, max(0.0, used / window))
     filled = round(frac * width)
     return f"[{'#' * filled}{'.' * (width - filled)}] {used:,} / {window:,} tokens ({frac:.0%})"
 
 
 def format_stats(stats: Any) -> str:
-    """The SPEC 4.6 breakdown as aligned lines."""
+    """The SPEC 4.6 breakdown of a :class:`~runtime.context.estimate.ContextStats`: a bar, then one
+    aligned line per figure saying whether it is actual, estimated, back-calculated or configured."""
+    sources: dict[str, str] = stats.sources
 
-    def label(actual: bool) -> str:
-        return "actual" if actual else "estimated"
+    def line(label: str, value: int, key: str | None = None) -> str:
+        source = f"  ({sources[key].replace('_', '-')})" if key is not None and key in sources else ""
+        return f"  {label:<20}{value:>10,}{source}"
 
     lines = [
         context_bar(stats.total, stats.window),
-        f"  total            {stats.total:>10,}  ({label(not stats.estimated)})",
-        f"  system prompt    {stats.system_prompt:>10,}  (estimated)",
-        f"  tools            {stats.tools:>10,}  (estimated)",
-        f"  messages         {stats.messages:>10,}  (back-calculated)",
-        f"  reserve/output   {stats.reserve:>10,}",
-        f"  free             {stats.free:>10,}",
+        line("window", stats.window),
+        line("in context", stats.total, "total"),
+        line("  system prompt", stats.system_prompt, "system_prompt"),
+        line("  tools", stats.tools, "tools"),
+        line(f"  messages ({stats.message_count})", stats.messages, "messages"),
+        line("reserve for output", stats.reserve, "reserve"),
+        line("free", stats.free),
     ]
     if stats.compaction_threshold is not None:
-        lines.append(f"  compacts at      {stats.compaction_threshold:>10,}")
+        lines.append(line("compacts at", stats.compaction_threshold, "compaction_threshold"))
+    if stats.last_input_tokens is not None:
+        lines.append(line("last prompt", stats.last_input_tokens, "last_input_tokens"))
     if stats.last_estimate_error is not None:
-        lines.append(f"  last estimate error {stats.last_estimate_error:+.1%}")
+        lines.append(f"  {'last estimate error':<20}{stats.last_estimate_error:>+10.1%}")
+    if stats.will_compact:
+        lines.append("  the next turn compacts first")
     if stats.messages_floored:
-        lines.append("  warning: the messages figure was negative and is shown as 0")
+        lines.append("  warning: the estimates of the other parts exceed the total; messages shown as 0")
     return "\n".join(lines)
 
 
 class ChatPrinter:
-    """Prints a session's events as a chat transcript (thread-safe; called from the bus)."""
+    """Prints one session's events as a chat transcript. A bus callback (it runs on the subscription's
+    thread): the REPL waits with :meth:`catch_up` until it has printed a turn's last event before it
+    shows the next prompt."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, *, color: bool = False) -> None:
         self.out = out
-        self._lock = threading.Lock()
+        self.color = color
+        self._cond = threading.Condition()
+        self._seen = 0
         self._in_text = False
 
     def __call__(self, event: ev.Event) -> None:
-        with self._lock:
+        with self._cond:
             self._print(event)
             self.out.flush()
+            self._seen = max(self._seen, event.seq)
+            self._cond.notify_all()
+
+    def catch_up(self, seq: int, timeout: float = 5.0) -> bool:
+        """Wait until the event numbered ``seq`` (and every one before it) has been printed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._seen >= seq, timeout)
+
+    def skip_to(self, seq: int) -> None:
+        """Events up to ``seq`` were published before the subscription: do not wait for them."""
+        with self._cond:
+            self._seen = max(self._seen, seq)
+
+    def _dim(self, text: str) -> str:
+        return f"\x1b[2m{text}\x1b[0m" if self.color else text
+
+    def _note(self, text: str) -> None:
+        self._newline()
+        self.out.write(self._dim(text) + "\n")
 
     def _print(self, event: ev.Event) -> None:
         match event:
             case ev.TextDelta(delta=delta):
                 self.out.write(delta)
                 self._in_text = True
-            case ev.ReasoningDelta(delta=delta):
-                self.out.write(f"\x1b[2m{delta}\x1b[0m" if self.out.isatty() else "")
+            case ev.ReasoningDelta(delta=delta) if self.color:
+                self.out.write(self._dim(delta))
+                self._in_text = True
             case ev.ToolExecutionStart(name=name, arguments=args):
-                self._newline()
-                self.out.write(f"  -> {name}({args[:120]})\n")
+                self._note(f"  -> {name}({args if len(args) <= 120 else args[:119] + '…'})")
             case ev.ToolExecutionEnd(name=name, is_error=is_error, duration=duration):
-                self.out.write(f"  <- {name} {'failed' if is_error else 'ok'} in {duration:.2f}s\n")
+                self._note(f"  <- {name} {'failed' if is_error else 'ok'} in {duration:.2f}s")
             case ev.CompactionStart(trigger=trigger, tokens_before=tokens):
-                self._newline()
-                self.out.write(f"  [compacting ({trigger}) at {tokens:,} tokens...]\n")
+                self._note(f"[compacting ({trigger}) at {tokens:,} tokens...]")
             case ev.CompactionEnd(tokens_before=before, tokens_after=after, messages_after=count):
-                self.out.write(f"  [compacted {before:,} -> {after:,} tokens, {count} messages kept]\n")
+                self._note(f"[compacted: {before:,} -> {after:,} tokens, {count} messages in context]")
             case ev.CompactionFailed(error=error):
-                self.out.write(f"  [compaction failed: {error}]\n")
-            case ev.ProviderRetry(attempt=attempt, delay=delay, error=error):
-                self.out.write(f"  [retry {attempt} in {delay:.1f}s: {error}]\n")
+                self._note(f"[compaction failed: {error}]")
+            case ev.ToolResultsArchived(archived=count):
+                self._note(f"[archived {count} old tool results]")
+            case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
+                self._note(f"[retry {attempt}/{most} in {delay:.1f}s: {error}]")
+            case ev.Error(code="aborted"):
+                pass  # agent_abort says it
             case ev.Error(message=message):
                 self._newline()
                 self.out.write(f"error: {message}\n")
-            case ev.AgentAbort():
-                self._newline()
-                self.out.write("[aborted]\n")
+            case ev.AgentAbort(repaired_calls=repaired):
+                extra = f" ({repaired} unfinished tool calls closed)" if repaired else ""
+                self._note(f"[aborted{extra}]")
             case ev.AgentEnd():
                 self._newline()
             case _:
@@ -110,122 +148,204 @@ class ChatPrinter:
 def run_chat(
     *,
     model: str | None,
-    session_id: str | None,
+    session_id: str | None = None,
     api_base: str | None = None,
     config_path: str | None = None,
+    sessions_dir: str | None = None,
     local: bool = False,
+    latency: float = 0.0,
     input_fn: Callable[[str], str] = input,
     out: TextIO | None = None,
 ) -> int:
-    from runtime.config import load_config
-    from runtime.host import Runtime
+    """Run the REPL until ``/quit`` or end of input; returns the exit status.
 
-    out = out or sys.stdout
-    cfg = load_config(config_path)
+    ``local`` (or no ``model`` and no ``api_base``) starts the built-in local provider and talks to it
+    (``latency`` seconds before each of its replies). The API key comes from ``AGENTCELL_API_KEY`` or
+    the provider's usual environment variable (litellm reads it); it is never stored.
+    """
+    from runtime.config import ConfigError, load_config
+    from runtime.host import Runtime, SessionNotFound
+    from runtime.ids import InvalidSessionId
+
+    out = out if out is not None else sys.stdout
+    try:
+        cfg = load_config(config_path)
+        if sessions_dir is not None:
+            cfg = cfg.with_overrides({"persistence.sessions_dir": sessions_dir})
+    except ConfigError as exc:
+        print(f"agentcell chat: {exc}", file=sys.stderr)
+        return 2
     provider = None
     if local or (model is None and api_base is None):
         from runtime.provider import LocalProvider
 
-        provider = LocalProvider().start()
+        provider = LocalProvider(latency=latency, chunk_delay=0.01 if out.isatty() else 0.0).start()
         api_base = provider.url
-        model = model or "openai/agentcell-local"
+        model = model or LOCAL_MODEL
     model = model or cfg.agent.model
-    api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider else None)
+    api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider is not None else None)
     try:
         with Runtime(cfg) as rt:
-            sid = _open_session(rt, session_id, model, api_base, api_key)
-            out.write(f"session {sid} · model {model} · /help for commands\n")
-            printer = ChatPrinter(out)
+            try:
+                sid, resumed = _open_session(rt, session_id, model, api_base, api_key)
+            except (InvalidSessionId, SessionNotFound, ValueError, OSError) as exc:
+                print(f"agentcell chat: {exc}", file=sys.stderr)
+                return 2
+            printer = ChatPrinter(out, color=out.isatty())
             with rt.subscribe(sid, callback=printer):
-                _loop(rt, sid, input_fn, out)
+                printer.skip_to(rt.bus.last_seq(sid))
+                verb = "resumed" if resumed else "new"
+                out.write(f"{verb} session {sid} · model {_session_model(rt, sid)} · /help for commands\n")
+                _Repl(rt, sid, printer, input_fn, out).run()
     finally:
         if provider is not None:
-            provider.stop()
+            _stop_quietly(provider)
     return 0
 
 
-def _open_session(rt: Any, session_id: str | None, model: str, api_base: str | None, api_key: str | None) -> str:
+def _stop_quietly(provider: Any) -> None:
+    """Stop the local provider. A reply still waiting out ``--latency`` for an aborted turn is cancelled
+    at shutdown, which uvicorn would log as an application error: expected here, so not shown."""
+    import logging
+
+    logger = logging.getLogger("uvicorn.error")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        provider.stop()
+    finally:
+        logger.setLevel(level)
+
+
+def _open_session(
+    rt: Any, session_id: str | None, model: str, api_base: str | None, api_key: str | None
+) -> tuple[str, bool]:
+    """Resume ``session_id`` if it is stored, else start it (or a new session) in the current directory."""
     if session_id is not None and rt.services.directory.exists(session_id):
-        return str(rt.resume_session(session_id, tools="builtin", api_key=api_key, api_base=api_base))
-    return str(
-        rt.start_session(session_id, model=model, tools="builtin", workspace=os.getcwd(), api_base=api_base, api_key=api_key)
+        sid = rt.resume_session(session_id, tools="builtin", api_key=api_key, api_base=api_base)
+        return str(sid), True
+    sid = rt.start_session(
+        session_id, model=model, tools="builtin", workspace=os.getcwd(), api_base=api_base, api_key=api_key
     )
+    return str(sid), False
 
 
-def _loop(rt: Any, sid: str, input_fn: Callable[[str], str], out: TextIO) -> None:
-    while True:
-        try:
-            line = input_fn("> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            out.write("\n")
-            return
-        if not line:
-            continue
-        if line.startswith("/"):
-            if not _command(rt, sid, line, out):
-                return
-            continue
-        handle = rt.prompt(sid, line)
+def _session_model(rt: Any, sid: str) -> str:
+    return str(rt._session(sid).spec.model)
+
+
+class _Repl:
+    """The read-eval-print loop of one session."""
+
+    def __init__(
+        self, rt: Any, sid: str, printer: ChatPrinter, input_fn: Callable[[str], str], out: TextIO
+    ) -> None:
+        self.rt = rt
+        self.sid = sid
+        self.printer = printer
+        self.input = input_fn
+        self.out = out
+
+    def run(self) -> None:
+        if self.input is input and sys.stdin.isatty():
+            try:
+                import readline  # noqa: F401  (line editing and history for input())
+            except ImportError:  # pragma: no cover - not every platform has it
+                pass
         while True:
             try:
-                result = handle.result(timeout=0.1)
+                line = self.input("> ").strip()
+            except EOFError:
+                self.out.write("\n")
+                return
+            except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
+                self.out.write("\n(Ctrl-C aborts a running turn; /quit or Ctrl-D leaves)\n")
+                continue
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return
+            else:
+                self.turn(line)
+            self.printer.catch_up(self.rt.bus.last_seq(self.sid))
+
+    def turn(self, text: str) -> None:
+        """Send one prompt and wait for its run to end; Ctrl-C aborts it."""
+        handle = self.rt.prompt(self.sid, text)
+        while True:
+            try:
+                result = handle.result(timeout=0.2)
                 break
             except TimeoutError:
                 continue
             except KeyboardInterrupt:
-                rt.abort(sid).result(timeout=10)
-                continue
-        if result.status == "ok" and result.message is not None and not result.message.text:
-            out.write("(no text)\n")
+                try:
+                    self.rt.abort(self.sid).result(timeout=10)
+                except (KeyboardInterrupt, TimeoutError):
+                    pass
+        if result.status == "ok" and not result.text and result.message is not None:
+            self.out.write("(no text in the reply)\n")
 
+    def command(self, line: str) -> bool:
+        """Run a slash command; returns False when the REPL should end."""
+        from runtime.host import SessionNotFound
 
-def _command(rt: Any, sid: str, line: str, out: TextIO) -> bool:
-    name, _, arg = line.partition(" ")
-    arg = arg.strip()
-    try:
-        if name in ("/quit", "/exit"):
-            return False
-        if name == "/help":
-            out.write(HELP + "\n")
-        elif name == "/compact":
-            result = rt.compact(sid, instructions=arg or None).result(timeout=600)
-            if not result.compacted:
-                out.write(f"not compacted: {result.reason}\n")
-        elif name == "/context":
-            out.write(format_stats(rt.context_stats(sid)) + "\n")
-        elif name == "/sessions":
-            for info in rt.list_sessions():
-                mark = "*" if info.id == sid else " "
-                out.write(f"{mark} {info.id}  {info.messages:>5} messages  {info.model}\n")
-        elif name == "/branch":
-            _branch(rt, sid, arg, out)
-        else:
-            out.write(f"unknown command {name}; /help lists them\n")
-    except (ValueError, KeyError, TimeoutError) as exc:
-        out.write(f"error: {exc}\n")
-    return True
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        try:
+            if name in ("/quit", "/exit"):
+                return False
+            if name == "/help":
+                self.out.write(HELP + "\n")
+            elif name == "/compact":
+                self.compact(arg or None)
+            elif name == "/context":
+                self.out.write(format_stats(self.rt.context_stats(self.sid)) + "\n")
+            elif name == "/sessions":
+                self.sessions()
+            elif name == "/branch":
+                self.branch(arg)
+            else:
+                self.out.write(f"unknown command {name}; /help lists them\n")
+        except KeyboardInterrupt:
+            self.out.write("\n(interrupted)\n")
+        except (ValueError, SessionNotFound, TimeoutError, OSError) as exc:
+            self.out.write(f"error: {exc}\n")
+        return True
 
+    def compact(self, focus: str | None) -> None:
+        result = self.rt.compact(self.sid, instructions=focus).result(timeout=600)
+        self.printer.catch_up(self.rt.bus.last_seq(self.sid))
+        if not result.compacted:
+            self.out.write(f"not compacted: {result.reason}\n")
 
-def _branch(rt: Any, sid: str, arg: str, out: TextIO) -> None:
-    prompts = [m for m in rt.messages(sid) if m.role == "user" and m.kind is None]
-    if not arg:
-        for n, msg in enumerate(prompts, 1):
-            out.write(f"  {n}. {msg.text[:70]}\n")
-        out.write("/branch n continues from just before message n\n")
-        return
-    with contextlib.suppress(ValueError):
-        n = int(arg)
-        if 1 <= n <= len(prompts):
-            parent = _parent_of(rt, sid, prompts[n - 1].id)
-            rt.branch(sid, parent)
-            out.write(f"branched: the next message continues from before message {n}\n")
+    def sessions(self) -> None:
+        import time
+
+        infos = self.rt.list_sessions()
+        for info in infos:
+            mark = "*" if info.id == self.sid else " "
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.updated_at))
+            self.out.write(f"{mark} {info.id:<28} {when}  {info.messages:>5} messages  {info.model or '?'}\n")
+
+    def branch(self, arg: str) -> None:
+        history = self.rt.messages(self.sid)
+        prompts = [(i, m) for i, m in enumerate(history) if m.role == "user" and m.kind is None]
+        if not arg:
+            if not prompts:
+                self.out.write("no messages yet\n")
+                return
+            for n, (_, message) in enumerate(prompts, 1):
+                text = " ".join(message.text.split())
+                self.out.write(f"  {n}. {text if len(text) <= 70 else text[:69] + '…'}\n")
+            self.out.write("/branch n continues from just before message n (the old branch is kept)\n")
             return
-    out.write(f"no message {arg}; /branch lists them\n")
-
-
-def _parent_of(rt: Any, sid: str, message_id: str) -> str | None:
-    history = rt.messages(sid)
-    for prev, msg in zip([None, *history], history, strict=False):
-        if msg.id == message_id:
-            return prev.id if prev is not None else None
-    return None
+        if not arg.isdigit() or not 1 <= int(arg) <= len(prompts):
+            self.out.write(f"no message {arg}; /branch lists them\n")
+            return
+        n = int(arg)
+        index, _ = prompts[n - 1]
+        parent = history[index - 1].id if index > 0 else None
+        self.rt.branch(self.sid, parent)
+        self.out.write(f"branched: your next message replaces message {n} and what followed it\n")

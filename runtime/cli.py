@@ -1,7 +1,7 @@
-"""The ``agentcell`` command line (SPEC 7.1).
+"""The ``agentcell`` command line (SPEC 7.1): ``demo``, ``chat``, ``sessions``, ``serve``, ``provider``, ``bench``.
 
-Only argparse is imported up front so that ``--help`` answers at once; each command imports what it needs
-(litellm, uvicorn, rich) when it runs.
+Only argparse is imported up front, so that ``--help`` answers at once; each command imports what it
+needs (litellm, uvicorn, rich) when it runs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         session_id=args.session,
         api_base=args.api_base,
         config_path=args.config,
+        sessions_dir=args.dir,
         local=args.local,
+        latency=args.latency,
     )
 
 
@@ -40,7 +42,9 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from runtime.server import run_server
 
-    return run_server(host=args.host, port=args.port, token=args.token, config_path=args.config)
+    return run_server(
+        host=args.host, port=args.port, token=args.token, config_path=args.config, sessions_dir=args.dir
+    )
 
 
 def _cmd_provider(args: argparse.Namespace) -> int:
@@ -50,9 +54,25 @@ def _cmd_provider(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmarks.__main__ import main as bench_main
+    try:
+        from benchmarks.__main__ import main as bench_main
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", "benchmarks.__main__"):
+            raise
+        print(
+            "agentcell bench: the benchmark runner is not available here; "
+            "run a benchmark directly, e.g. python -m benchmarks.bench_tokens",
+            file=sys.stderr,
+        )
+        return 2
+    return int(bench_main(args.bench_args) or 0)
 
-    return bench_main(args.bench_args)
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,31 +83,67 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="agentcell 0.1.0")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run sessions against the built-in local provider (offline)")
-    demo.add_argument("--sessions", type=int, default=3, help="concurrent sessions (default 3)")
-    demo.add_argument("--window", type=int, default=6_000, help="context window of the demo model")
-    demo.add_argument("--plain", action="store_true", help="plain text output instead of a live display")
+    demo = sub.add_parser(
+        "demo",
+        help="run concurrent sessions against the built-in local provider (offline, no API key)",
+        description="Run a coding task in several concurrent sessions against the built-in local provider: "
+        "tool calls, usage, an automatic compaction and an overflow recovery, shown live.",
+    )
+    demo.add_argument(
+        "--sessions", type=_positive, default=3, help="concurrent sessions, at least 2 (default 3)"
+    )
+    demo.add_argument(
+        "--window", type=_positive, default=6_000, help="context window of the demo model (default 6000)"
+    )
+    demo.add_argument("--plain", action="store_true", help="plain lines instead of a live display")
     demo.set_defaults(handler=_cmd_demo)
 
-    chat = sub.add_parser("chat", help="an interactive session with any litellm model")
-    chat.add_argument("--model", default=None, help="litellm model name, e.g. openai/gpt-4o")
-    chat.add_argument("--session", default=None, help="resume or create this session id")
+    chat = sub.add_parser(
+        "chat",
+        help="an interactive session with any litellm model",
+        description="Chat with a model; the agent can read and edit files in the current directory. "
+        "Commands: /compact [focus], /context, /sessions, /branch [n], /help, /quit. "
+        "Ctrl-C aborts a running turn.",
+    )
+    chat.add_argument("--model", default=None, help="litellm model name, e.g. openai/gpt-4o-mini")
+    chat.add_argument("--session", default=None, help="resume this stored session, or start it with this id")
     chat.add_argument("--api-base", default=None, help="provider base URL")
-    chat.add_argument("--local", action="store_true", help="start and use the built-in local provider")
+    chat.add_argument(
+        "--local",
+        action="store_true",
+        help="start and use the built-in local provider (the default without --model)",
+    )
+    chat.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="with --local: seconds the provider waits before each reply",
+    )
+    chat.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     chat.add_argument("--config", default=None, help="TOML config file")
     chat.set_defaults(handler=_cmd_chat)
 
-    sessions = sub.add_parser("sessions", help="list, show or delete stored sessions")
+    sessions = sub.add_parser(
+        "sessions",
+        help="list, show or delete stored sessions",
+        description="List the stored sessions, show one's conversation, or delete one with all its files.",
+    )
     sessions.add_argument("action", nargs="?", choices=["list", "show", "delete"], default="list")
     sessions.add_argument("id", nargs="?", default=None, help="session id (show, delete)")
-    sessions.add_argument("--dir", default=None, help="sessions directory")
+    sessions.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     sessions.add_argument("--config", default=None, help="TOML config file")
     sessions.set_defaults(handler=_cmd_sessions)
 
-    serve = sub.add_parser("serve", help="serve the HTTP API and Server-Sent Events")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the HTTP API and Server-Sent Events",
+        description="Serve sessions over HTTP (create, list, prompt, abort, compact, context, delete) and their "
+        "events as Server-Sent Events. Every request needs the bearer token.",
+    )
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
-    serve.add_argument("--token", default=None, help="bearer token (generated when not set)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8765; 0 = any free port)")
+    serve.add_argument("--token", default=None, help="bearer token (default: server.token, else generated)")
+    serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")
     serve.set_defaults(handler=_cmd_serve)
 
@@ -102,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: parse ``argv`` and run the command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)

@@ -1,208 +1,376 @@
-"""``agentcell serve``: the HTTP API and Server-Sent Events (SPEC 7.2).
+"""``agentcell serve``: the Runtime over HTTP, and its events as Server-Sent Events (SPEC 7.2).
 
-Every request needs ``Authorization: Bearer <token>``. Binds 127.0.0.1 unless told otherwise.
+Every request needs ``Authorization: Bearer <token>``. The server binds 127.0.0.1 unless told otherwise.
+Bodies are JSON objects; unknown fields, wrong types and malformed JSON are answered with 400 and a
+message naming the problem; an unknown session with 404; errors always as ``{"error": "..."}``.
 
-    POST   /sessions                      {"model", "system_prompt", "session_id", "tools", "config", "api_base"}
-    GET    /sessions                      stored sessions
-    GET    /sessions/{id}                 one session: model, window, usage
-    DELETE /sessions/{id}
-    POST   /sessions/{id}/resume
-    POST   /sessions/{id}/prompt          {"text", "wait": false}  → 202 {"prompt_id"} or 200 the result
-    POST   /sessions/{id}/abort
-    POST   /sessions/{id}/compact         {"keep_recent_tokens", "instructions"}
-    GET    /sessions/{id}/context         the SPEC 4.6 breakdown
-    GET    /sessions/{id}/messages?view=user|model
-    GET    /events?session=a,b&type=x,y   Server-Sent Events; ``Last-Event-ID: <session>:<seq>`` resumes
-                                          from the session's transcript
+    POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
+                                          "workspace", "config", "api_base", "api_key"} → 201
+    GET    /sessions                     the stored sessions, newest first
+    GET    /sessions/{id}                one session: model, window, usage totals
+    DELETE /sessions/{id}                stop it and delete its files
+    POST   /sessions/{id}/resume         {"api_key", "api_base", "tools", "workspace"}: host a stored
+                                         session (any other call resumes it too, without a key)
+    POST   /sessions/{id}/prompt         {"text", "images", "wait": false} → 202 {"prompt_id"},
+                                         or with "wait": true → 200 the turn's result
+    POST   /sessions/{id}/abort          → {"aborted": true|false}
+    POST   /sessions/{id}/compact        {"keep_recent_tokens", "instructions"} → what it did
+    GET    /sessions/{id}/context        the context breakdown of SPEC 4.6
+    GET    /sessions/{id}/messages       ?view=user|model
+    POST   /sessions/{id}/branch         {"leaf_id": "<message id>" | null}
+    POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
+    GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
+
+A stored session that this server does not host yet is resumed on first use. Each SSE event carries
+``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
+every session of the stream (``a:12,b:7``). Reconnecting with it in ``Last-Event-ID`` (or the
+``last_event_id`` query parameter) first replays, from each session's transcript, what came after it.
+In a stream of all sessions (no ``session`` filter) the cursor covers the sessions the stream has
+delivered events of.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
-import json
+import logging
 import secrets
+import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from runtime import events as ev
 from runtime.config import ConfigError
-from runtime.host import Runtime, SessionNotFound
+from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 
-JSON = dict[str, Any]
+log = logging.getLogger("agentcell.server")
+
 HEARTBEAT_SECONDS = 15.0
+"""An SSE comment is sent after this long without events, so proxies and clients keep the stream."""
+
+
+# -- request bodies ---------------------------------------------------------------------------------------
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class CreateSession(_Body, frozen=True):
+    session_id: str | None = None
+    model: str | None = None
+    system_prompt: str = ""
+    tools: Literal["builtin"] | list[str] | None = None
+    workspace: str | None = None
+    config: dict[str, Any] | None = None
+    api_base: str | None = None
+    api_key: str | None = None
+
+
+class PromptBody(_Body, frozen=True):
+    text: str
+    images: list[str] = msgspec.field(default_factory=list)
+    wait: bool = False
+
+
+class CompactBody(_Body, frozen=True):
+    keep_recent_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    instructions: str | None = None
+
+
+class ResumeBody(_Body, frozen=True):
+    api_key: str | None = None
+    api_base: str | None = None
+    tools: Literal["builtin"] | list[str] | None = None
+    workspace: str | None = None
+
+
+class BranchBody(_Body, frozen=True):
+    leaf_id: str | None
+
+
+class ModelBody(_Body, frozen=True):
+    model: str
 
 
 class HttpError(Exception):
+    """An error answered as ``{"error": message}`` with ``status``."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
 
 
-def create_app(runtime: Runtime, token: str) -> Any:
-    """The Starlette application serving ``runtime``; every route requires ``token``."""
+def _decode(raw: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(raw or b"{}", type=kind)
+    except msgspec.ValidationError as exc:
+        raise HttpError(400, f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+# -- SSE cursors ------------------------------------------------------------------------------------------
+
+
+def parse_cursor(value: str) -> dict[str, int]:
+    """``"a:12,b:7"`` → ``{"a": 12, "b": 7}``; raises :class:`HttpError` (400) for anything else."""
+    cursor: dict[str, int] = {}
+    for part in value.split(","):
+        session_id, _, seq = part.strip().rpartition(":")
+        try:
+            cursor[validate_session_id(session_id)] = int(seq)
+        except (InvalidSessionId, ValueError):
+            raise HttpError(
+                400, "Last-Event-ID must look like '<session id>:<seq>[,<session id>:<seq>...]'"
+            ) from None
+        if cursor[session_id] < 0:
+            raise HttpError(400, "Last-Event-ID: a seq is never negative")
+    return cursor
+
+
+def format_cursor(cursor: dict[str, int]) -> str:
+    return ",".join(f"{sid}:{seq}" for sid, seq in cursor.items())
+
+
+def _frame(event: ev.Event, cursor: dict[str, int]) -> bytes:
+    data = ev.encode_event(event).decode()
+    return f"id: {format_cursor(cursor)}\nevent: {event.type}\ndata: {data}\n\n".encode()
+
+
+async def _event_stream(
+    subscription: Any,
+    backlog: list[ev.Event],
+    cursor: dict[str, int],
+    stopping: Callable[[], bool],
+) -> AsyncIterator[bytes]:
+    """The SSE body: the replayed backlog, then live events not already sent, with keep-alives."""
+    try:
+        yield (f"id: {format_cursor(cursor)}\n" if cursor else "").encode() + b": connected\n\n"
+        for event in backlog:
+            cursor[event.session_id] = event.seq
+            yield _frame(event, cursor)
+        iterator = subscription.__aiter__()
+        idle = 0.0
+        while not stopping():
+            try:
+                event = await asyncio.wait_for(iterator.__anext__(), 1.0)
+            except TimeoutError:
+                idle += 1.0
+                if idle >= HEARTBEAT_SECONDS:
+                    idle = 0.0
+                    yield b": keep-alive\n\n"
+                continue
+            except StopAsyncIteration:
+                return
+            idle = 0.0
+            if event.seq and event.seq <= cursor.get(event.session_id, 0):
+                continue  # replayed from the transcript already
+            if event.seq:
+                cursor[event.session_id] = event.seq
+            yield _frame(event, cursor)
+    finally:
+        subscription.close()
+
+
+# -- the application --------------------------------------------------------------------------------------
+
+
+def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | None = None) -> Any:
+    """The Starlette application serving ``runtime``; every route requires ``token``.
+
+    ``stopping`` tells open event streams to end (the server is shutting down).
+    """
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    expected = f"Bearer {token}".encode()
+    if not token:
+        raise ValueError("the server needs a bearer token")
+    is_stopping = stopping or (lambda: False)
+    Handler = Callable[[Request], Awaitable[Any]]
 
-    def authorized(request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(given, expected)
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
 
-    def endpoint(fn: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
+    def endpoint(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
-            if not authorized(request):
-                return JSONResponse(
-                    {"error": "missing or wrong bearer token"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
             try:
                 result = await fn(request)
             except HttpError as exc:
-                return JSONResponse({"error": exc.message}, status_code=exc.status)
-            except (SessionNotFound, FileNotFoundError) as exc:
-                return JSONResponse({"error": str(exc)}, status_code=404)
-            except (InvalidSessionId, ConfigError, ValueError, TypeError) as exc:
-                return JSONResponse({"error": str(exc)}, status_code=400)
+                return error(exc.status, exc.message)
+            except SessionNotFound as exc:
+                return error(404, str(exc))
+            except (InvalidSessionId, ConfigError) as exc:
+                return error(400, str(exc))
+            except RuntimeStopped as exc:
+                return error(503, str(exc))
             except TimeoutError as exc:
-                return JSONResponse({"error": str(exc)}, status_code=504)
+                return error(504, str(exc) or "timed out")
+            except Exception as exc:
+                from runtime.store.sessions import SessionLockedError
+
+                if isinstance(exc, SessionLockedError):
+                    return error(409, str(exc))
+                if isinstance(exc, ValueError):
+                    return error(400, str(exc))
+                log.exception("%s %s failed", request.method, request.url.path)
+                return error(500, f"internal error: {type(exc).__name__}: {exc}")
             if isinstance(result, Response):
                 return result
             return Response(msgspec.json.encode(result), media_type="application/json")
 
         return wrapped
 
-    async def body(request: Request) -> JSON:
-        raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise HttpError(400, "request body must be a JSON object")
-        return data
-
-    def sid(request: Request) -> str:
-        return validate_session_id(request.path_params["session_id"])
-
-    def hosted(session_id: str) -> str:
-        if session_id not in runtime.hosted_sessions():
-            if runtime.services.directory.exists(session_id):
-                runtime.resume_session(session_id)
-            else:
-                raise SessionNotFound(f"no session {session_id!r}")
+    async def hosted(request: Request) -> str:
+        """The path's session id, hosted by this runtime (a stored one is resumed); else 404."""
+        session_id = validate_session_id(request.path_params["session_id"])
+        if session_id in runtime.hosted_sessions():
+            return session_id
+        if not runtime.services.directory.exists(session_id):
+            raise SessionNotFound(f"no session {session_id!r}")
+        await asyncio.to_thread(runtime.resume_session, session_id)
         return session_id
 
-    def field(data: JSON, name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        value = data.get(name, default)
-        if value is not None and not isinstance(value, kind):
-            expected_name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise HttpError(400, f"field {name!r} must be {expected_name}")
-        return value
-
     async def create_session(request: Request) -> Response:
-        data = await body(request)
+        body: CreateSession = _decode(await request.body(), CreateSession)
+        if body.session_id is not None:
+            validate_session_id(body.session_id)
+            if body.session_id in runtime.hosted_sessions() or runtime.services.directory.exists(
+                body.session_id
+            ):
+                raise HttpError(409, f"session {body.session_id!r} already exists")
         new = await asyncio.to_thread(
             runtime.start_session,
-            field(data, "session_id", str),
-            model=field(data, "model", str),
-            system_prompt=field(data, "system_prompt", str, ""),
-            tools=field(data, "tools", (str, list)),
-            workspace=field(data, "workspace", str),
-            config=field(data, "config", dict),
-            api_base=field(data, "api_base", str),
+            body.session_id,
+            model=body.model,
+            system_prompt=body.system_prompt,
+            tools=_tools(body.tools, runtime),
+            workspace=body.workspace,
+            config=body.config,
+            api_base=body.api_base,
+            api_key=body.api_key,
         )
-        return JSONResponse({"id": new}, status_code=201)
+        session = runtime._session(new)
+        payload = {"id": new, "model": session.spec.model, "context_window": session.context_window}
+        return JSONResponse(payload, status_code=201)
 
     async def list_sessions(request: Request) -> Any:
-        return [msgspec.to_builtins(i) for i in await asyncio.to_thread(runtime.list_sessions)]
+        hosted_ids = set(runtime.hosted_sessions())
+        infos = await asyncio.to_thread(runtime.list_sessions)
+        return {"sessions": [{**msgspec.to_builtins(i), "hosted": i.id in hosted_ids} for i in infos]}
 
     async def get_session(request: Request) -> Any:
-        session_id = hosted(sid(request))
+        session_id = await hosted(request)
         usage = await asyncio.to_thread(runtime.usage, session_id)
         session = runtime._session(session_id)
         return {
             "id": session_id,
             "model": session.spec.model,
             "context_window": session.context_window,
+            "running": session.running,
             "usage": msgspec.to_builtins(usage),
         }
 
     async def delete_session(request: Request) -> Any:
-        session_id = sid(request)
+        session_id = validate_session_id(request.path_params["session_id"])
         await asyncio.to_thread(runtime.delete_session, session_id)
         return {"deleted": session_id}
 
     async def resume(request: Request) -> Any:
-        return {"id": await asyncio.to_thread(runtime.resume_session, sid(request))}
+        session_id = validate_session_id(request.path_params["session_id"])
+        body: ResumeBody = _decode(await request.body(), ResumeBody)
+        if session_id in runtime.hosted_sessions():
+            raise HttpError(409, f"session {session_id!r} is already running")
+        await asyncio.to_thread(
+            runtime.resume_session,
+            session_id,
+            tools=_tools(body.tools, runtime),
+            workspace=body.workspace,
+            api_key=body.api_key,
+            api_base=body.api_base,
+        )
+        session = runtime._session(session_id)
+        return {"id": session_id, "model": session.spec.model, "context_window": session.context_window}
 
     async def prompt(request: Request) -> Any:
-        session_id = hosted(sid(request))
-        data = await body(request)
-        text = field(data, "text", str)
-        if not text:
-            raise HttpError(400, "field 'text' is required")
-        handle = runtime.prompt(session_id, text)
-        if not field(data, "wait", bool, False):
+        session_id = await hosted(request)
+        body: PromptBody = _decode(await request.body(), PromptBody)
+        if not body.text.strip():
+            raise HttpError(400, "field 'text' must not be empty")
+        handle = runtime.prompt(session_id, body.text, images=body.images)
+        if not body.wait:
             return JSONResponse({"prompt_id": handle.id}, status_code=202)
-        result = await handle
-        return msgspec.to_builtins(result)
+        return msgspec.to_builtins(await handle)
 
     async def abort(request: Request) -> Any:
-        aborted = await runtime.abort(hosted(sid(request)))
-        return {"aborted": aborted}
+        return {"aborted": await runtime.abort(await hosted(request))}
 
     async def compact(request: Request) -> Any:
-        session_id = hosted(sid(request))
-        data = await body(request)
-        result = await runtime.compact(
-            session_id,
-            keep_recent_tokens=field(data, "keep_recent_tokens", int),
-            instructions=field(data, "instructions", str),
+        session_id = await hosted(request)
+        body: CompactBody = _decode(await request.body(), CompactBody)
+        handle = runtime.compact(
+            session_id, keep_recent_tokens=body.keep_recent_tokens, instructions=body.instructions
         )
-        return msgspec.to_builtins(result)
+        return msgspec.to_builtins(await handle)
 
     async def context(request: Request) -> Any:
-        stats = await asyncio.to_thread(runtime.context_stats, hosted(sid(request)))
+        stats = await asyncio.to_thread(runtime.context_stats, await hosted(request))
         return msgspec.to_builtins(stats)
 
     async def messages(request: Request) -> Any:
+        session_id = await hosted(request)
         view = request.query_params.get("view", "user")
-        found = await asyncio.to_thread(runtime.messages, hosted(sid(request)), view=view)
-        return [msgspec.to_builtins(m) for m in found]
+        if view not in ("user", "model"):
+            raise HttpError(400, "view must be 'user' or 'model'")
+        found = await asyncio.to_thread(runtime.messages, session_id, view=view)
+        return {"messages": [msgspec.to_builtins(m) for m in found]}
+
+    async def branch(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: BranchBody = _decode(await request.body(), BranchBody)
+        await asyncio.to_thread(runtime.branch, session_id, body.leaf_id)
+        return {"leaf_id": body.leaf_id}
+
+    async def set_model(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: ModelBody = _decode(await request.body(), ModelBody)
+        window = await asyncio.to_thread(runtime.set_model, session_id, body.model)
+        return {"model": body.model, "context_window": window}
 
     async def events(request: Request) -> Response:
-        sessions_param = request.query_params.get("session")
-        types_param = request.query_params.get("type")
-        sessions: Any = "*"
-        if sessions_param:
-            sessions = [validate_session_id(s) for s in sessions_param.split(",") if s]
-        types = [t for t in types_param.split(",") if t] if types_param else None
-        resume_from = _parse_last_event_id(request.headers.get("last-event-id"))
-        subscription = runtime.subscribe(sessions, types)
-        backlog: list[ev.Event] = []
-        if resume_from is not None:
-            last_sid, last_seq = resume_from
-            if sessions == "*" or last_sid in sessions:
-                from runtime.store.transcript import read_transcript
-
-                path = runtime.services.directory.transcript_path(last_sid)
-                backlog = await asyncio.to_thread(read_transcript, path, last_seq)
-                if types:
-                    backlog = [e for e in backlog if e.type in types]
+        params = request.query_params
+        sessions: list[str] | None = None
+        if params.get("session"):
+            sessions = [validate_session_id(s.strip()) for s in params["session"].split(",") if s.strip()]
+            directory = runtime.services.directory
+            hosted_ids = set(runtime.hosted_sessions())
+            unknown = [s for s in sessions if s not in hosted_ids and not directory.exists(s)]
+            if unknown:
+                raise SessionNotFound(f"no session {', '.join(map(repr, unknown))}")
+        types = [t.strip() for t in params["type"].split(",") if t.strip()] if params.get("type") else None
+        last_id = request.headers.get("last-event-id") or params.get("last_event_id")
+        resume = parse_cursor(last_id) if last_id else None
+        subscription = runtime.subscribe(
+            sessions or "*", types
+        )  # first: nothing published from now is missed
+        try:
+            cursor, backlog = await asyncio.to_thread(_replay, runtime, sessions, types, resume)
+        except BaseException:
+            subscription.close()
+            raise
         return StreamingResponse(
-            _sse(subscription, backlog, resume_from),
+            _event_stream(subscription, backlog, cursor, is_stopping),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -218,72 +386,191 @@ def create_app(runtime: Runtime, token: str) -> Any:
         Route("/sessions/{session_id}/compact", endpoint(compact), methods=["POST"]),
         Route("/sessions/{session_id}/context", endpoint(context), methods=["GET"]),
         Route("/sessions/{session_id}/messages", endpoint(messages), methods=["GET"]),
+        Route("/sessions/{session_id}/branch", endpoint(branch), methods=["POST"]),
+        Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
         Route("/events", endpoint(events), methods=["GET"]),
     ]
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 404)
-        return JSONResponse({"error": getattr(exc, "detail", "not found")}, status_code=status)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        return error(exc.status_code, message, dict(exc.headers or {}))
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
-
-
-def _parse_last_event_id(value: str | None) -> tuple[str, int] | None:
-    if not value:
-        return None
-    session_id, _, seq = value.rpartition(":")
-    try:
-        return validate_session_id(session_id), int(seq)
-    except (InvalidSessionId, ValueError):
-        raise HttpError(400, "Last-Event-ID must look like '<session id>:<seq>'") from None
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return _BearerAuth(app, token)
 
 
-def _frame(event: ev.Event) -> bytes:
-    data = ev.encode_event(event).decode()
-    return f"id: {event.session_id}:{event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+class _BearerAuth:
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>`` (401 otherwise)."""
 
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
 
-async def _sse(subscription: Any, backlog: list[ev.Event], resume_from: tuple[str, int] | None) -> AsyncIterator[bytes]:
-    sent: dict[str, int] = {}
-    if resume_from is not None:
-        sent[resume_from[0]] = resume_from[1]
-    try:
-        yield b": connected\n\n"
-        for event in backlog:
-            sent[event.session_id] = event.seq
-            yield _frame(event)
-        iterator = subscription.__aiter__()
-        while True:
-            try:
-                event = await asyncio.wait_for(iterator.__anext__(), HEARTBEAT_SECONDS)
-            except TimeoutError:
-                yield b": keep-alive\n\n"
-                continue
-            except StopAsyncIteration:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = msgspec.json.encode({"error": "missing or wrong bearer token"})
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
                 return
-            if event.seq and event.seq <= sent.get(event.session_id, 0):
-                continue  # already sent from the transcript
-            yield _frame(event)
-    finally:
-        subscription.close()
+        await self.app(scope, receive, send)
+
+
+def _tools(tools: str | list[str] | None, runtime: Runtime) -> Any:
+    """``"builtin"``, None, or a list of built-in tool names (a subset)."""
+    if tools is None or tools == "builtin":
+        return tools
+    from runtime.tools.builtin import builtin_registry
+
+    available = {t.name: t for t in builtin_registry(shell=runtime.config.agent.shell_enabled).tools()}
+    unknown = [name for name in tools if name not in available]
+    if unknown:
+        raise HttpError(400, f"unknown tools {unknown}; available: {sorted(available)}")
+    return [available[name] for name in tools]
+
+
+def _replay(
+    runtime: Runtime,
+    sessions: list[str] | None,
+    types: Iterable[str] | None,
+    resume: dict[str, int] | None,
+) -> tuple[dict[str, int], list[ev.Event]]:
+    """The stream's starting cursor, and the events to replay from the transcripts before live ones.
+
+    Without ``resume`` the stream starts now: each filtered session at its current position, nothing
+    replayed. With it, each session of the cursor (that the filter lets through) replays from where the
+    cursor says, and a filtered session missing from the cursor from its beginning.
+    """
+    if resume is None:
+        return ({sid: runtime.bus.last_seq(sid) for sid in sessions} if sessions else {}), []
+    from runtime.store.transcript import read_transcript
+
+    wanted = set(types) if types is not None else None
+    cursor = {sid: seq for sid, seq in resume.items() if sessions is None or sid in sessions}
+    for sid in sessions or ():
+        cursor.setdefault(sid, 0)
+    runtime.services.writer.flush(timeout=10)  # events published before we subscribed reach the disk
+    backlog: list[ev.Event] = []
+    for sid, seq in cursor.items():
+        path = runtime.services.directory.transcript_path(sid)
+        backlog.extend(e for e in read_transcript(path, seq) if wanted is None or e.type in wanted)
+    return cursor, backlog
+
+
+# -- serving ----------------------------------------------------------------------------------------------
+
+
+class ApiServer:
+    """The HTTP API for ``runtime`` on uvicorn, bound to ``host:port`` at once (port 0: a free one).
+
+    :meth:`start` serves from a background thread (tests, embedding); :meth:`run` serves in the calling
+    thread until SIGINT/SIGTERM (the ``serve`` command).
+    """
+
+    def __init__(self, runtime: Runtime, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.token = token
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(runtime, token, stopping=lambda: self._server.should_exit),
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> ApiServer:
+        """Serve from a daemon thread; returns once connections are accepted."""
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="agentcell-api", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the API server did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def run(self) -> None:
+        """Serve in this thread until interrupted."""
+        self._server.run(sockets=[self._sock])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (open event streams end) and wait for the server thread."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def run_server(
-    *, host: str | None = None, port: int | None = None, token: str | None = None, config_path: str | None = None
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    token: str | None = None,
+    config_path: str | None = None,
+    sessions_dir: str | None = None,
 ) -> int:
-    import uvicorn
-
+    """The ``serve`` command: serve until interrupted; returns the exit status."""
     from runtime.config import load_config
 
-    cfg = load_config(config_path)
+    try:
+        cfg = load_config(config_path)
+        if sessions_dir is not None:
+            cfg = cfg.with_overrides({"persistence.sessions_dir": sessions_dir})
+    except ConfigError as exc:
+        print(f"agentcell serve: {exc}", file=sys.stderr)
+        return 2
     token = token or cfg.server.token
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"agentcell serve: generated bearer token: {token}", file=sys.stderr, flush=True)
     bind_host = host or cfg.server.host
-    bind_port = cfg.server.port if port is None else port
     with Runtime(cfg) as rt:
-        app = create_app(rt, token)
-        print(f"agentcell serve: listening on http://{bind_host}:{bind_port}", file=sys.stderr, flush=True)
-        uvicorn.run(app, host=bind_host, port=bind_port, log_level="warning")
+        try:
+            server = ApiServer(rt, token, bind_host, cfg.server.port if port is None else port)
+        except OSError as exc:
+            print(f"agentcell serve: cannot listen on {bind_host}:{port}: {exc.strerror}", file=sys.stderr)
+            return 1
+        print(
+            f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path})",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
+            server.run()
     return 0

@@ -1,0 +1,297 @@
+"""``agentcell chat``: driven under a pseudo-terminal against the built-in local provider, plus the pieces
+it prints with."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import select
+import signal
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import events as ev
+from runtime.chat import ChatPrinter, context_bar, format_stats, run_chat
+from runtime.context.estimate import ContextStats
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+
+
+class Terminal:
+    """A child process on a pseudo-terminal: type into it, read what it prints."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        import fcntl
+        import pty
+        import termios
+
+        env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: only exec (the parent has threads)
+            os.chdir(cwd)
+            os.execve(argv[0], argv, env)
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        self.pid, self.fd = pid, fd
+        self.seen = ""  # everything printed so far, ANSI codes removed
+        self._cursor = 0  # expect() searches from here
+        self.status: int | None = None
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            return False
+        if not data:
+            return False
+        self.seen += ANSI.sub("", data.decode("utf-8", errors="replace"))
+        return True
+
+    def expect(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+        """Wait until ``pattern`` (a regular expression) appears in new output; returns the match."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            match = regex.search(self.seen, self._cursor)
+            if match:
+                self._cursor = match.end()
+                return match
+            if time.monotonic() > deadline or not self._read(min(0.2, max(0.0, deadline - time.monotonic()))):
+                if match := regex.search(self.seen, self._cursor):
+                    self._cursor = match.end()
+                    return match
+                raise AssertionError(
+                    f"{pattern!r} not printed; the screen since the last match:\n{self.seen[self._cursor :]}"
+                )
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def line(self, text: str) -> None:
+        self.type(text + "\r")
+
+    def wait(self, timeout: float = 20.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read(0.1)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+                return self.status
+        raise AssertionError(f"the chat did not exit; the screen:\n{self.seen[-2000:]}")
+
+    def close(self) -> None:
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Iterator[Any]:
+    """Start ``agentcell chat --local`` with extra arguments in a pseudo-terminal; cwd is a workspace."""
+    terminals: list[Terminal] = []
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    sessions = tmp_path / "sessions"
+
+    def start(*args: str) -> Terminal:
+        argv = [sys.executable, "-m", "runtime.cli", "chat", "--local", "--dir", str(sessions), *args]
+        terminal = Terminal(argv, workspace)
+        terminals.append(terminal)
+        return terminal
+
+    start.workspace = workspace  # type: ignore[attr-defined]
+    start.sessions = sessions  # type: ignore[attr-defined]
+    yield start
+    for terminal in terminals:
+        terminal.close()
+
+
+PROMPT = r"\n> "
+
+
+def test_a_chat_streams_replies_and_runs_every_command(chat: Any) -> None:
+    notes = "\n".join(
+        f"Line {i}: the migration must keep customer ids stable across shards." for i in range(60)
+    )
+    (chat.workspace / "notes.txt").write_text(notes + "\n")
+    term = chat("--session", "talk")
+    term.expect(r"new session talk · model openai/agentcell-local · /help for commands")
+
+    term.line("Please read notes.txt and tell me what it says.")
+    term.expect(r"-> read_file\(\{\"path\": \"notes.txt\"\}\)")
+    term.expect(r"<- read_file ok")
+    term.expect(r"Here is what I did:\s+- I read `notes.txt` \(60 lines")
+    term.expect(PROMPT)
+    term.line("Thanks, that is clear.")
+    term.expect(r'You asked: "Thanks, that is clear\."')
+    term.expect(PROMPT)
+
+    term.line("/context")
+    bar = term.expect(r"\[(#*)(\.*)\] ([\d,]+) / 128,000 tokens \((\d+)%\)")
+    assert len(bar.group(1)) + len(bar.group(2)) == 40
+    used = int(bar.group(3).replace(",", ""))
+    assert used > 1_000  # the file is in the context
+    term.expect(r"window\s+128,000")
+    term.expect(r"tools\s+[\d,]+\s+\(estimated\)")
+    term.expect(r"messages \(6\)\s+[\d,]+\s+\(back-calculated\)")
+    term.expect(r"compacts at\s+[\d,]+\s+\(configured\)")
+    term.expect(PROMPT)
+
+    term.line("/compact the migration rules")
+    term.expect(r"\[compacting \(manual\) at [\d,]+ tokens\.\.\.\]")
+    after = term.expect(r"\[compacted: ([\d,]+) -> ([\d,]+) tokens")
+    assert int(after.group(2).replace(",", "")) < int(after.group(1).replace(",", ""))
+    term.expect(PROMPT)
+
+    term.line("/sessions")
+    term.expect(r"\* talk\s+\d{4}-\d\d-\d\d \d\d:\d\d\s+\d+ messages\s+openai/agentcell-local")
+    term.expect(PROMPT)
+
+    term.line("/branch")
+    term.expect(r"1\. Please read notes\.txt and tell me what it says\.")
+    term.expect(r"2\. Thanks, that is clear\.")
+    term.expect(PROMPT)
+    term.line("/branch 2")
+    term.expect(r"branched: your next message replaces message 2")
+    term.expect(PROMPT)
+    term.line("Something else entirely.")
+    term.expect(r'You asked: "Something else entirely\."')
+    term.expect(PROMPT)
+    term.line("/branch")
+    term.expect(r"1\. Please read notes\.txt")
+    listing = term.expect(r"2\. (.*)\n")
+    assert listing.group(1).strip() == "Something else entirely."
+
+    term.line("/quit")
+    assert term.wait() == 0
+
+
+def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
+    # A session stored by an earlier chat (run in process, without a terminal) is resumed.
+    out = io.StringIO()
+    lines = iter(["remember the blue door", "/quit"])
+    assert (
+        run_chat(
+            model=None,
+            session_id="resume-me",
+            sessions_dir=str(chat.sessions),
+            input_fn=lambda _: next(lines),
+            out=out,
+        )
+        == 0
+    )
+    assert 'You asked: "remember the blue door"' in out.getvalue()
+
+    term = chat("--session", "resume-me", "--latency", "30")  # every reply takes 30 s
+    term.expect(r"resumed session resume-me")
+    term.line("/branch")
+    term.expect(r"1\. remember the blue door")
+    term.expect(PROMPT)
+
+    term.line("this reply will be slow")
+    time.sleep(1.0)  # the request is waiting on the provider
+    started = time.monotonic()
+    term.type("\x03")
+    term.expect(r"\[aborted\]", timeout=10)
+    term.expect(PROMPT)
+    assert time.monotonic() - started < 10
+    term.type("\x03")  # at the prompt Ctrl-C only clears the line
+    term.expect(r"Ctrl-C aborts a running turn")
+    term.line("/sessions")
+    term.expect(r"\* resume-me")
+    term.type("\x04")  # Ctrl-D leaves
+    assert term.wait() == 0
+
+
+def stats(**overrides: Any) -> ContextStats:
+    fields: dict[str, Any] = {
+        "window": 8_000,
+        "total": 2_000,
+        "estimated": False,
+        "basis": "usage",
+        "system_prompt": 100,
+        "tools": 400,
+        "messages": 1_500,
+        "messages_floored": False,
+        "last_input_tokens": 1_900,
+        "last_output_tokens": 100,
+        "new_messages_tokens": 0,
+        "reserve": 1_000,
+        "limit": 7_000,
+        "free": 5_000,
+        "compaction_threshold": 5_600,
+        "will_compact": False,
+        "message_count": 12,
+        "last_estimate_error": 0.042,
+        "sources": {"total": "actual", "tools": "estimated", "messages": "back_calculated"},
+    }
+    fields.update(overrides)
+    return ContextStats(**fields)
+
+
+def test_context_breakdown_names_every_figure_and_its_source() -> None:
+    text = format_stats(stats())
+    first, *rest = text.splitlines()
+    assert first == "[##########..............................] 2,000 / 8,000 tokens (25%)"
+    assert "  window                   8,000" in rest
+    assert "  in context               2,000  (actual)" in rest
+    assert "    tools                    400  (estimated)" in rest
+    assert "    messages (12)          1,500  (back-calculated)" in rest
+    assert any(line.split()[:2] == ["compacts", "at"] and "5,600" in line for line in rest)
+    assert any("last estimate error" in line and "+4.2%" in line for line in rest)
+    floored = format_stats(stats(messages=0, messages_floored=True, will_compact=True))
+    assert "the next turn compacts first" in floored and "messages shown as 0" in floored
+
+
+def test_context_bar_is_clamped() -> None:
+    assert context_bar(0, 100, width=10) == "[..........] 0 / 100 tokens (0%)"
+    assert context_bar(250, 100, width=10).startswith("[##########] 250 / 100 tokens")
+    assert context_bar(5, 0, width=4) == "[....] 5 / 0 tokens (0%)"
+
+
+def test_printer_writes_a_transcript_and_tracks_what_it_printed() -> None:
+    out = io.StringIO()
+    printer = ChatPrinter(out)
+    events: list[ev.Event] = [
+        ev.TextDelta(session_id="s", seq=1, turn_id="t", delta="Let me "),
+        ev.TextDelta(session_id="s", seq=2, turn_id="t", delta="look."),
+        ev.ToolExecutionStart(
+            session_id="s", seq=3, turn_id="t", call_id="c", name="read_file", arguments='{"path": "a.py"}'
+        ),
+        ev.ToolExecutionEnd(
+            session_id="s",
+            seq=4,
+            turn_id="t",
+            call_id="c",
+            name="read_file",
+            is_error=False,
+            duration=0.5,
+            output_chars=10,
+        ),
+        ev.Error(session_id="s", seq=5, message="aborted by the user", code="aborted"),
+        ev.AgentAbort(session_id="s", seq=6, turn_id="t", repaired_calls=1),
+    ]
+    assert not printer.catch_up(6, timeout=0.01)
+    for event in events:
+        printer(event)
+    assert printer.catch_up(6, timeout=0.01)
+    assert out.getvalue() == (
+        "Let me look.\n"
+        '  -> read_file({"path": "a.py"})\n'
+        "  <- read_file ok in 0.50s\n"
+        "[aborted (1 unfinished tool calls closed)]\n"
+    )
