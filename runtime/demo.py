@@ -693,9 +693,8 @@ def _verdict(outcome: DemoOutcome) -> str:
 def _summary(console: Any, out: TextIO, outcome: DemoOutcome) -> None:
     """The closing table: one row per session."""
     if console is not None:
-        from rich.table import Table
-
         from rich import box
+        from rich.table import Table
 
         table = Table(
             title="agentcell demo",
