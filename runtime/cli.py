@@ -47,13 +47,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
 
 
-def _cmd_provider(args: argparse.Namespace) -> int:
+def _run_provider(argv: list[str]) -> int:
     from runtime.provider import cli_main
 
-    return cli_main(args.provider_args)
+    return cli_main(argv)
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def _run_bench(argv: list[str]) -> int:
     try:
         from benchmarks.__main__ import main as bench_main
     except ModuleNotFoundError as exc:
@@ -65,7 +65,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(bench_main(args.bench_args) or 0)
+    return int(bench_main(argv) or 0)
+
+
+# Commands with a parser of their own: everything after the command's name is theirs (``--help`` too).
+_PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"provider": _run_provider, "bench": _run_bench}
 
 
 def _positive(text: str) -> int:
@@ -147,25 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, help="TOML config file")
     serve.set_defaults(handler=_cmd_serve)
 
-    provider = sub.add_parser("provider", help="run the local OpenAI-compatible provider", add_help=False)
-    provider.add_argument("provider_args", nargs=argparse.REMAINDER)
-    provider.set_defaults(handler=_cmd_provider)
-
-    bench = sub.add_parser("bench", help="run the benchmarks", add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(handler=_cmd_bench)
+    # Listed for the help text; main() hands their arguments to their own parsers.
+    sub.add_parser("provider", help="run the local OpenAI-compatible provider", add_help=False)
+    sub.add_parser("bench", help="run the benchmarks", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: parse ``argv`` and run the command; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 0
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
+        if arguments and arguments[0] in _PASSTHROUGH:
+            return _PASSTHROUGH[arguments[0]](arguments[1:])
+        parser = build_parser()
+        args = parser.parse_args(arguments)
+        handler: Handler | None = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return 0
         return handler(args)
     except KeyboardInterrupt:
         return 130

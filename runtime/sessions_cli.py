@@ -112,7 +112,10 @@ def _one_line(text: str, limit: int) -> str:
 
 def _render(message: Any) -> str:
     """``[role/kind] text``: one line per message, tool calls and results named."""
-    label = message.role if message.kind is None else f"{message.role}/{message.kind}"
+    from runtime.messages import KIND_TOOL_RESULT
+
+    kind = None if message.kind == KIND_TOOL_RESULT else message.kind
+    label = message.role if kind is None else f"{message.role}/{kind}"
     if message.role == "tool":
         label = f"{label} {message.name or ''}{' error' if message.is_error else ''}".rstrip()
         return f"[{label}] {_one_line(message.text, 160)} ({len(message.text):,} chars)"
