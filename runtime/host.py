@@ -65,6 +65,7 @@ class Runtime:
         self._sessions: Any = None
         self._started = False
         self._counters: dict[str, Any] = {}
+        self._windows: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -213,7 +214,7 @@ class Runtime:
         from runtime.store.entries import encode_entry
 
         directory = self.services.directory
-        self.services.writer.append(directory.log_path(sid), encode_entry(header_for(spec)))
+        self.services.writer.append(directory.log_file(sid), encode_entry(header_for(spec)))
         spec.resume = True
         self.bus.publish(
             ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window)
@@ -283,14 +284,24 @@ class Runtime:
 
     def _host(self, spec: Any) -> Any:
         from actors.session import Session
-        from runtime.models import model_info
 
-        window = model_info(spec.model, spec.config.models).context_window
+        window = self._window(spec.model, spec.config)
         session = Session(
             spec, self.services, self._counter(spec.model, spec.config), window, parent=self.root
         )
         self._sessions.register(spec.session_id, session)
         return session
+
+    def _window(self, model: str, cfg: Config) -> int:
+        """The model's context window, cached for sessions on the runtime's own model settings."""
+        from runtime.models import model_info
+
+        if cfg.models is not self.config.models:  # per-session overrides: look it up each time
+            return model_info(model, cfg.models).context_window
+        window = self._windows.get(model)
+        if window is None:
+            window = self._windows[model] = model_info(model, cfg.models).context_window
+        return window
 
     def _counter(self, model: str, cfg: Config) -> Any:
         from runtime.tokens import TokenCounter

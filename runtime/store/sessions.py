@@ -163,6 +163,8 @@ class SessionDirectory:
 
     def __init__(self, root: StrPath) -> None:
         self.root = Path(os.path.expanduser(os.fspath(root)))
+        # What ``self.root / name`` puts before ``name``: the str paths below equal their Path twins exactly.
+        self._prefix = os.fspath(self.root / "_")[:-1]
         self._ensured = False
         self._guard = _Guard(self.root / GUARD_NAME)
 
@@ -184,6 +186,14 @@ class SessionDirectory:
 
     def transcript_path(self, session_id: str) -> Path:
         return self.root / f"{validate_session_id(session_id)}{TRANSCRIPT_SUFFIX}"
+
+    def log_file(self, session_id: str) -> str:
+        """:meth:`log_path` as a ``str``: no ``Path`` is built (a few microseconds saved per session start)."""
+        return self._prefix + validate_session_id(session_id) + LOG_SUFFIX
+
+    def transcript_file(self, session_id: str) -> str:
+        """:meth:`transcript_path` as a ``str``."""
+        return self._prefix + validate_session_id(session_id) + TRANSCRIPT_SUFFIX
 
     def artifacts_dir(self, session_id: str) -> Path:
         return self.root / f"{validate_session_id(session_id)}{ARTIFACTS_SUFFIX}"
@@ -211,7 +221,7 @@ class SessionDirectory:
 
     def exists(self, session_id: str) -> bool:
         """Whether a log for ``session_id`` exists."""
-        return self.log_path(session_id).is_file()
+        return os.path.isfile(self.log_file(session_id))
 
     def read_header(self, session_id: str) -> Header | None:
         """The session's header, or ``None`` when there is no log (or it has no complete first line)."""

@@ -75,7 +75,7 @@ class TranscriptWriter:
 
     def _open(self, session_id: str) -> tuple[str, Callable[[Exception | None], None]] | None:
         try:
-            path = os.fspath(self.directory.transcript_path(session_id))
+            path = self.directory.transcript_file(session_id)
         except InvalidSessionId:
             return None  # not a session's event (e.g. a runtime-wide one): nothing to write it to
         self.directory.ensure()
