@@ -860,7 +860,10 @@ class Gateway:
         for ``stall_after`` seconds). Callbacks must not block: hand the value on (e.g. ``ref.tell``).
         """
         call = _Call(request, on_result, on_delta, on_retry, on_stall, stall_after)
-        self._io.call_soon(self._start, call)
+        try:
+            self._io.call_soon(self._start, call)
+        except RuntimeError:  # the loop is closed
+            raise RuntimeError("the gateway's I/O loop is stopped; no call can start") from None
         return CallHandle(self._io, call)
 
     async def acomplete(

@@ -450,6 +450,7 @@ def test_mock_response_needs_no_network(io: IoLoop, gateway: Gateway) -> None:
     )
     result = complete_sync(gateway, req, timeout=10)
     assert result.message is not None and result.message.text == "mocked!"
+    assert result.usage.cost is not None and result.usage.cost > 0, "litellm knows gpt-4o-mini's prices"
 
 
 def test_the_api_key_never_shows(provider: LocalProvider, gateway: Gateway) -> None:
@@ -552,3 +553,5 @@ def test_io_loop_runs_submitted_work_and_stops() -> None:
     loop.stop()
     assert not loop.running
     loop.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="I/O loop is stopped"):
+        Gateway(loop).complete(CompletionRequest(model="m", messages=[]), lambda result: None)

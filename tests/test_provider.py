@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -290,8 +291,6 @@ def test_stop_ends_a_hung_request() -> None:
     provider = LocalProvider().start()
     provider.inject_fault("hang")
     with httpx.Client(base_url=provider.url, timeout=10.0) as c:
-        import threading
-
         outcome: list[object] = []
         thread = threading.Thread(
             target=lambda: outcome.append(_try(lambda: chat(c, "x", [{"role": "user", "content": "hi"}])))
