@@ -32,6 +32,8 @@ def machine_info() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "switch_interval_s": sys.getswitchinterval(),
     }
+    if hasattr(os, "getloadavg"):  # other work on the machine skews every figure: say how much there was
+        info["load_average_at_write_1_5_15m"] = [round(x, 2) for x in os.getloadavg()]
     try:
         import psutil
 

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import gc
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -278,6 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args()
     quick = args.quick
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
 
     rows: list[dict[str, Any]] = []
 
@@ -330,6 +332,7 @@ def main() -> None:
     met.update({f"{bench}_100": rate >= BUS_TARGET for bench, rate in bus_100.items()})
     meta = {
         "quick": quick,
+        "load_average_at_start_1_5_15m": load_at_start,
         "dispatcher_threads": dispatcher.threads,
         "batch_size": dispatcher.batch_size,
         "targets": {
