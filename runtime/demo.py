@@ -19,6 +19,7 @@ exits non-zero if it did not see at least one threshold compaction and one overf
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,10 @@ DEMO_MODEL = "openai/agentcell-demo"
 """The sessions' model: no script has this name, so the local provider's built-in policy answers."""
 SUMMARIZER_MODEL = "openai/agentcell-summarizer"
 MIN_SESSIONS = 2
-MIN_WINDOW = 3_000
+MIN_WINDOW = 4_000
+MAX_WINDOW = 16_000  # larger windows take longer to fill than a demo should
+MAX_PROMPTS = 40
+"""Prompts per session at most: the task, then more file reads until the session has shown its part."""
 
 # The project every session works on: an inventory module with a bug, its tests, pricing and reports.
 PROJECT: dict[str, str] = {
@@ -428,8 +432,8 @@ def run_demo(
     if sessions < MIN_SESSIONS:
         print(f"agentcell demo: --sessions must be at least {MIN_SESSIONS}", file=sys.stderr)
         return 2
-    if window < MIN_WINDOW:
-        print(f"agentcell demo: --window must be at least {MIN_WINDOW:,}", file=sys.stderr)
+    if not MIN_WINDOW <= window <= MAX_WINDOW:
+        print(f"agentcell demo: --window must be {MIN_WINDOW:,} to {MAX_WINDOW:,} tokens", file=sys.stderr)
         return 2
     live = not plain and out.isatty()
     try:
@@ -517,13 +521,15 @@ def _run(sessions: int, window: int, out: TextIO, live: bool) -> DemoOutcome:
 
 def _session_config(told_window: int, real_window: int) -> dict[str, Any]:
     """Per-session overrides: the window the session believes in, a reserve that fits it, and a
-    summarizer whose window is (a little under) the provider's real one, so its requests always fit."""
+    summarizer whose window is (a little under) the provider's real one, so its requests always fit.
+
+    Tool-result archiving is kept out of the way: the local policy decides its next step from the tool
+    results it can see, and would read its files again if they were archived in the middle of a turn."""
     return {
         "models.context_windows": {DEMO_MODEL: told_window, SUMMARIZER_MODEL: int(real_window * 0.9)},
         "compaction.reserve_tokens": real_window // 6,
         "compaction.summarizer_model": SUMMARIZER_MODEL,
-        "compaction.tool_call_cutoff": 40,
-        "compaction.tool_summary_strategy": "heuristic",
+        "compaction.tool_call_cutoff": 1_000,
     }
 
 
@@ -534,16 +540,32 @@ def _write_project(workspace: Path) -> None:
 
 
 def _drive(rt: Any, monitor: DemoMonitor, sid: str, sent: dict[str, int]) -> None:
-    """Send the task's prompts one after the other, each once the previous one has finished; stop at the
-    first turn that does not end well (its error event says why)."""
-    for text in TASK:
+    """Send the task's prompts one after the other, each once the previous one has finished. After the
+    task, keep asking to read files (a larger window takes longer to fill) until the session has shown
+    what it is there for, up to :data:`MAX_PROMPTS`. Stop at the first turn that does not end well."""
+    view = monitor.views[sid]
+    rereads = itertools.cycle([text for text in TASK if text.startswith("Read ")] or TASK)
+    for n in range(1, MAX_PROMPTS + 1):
+        with monitor.lock:
+            if n > len(TASK) and _shown(view):
+                return
+        text = TASK[n - 1] if n <= len(TASK) else next(rereads)
         monitor.sending(sid, text)
-        sent[sid] += 1
-        result = rt.prompt(sid, text).result(timeout=120)
-        if result.status != "ok":
+        sent[sid] = n
+        try:
+            result = rt.prompt(sid, text).result(timeout=120)
+        except TimeoutError:
+            result = None
+        if result is None or result.status != "ok":
             with monitor.lock:
-                monitor.views[sid].failures.append(f"stopped: turn {sent[sid]} ended {result.status}")
+                ended = "did not end within 120 s" if result is None else f"ended {result.status}"
+                view.failures.append(f"stopped: turn {n} {ended}")
             return
+
+
+def _shown(view: SessionView) -> bool:
+    """Whether the session has shown its part: a threshold compaction, or an overflow recovery."""
+    return view.recoveries > 0 if view.role == "overflow" else view.threshold_compactions > 0
 
 
 # -- output ----------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ def test_demo_fails_when_it_shows_no_compaction(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(demo, "TASK", demo.TASK[:1])  # one short turn: nothing fills the window
+    monkeypatch.setattr(demo, "MAX_PROMPTS", 1)
     assert run_demo(sessions=2, window=6_000, plain=True, out=io.StringIO()) == 1
     err = capsys.readouterr().err
     assert "no automatic compaction at the threshold happened" in err
@@ -61,7 +62,7 @@ def test_demo_refuses_settings_that_cannot_show_anything(capsys: pytest.CaptureF
     assert run_demo(sessions=1, window=6_000, plain=True, out=io.StringIO()) == 2
     assert "--sessions must be at least 2" in capsys.readouterr().err
     assert run_demo(sessions=2, window=500, plain=True, out=io.StringIO()) == 2
-    assert "--window must be at least" in capsys.readouterr().err
+    assert "--window must be 4,000 to 16,000 tokens" in capsys.readouterr().err
 
 
 def _view() -> tuple[DemoMonitor, SessionView]:
