@@ -523,8 +523,8 @@ def _session_config(told_window: int, real_window: int) -> dict[str, Any]:
     """Per-session overrides: the window the session believes in, a reserve that fits it, and a
     summarizer whose window is (a little under) the provider's real one, so its requests always fit.
 
-    Tool-result archiving is kept out of the way: the local policy decides its next step from the tool
-    results it can see, and would read its files again if they were archived in the middle of a turn."""
+    Tool-result archiving (SPEC 5.9) is set out of reach: what the demo shows is compaction and overflow
+    recovery, and the local policy decides its next step from the tool results it can see."""
     return {
         "models.context_windows": {DEMO_MODEL: told_window, SUMMARIZER_MODEL: int(real_window * 0.9)},
         "compaction.reserve_tokens": real_window // 6,
