@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 _VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RESERVED_SUFFIX = ".events"
+"""``<id>.events.jsonl`` is session ``<id>``'s event transcript, so no id may end with it."""
 
 
 class InvalidSessionId(ValueError):
@@ -15,8 +17,9 @@ def validate_session_id(session_id: object) -> str:
     """Return ``session_id`` if it is a safe id, else raise :class:`InvalidSessionId` saying why.
 
     Allowed: 1–128 characters of ASCII letters, digits, ``.``, ``_`` and ``-``, starting with a letter
-    or digit, and never ``..`` anywhere. That rules out separators, absolute paths, NUL bytes, control
-    characters, Windows device tricks and hidden files.
+    or digit, never ``..`` anywhere, and not ending with ``.events`` (the transcript's suffix). That rules
+    out separators, absolute paths, NUL bytes, control characters, Windows device tricks, hidden files
+    and one session's files standing for another's.
     """
     if not isinstance(session_id, str):
         raise InvalidSessionId(f"session id must be a string, got {type(session_id).__name__}")
@@ -32,5 +35,10 @@ def validate_session_id(session_id: object) -> str:
         raise InvalidSessionId(
             f"session id {session_id!r} may only use letters, digits, '.', '_' and '-', "
             "and must start with a letter or digit"
+        )
+    if session_id.endswith(RESERVED_SUFFIX):
+        raise InvalidSessionId(
+            f"session id {session_id!r} must not end with {RESERVED_SUFFIX!r}: its log would be the "
+            f"event transcript of session {session_id.removesuffix(RESERVED_SUFFIX)!r}"
         )
     return session_id
