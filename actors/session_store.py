@@ -416,10 +416,13 @@ class SessionStore(PooledActor):
             except pykka.ActorDeadError:
                 pass
 
-        if len(entries) == 1:
-            self._log.append(entries[0], done)
-        else:
-            self._log.append_many(list(entries), done)
+        try:
+            if len(entries) == 1:
+                self._log.append(entries[0], done)
+            else:
+                self._log.append_many(list(entries), done)
+        except (UnicodeEncodeError, msgspec.EncodeError) as exc:  # e.g. a lone surrogate: it cannot be stored
+            done(exc)  # like a failed write: the tree is ahead of the log, so the store restarts from it
 
     def _sync(self, reply_to: ReplyTo) -> None:
         future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()

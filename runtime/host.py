@@ -190,6 +190,7 @@ class Runtime:
         """
         self._require_started()
         sid = validate_session_id(session_id) if session_id is not None else new_id()
+        _require_unicode(system_prompt, "the system prompt")
         if sid in self._sessions or self.services.directory.exists(sid):
             raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.with_overrides(config)
@@ -381,6 +382,7 @@ class Runtime:
 
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
+        _require_unicode(text, "prompt text")
         session = self._session(session_id)
         handle = PromptHandle(new_id())
         refs = session.ensure_running()
@@ -527,6 +529,17 @@ class Runtime:
             if unknown:
                 raise ValueError(f"unknown event types: {', '.join(sorted(unknown))}")
         return self.bus.subscribe(sessions, types, callback=callback, queue_size=queue_size)
+
+
+def _require_unicode(text: str, what: str) -> None:
+    """Refuse text that cannot be stored as UTF-8 (a lone surrogate, e.g. from ``surrogateescape``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode: a lone surrogate at position {exc.start} "
+            "(decode bytes with errors='replace')"
+        ) from None
 
 
 def _registry(tools: ToolsArg, cfg: Config) -> Any:
