@@ -355,7 +355,11 @@ class _Batch:
                 "prepare_failed", f"Error: could not prepare the call: {type(exc).__name__}: {exc}"
             )
         on_output = self.on_output
-        emit = ctx.emit_output if on_output is None else (lambda chunk: _safely(on_output, call, chunk))
+        emit = (
+            ctx.emit_output
+            if on_output is None
+            else (lambda chunk: _safely(on_output, call, _chunk_text(chunk)))
+        )
         return (
             tool,
             arguments,
@@ -481,6 +485,19 @@ def _output_text(output: Any) -> str:
         return msgspec.json.encode(output).decode()
     except (TypeError, msgspec.EncodeError):
         return repr(output)
+
+
+def _chunk_text(chunk: Any) -> str:
+    """A streamed output chunk as text that encodes: bytes decoded, lone surrogates replaced (events carry
+    it, and an event that cannot be encoded would be lost from the transcript and break SSE streams)."""
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return bytes(chunk).decode("utf-8", errors="replace")
+    text = str(chunk)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="replace").decode("utf-8")
+    return text
 
 
 def _safely(callback: Callable[..., Any] | None, *args: Any) -> None:
