@@ -27,7 +27,11 @@ from actors._base import CallFailed, Reply, SessionActor
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.integrity import model_view, repair_tool_calls
-from runtime.context.recovery import compaction_did_not_help
+from runtime.context.recovery import (
+    PROMPT_HIDDEN_NOTE,
+    compaction_did_not_help,
+    prompt_caused_overflow,
+)
 from runtime.events import CompactionTrigger
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import Message, ToolCallPart, Usage, new_id
@@ -282,8 +286,12 @@ class Agent(SessionActor):
             # leaves the next provider step free to compact again if the tool loop keeps growing.
             run.compaction_attempted = True
         if outcome.dead:
-            self.emit(ev.SessionDead, message=outcome.message or "context limit exceeded")
-            self._finish("error", outcome.message, code="session_dead")
+            message = outcome.message or "context limit exceeded"
+            if self._prompt_caused_overflow(outcome.estimate):
+                self._fail_hiding_prompt(message, "context_overflow")
+                return
+            self.emit(ev.SessionDead, message=message)
+            self._finish("error", message, code="session_dead")
             return
         self._request(outcome.messages, outcome.estimate)
 
@@ -446,6 +454,9 @@ class Agent(SessionActor):
                 self._guard(run, self._after_emergency_compaction),
             )
             return
+        if verdict.overflow and self._prompt_caused_overflow(run.estimated_tokens):
+            self._fail_hiding_prompt(verdict.message, verdict.code)
+            return
         self._finish("error", verdict.message, code=verdict.code, retryable=verdict.retryable)
 
     def _after_emergency_compaction(self, outcome: cp.Outcome) -> None:
@@ -453,9 +464,34 @@ class Agent(SessionActor):
             failure = compaction_did_not_help(
                 context_window=self.context_window, reason=outcome.message or "nothing could be summarized"
             )
+            run = self.run
+            assert run is not None
+            if self._prompt_caused_overflow(max(run.estimated_tokens, outcome.estimate)):
+                self._fail_hiding_prompt(failure.message, failure.code)
+                return
             self._finish("error", failure.message, code=failure.code)
             return
         self._request(outcome.messages, outcome.estimate)
+
+    def _prompt_caused_overflow(self, request_tokens: int) -> bool:
+        run = self.run
+        assert run is not None
+        return prompt_caused_overflow(
+            prompt_tokens=self.counter.count_message(run.prompt.message),
+            request_tokens=request_tokens,
+            answered=run.last_message is not None,
+        )
+
+    def _fail_hiding_prompt(self, message: str, code: str) -> None:
+        """End the run; hide its prompt from the model (it stays on record) so later turns can fit."""
+        run = self.run
+        assert run is not None
+        hidden = msgspec.structs.replace(run.prompt.message, agent_visible=False)
+        self.call(
+            self.refs.require("store"),
+            st.Overlay((hidden,)),
+            self._guard(run, lambda _: self._finish("error", message + PROMPT_HIDDEN_NOTE, code=code)),
+        )
 
     # -- executing_tools ------------------------------------------------------------------------------
     def _run_tools(self, calls: tuple[ToolCallPart, ...]) -> None:

@@ -62,3 +62,16 @@ def compaction_did_not_help(*, context_window: int, reason: str) -> OverflowDeci
         "model: shorten the last prompt or tool output, switch to a model with a larger window, or start "
         "a new session. Nothing was lost; the full history is in the session log.",
     )
+
+
+PROMPT_HIDDEN_NOTE = (
+    " The prompt was kept in the session's record but hidden from the model, so the session goes on: "
+    "send a shorter prompt, or put the content in a file for the agent to read in parts."
+)
+
+
+def prompt_caused_overflow(*, prompt_tokens: int, request_tokens: int, answered: bool) -> bool:
+    """Whether a run's prompt is what keeps the context from fitting after compaction failed to make
+    room: it has no answer yet and is at least half of what was sent. Hiding it from the model then lets
+    the session go on; a context grown by the run's own tool results is left alone."""
+    return not answered and prompt_tokens * 2 >= request_tokens
