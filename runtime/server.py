@@ -232,23 +232,26 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
 
         return wrapped
 
+    resuming = asyncio.Lock()  # one resume at a time: two first requests must not both resume a session
+
     async def hosted(request: Request) -> str:
         """The path's session id, hosted by this runtime (a stored one is resumed); else 404."""
         session_id = validate_session_id(request.path_params["session_id"])
-        if session_id in runtime.hosted_sessions():
+        if _is_hosted(runtime, session_id):
             return session_id
-        if not runtime.services.directory.exists(session_id):
-            raise SessionNotFound(f"no session {session_id!r}")
-        await asyncio.to_thread(runtime.resume_session, session_id)
+        async with resuming:
+            if _is_hosted(runtime, session_id):
+                return session_id
+            if not runtime.services.directory.exists(session_id):
+                raise SessionNotFound(f"no session {session_id!r}")
+            await asyncio.to_thread(runtime.resume_session, session_id)
         return session_id
 
     async def create_session(request: Request) -> Response:
         body: CreateSession = _decode(await request.body(), CreateSession)
         if body.session_id is not None:
             validate_session_id(body.session_id)
-            if body.session_id in runtime.hosted_sessions() or runtime.services.directory.exists(
-                body.session_id
-            ):
+            if _is_hosted(runtime, body.session_id) or runtime.services.directory.exists(body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         new = await asyncio.to_thread(
             runtime.start_session,
@@ -290,7 +293,7 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
     async def resume(request: Request) -> Any:
         session_id = validate_session_id(request.path_params["session_id"])
         body: ResumeBody = _decode(await request.body(), ResumeBody)
-        if session_id in runtime.hosted_sessions():
+        if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
         await asyncio.to_thread(
             runtime.resume_session,
@@ -314,7 +317,12 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
         return msgspec.to_builtins(await handle)
 
     async def abort(request: Request) -> Any:
-        return {"aborted": await runtime.abort(await hosted(request))}
+        session_id = validate_session_id(request.path_params["session_id"])
+        if not _is_hosted(runtime, session_id):  # a session this server does not host runs no turn
+            if not runtime.services.directory.exists(session_id):
+                raise SessionNotFound(f"no session {session_id!r}")
+            return {"aborted": False}
+        return {"aborted": await runtime.abort(session_id)}
 
     async def compact(request: Request) -> Any:
         session_id = await hosted(request)
@@ -354,8 +362,7 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
         if params.get("session"):
             sessions = [validate_session_id(s.strip()) for s in params["session"].split(",") if s.strip()]
             directory = runtime.services.directory
-            hosted_ids = set(runtime.hosted_sessions())
-            unknown = [s for s in sessions if s not in hosted_ids and not directory.exists(s)]
+            unknown = [s for s in sessions if not _is_hosted(runtime, s) and not directory.exists(s)]
             if unknown:
                 raise SessionNotFound(f"no session {', '.join(map(repr, unknown))}")
         types = [t.strip() for t in params["type"].split(",") if t.strip()] if params.get("type") else None
@@ -421,6 +428,11 @@ class _BearerAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+def _is_hosted(runtime: Runtime, session_id: str) -> bool:
+    """O(1), unlike ``session_id in runtime.hosted_sessions()`` (a list of every hosted id)."""
+    return runtime._sessions is not None and runtime._sessions.get(session_id) is not None
 
 
 def _tools(tools: str | list[str] | None, runtime: Runtime) -> Any:
