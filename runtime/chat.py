@@ -263,12 +263,15 @@ class _Repl:
                 continue
             if not line:
                 continue
-            if line.startswith("/"):
-                if not self.command(line):
-                    return
-            else:
-                self.turn(line)
-            self.printer.catch_up(self.rt.bus.last_seq(self.sid))
+            try:
+                if line.startswith("/"):
+                    if not self.command(line):
+                        return
+                else:
+                    self.turn(line)
+                self.printer.catch_up(self.rt.bus.last_seq(self.sid))
+            except KeyboardInterrupt:  # between the steps that handle it themselves
+                self.out.write("\n(interrupted)\n")
 
     def turn(self, text: str) -> None:
         """Send one prompt and wait for its run to end; Ctrl-C aborts it."""
