@@ -177,10 +177,14 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
 def _expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"invalid config: keys must be strings, not {type(key).__name__} ({key!r})")
         target = out
         *head, last = key.split(".")
         for part in head:
             target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"invalid config: {key}: {part!r} is set to a value and a table at once")
         if isinstance(value, Mapping):
             value = _expand_dotted(value)
             if isinstance(target.get(last), dict):
@@ -260,7 +264,7 @@ def load_config(
             raise ConfigError(f"cannot read {source}: {exc.strerror}") from None
         try:
             data = msgspec.toml.decode(raw)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"invalid {source}: {exc}") from None
     from_env = env_overrides(env)
     if from_env:
