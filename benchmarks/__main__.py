@@ -1,6 +1,6 @@
 """Run every benchmark, print one summary table against the SPEC 8 targets, write JSON and the chart.
 
-    python -m benchmarks [--quick] [--only NAMES] [--skip NAMES] [--no-chart] [--list]
+    python -m benchmarks [--quick] [--only NAMES] [--skip NAMES] [--no-chart] [--list] [--report]
     agentcell bench [the same arguments]
 
 Each benchmark runs in its own process (``python -m benchmarks.bench_<name>``), so one cannot skew
@@ -291,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip", default=None, help="comma-separated benchmarks to leave out")
     parser.add_argument("--no-chart", action="store_true", help="do not draw results/scale.png")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: summarize the results already in results/"
+    )
     args = parser.parse_args(argv)
     if args.list:
         for bench in BENCHES:
@@ -303,13 +306,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: Summary = []
     runs: list[dict[str, Any]] = []
     for bench in selected:
-        started = time.time()
-        code, seconds = _run(bench, args.quick)
-        document = _read(bench.name, started)
-        runs.append({"benchmark": bench.name, "exit_code": code, "seconds": round(seconds, 1)})
-        if document is None:
-            summary.append(_figure(bench.name, f"no results (exit code {code})", None, "-", False))
-            continue
+        if args.report:
+            document = _read(bench.name, 0.0)
+            created = document.get("created") if document else None
+            runs.append({"benchmark": bench.name, "results_from": created or "(none)"})
+            if document is None:
+                continue
+        else:
+            started = time.time()
+            code, seconds = _run(bench, args.quick)
+            document = _read(bench.name, started)
+            runs.append({"benchmark": bench.name, "exit_code": code, "seconds": round(seconds, 1)})
+            if document is None:
+                summary.append(_figure(bench.name, f"no results (exit code {code})", None, "-", False))
+                continue
         try:
             summary.extend(bench.summarize(document))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -323,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.time() - began
     print("\n== summary (SPEC 8 targets)")
     meta = {
+        "report_only": args.report,
         "quick": args.quick,
         "seconds": round(elapsed, 1),
         "runs": runs,
@@ -334,7 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if chart is not None:
         print(f"chart: {chart}")
     missed = [f"{s['benchmark']}: {s['figure']}" for s in summary if s["met"] is False]
-    print(f"\n{len(selected)} benchmarks in {elapsed:.0f} s; targets missed: {len(missed)}")
+    what = "summarized" if args.report else f"in {elapsed:.0f} s"
+    print(f"\n{len(selected)} benchmarks {what}; targets missed: {len(missed)}")
     for line in missed:
         print(f"  - {line}")
     failed = [s for s in summary if str(s["figure"]).startswith("no results")]

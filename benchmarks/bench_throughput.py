@@ -65,6 +65,7 @@ MOCK_MODEL = "openai/gpt-4o-mini"
 MOCK_REPLY = "Two and three make five; the sum is checked and correct."
 ANSWER = "The tool says 2 + 3 = 5, so the answer is five."
 ROUND_TIMEOUT = 1_800.0
+MAX_ATTEMPTS = 3  # the runtime's default (retry.max_attempts)
 ACTORS_PER_SESSION = 5
 
 Mode = Literal["http", "mock"]
@@ -215,6 +216,7 @@ class Bare:
         self.work = work
         self.url = url
         self.tools = tools if work.mode == "http" else []
+        self.retries = 0
 
     def _kwargs(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         # The arguments runtime.llm.build_call_kwargs gives the same request.
@@ -237,6 +239,20 @@ class Bare:
             kwargs["mock_response"] = MOCK_REPLY
         return kwargs
 
+    async def _complete(self, litellm: Any, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """One call, read to its end. A connection error is retried at once, up to ``MAX_ATTEMPTS`` in
+        all, as the runtime's gateway retries it (e.g. a kept-alive connection the server has closed)."""
+        retryable = (litellm.APIConnectionError, litellm.InternalServerError, litellm.Timeout)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                stream = await litellm.acompletion(**self._kwargs(index, messages))
+                return await _read_stream(stream)
+            except retryable:
+                if attempt == MAX_ATTEMPTS:
+                    raise
+                self.retries += 1
+        raise AssertionError("unreachable")
+
     async def conversation(self, litellm: Any, index: int, turns: int, latencies: list[float]) -> int:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
         calls = 0
@@ -244,8 +260,7 @@ class Bare:
             began = time.perf_counter()
             messages.append({"role": "user", "content": _prompt(turn)})
             while True:
-                stream = await litellm.acompletion(**self._kwargs(index, messages))
-                reply = await _read_stream(stream)
+                reply = await self._complete(litellm, index, messages)
                 calls += 1
                 messages.append(reply)
                 tool_calls = reply.get("tool_calls")
@@ -272,7 +287,9 @@ class Bare:
             *(self.conversation(litellm, i, self.work.turns, latencies) for i in range(self.work.sessions))
         )
         seconds = time.perf_counter() - began
-        return Run("bare", self.work, seconds, time.process_time() - cpu, latencies, sum(calls), _rss_mb())
+        run = Run("bare", self.work, seconds, time.process_time() - cpu, latencies, sum(calls), _rss_mb())
+        run.extra["retries"] = self.retries
+        return run
 
 
 # -- the runtime ----------------------------------------------------------------------------------------
@@ -446,6 +463,9 @@ def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
         "cpu_ms_per_turn": round(statistics.median(r.cpu_seconds / r.turns for r in runs) * 1000, 2),
         "rss_mb": round(max(r.rss_mb for r in runs), 1),
     }
+    retries = sum(r.extra.get("retries", 0) for r in runs)
+    if retries:
+        row["retries"] = retries
     if baseline:
         ratios = [r.turns_per_s / b.turns_per_s for r, b in zip(runs, baseline)]
         row["vs_bare"] = round(statistics.median(ratios), 3)
@@ -532,6 +552,18 @@ def _print_tables(rows: list[dict[str, Any]]) -> None:
             print(f"\n{title}\n{format_table(selected)}")
 
 
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the driver loop cleanly, also after a failed run: cancel what is left, then let litellm's
+    worker threads (anyio's, tied to the loop's tasks) and the default executor finish."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one round (about 30 s)")
@@ -602,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 rows.append(row)
     finally:
-        loop.close()
+        _close(loop)
         if provider is not None:
             provider.close()
 
