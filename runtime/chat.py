@@ -9,10 +9,12 @@ or ``/quit`` leaves. Commands: ``/compact [focus]``, ``/context``, ``/sessions``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from runtime import events as ev
@@ -175,32 +177,46 @@ def run_chat(
     except ConfigError as exc:
         print(f"agentcell chat: {exc}", file=sys.stderr)
         return 2
-    provider = None
-    if local or (model is None and api_base is None):
-        from runtime.provider import LocalProvider
+    with contextlib.ExitStack() as stack:
+        with _ctrl_c_for_this_thread_only():
+            provider = None
+            if local or (model is None and api_base is None):
+                from runtime.provider import LocalProvider
 
-        provider = LocalProvider(latency=latency, chunk_delay=0.01 if out.isatty() else 0.0).start()
-        api_base = provider.url
-        model = model or LOCAL_MODEL
-    model = model or cfg.agent.model
-    api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider is not None else None)
-    try:
-        with Runtime(cfg) as rt:
+                provider = LocalProvider(latency=latency, chunk_delay=0.01 if out.isatty() else 0.0).start()
+                stack.callback(_stop_quietly, provider)
+                api_base = provider.url
+                model = model or LOCAL_MODEL
+            model = model or cfg.agent.model
+            api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider is not None else None)
+            rt = stack.enter_context(Runtime(cfg))
             try:
                 sid, resumed = _open_session(rt, session_id, model, api_base, api_key)
             except (InvalidSessionId, SessionNotFound, ValueError, OSError) as exc:
                 print(f"agentcell chat: {exc}", file=sys.stderr)
                 return 2
             printer = ChatPrinter(out, color=out.isatty())
-            with rt.subscribe(sid, callback=printer):
-                printer.skip_to(rt.bus.last_seq(sid))
-                verb = "resumed" if resumed else "new"
-                out.write(f"{verb} session {sid} · model {_session_model(rt, sid)} · /help for commands\n")
-                _Repl(rt, sid, printer, input_fn, out).run()
-    finally:
-        if provider is not None:
-            _stop_quietly(provider)
+            stack.enter_context(rt.subscribe(sid, callback=printer))
+            printer.skip_to(rt.bus.last_seq(sid))
+        verb = "resumed" if resumed else "new"
+        out.write(f"{verb} session {sid} · model {_session_model(rt, sid)} · /help for commands\n")
+        _Repl(rt, sid, printer, input_fn, out).run()
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_for_this_thread_only() -> Iterator[None]:
+    """Block SIGINT while the runtime and the provider start their threads, so that they inherit the
+    block: Ctrl-C then always reaches this (the main) thread. A SIGINT delivered to another thread
+    would leave the prompt waiting in ``input()`` until the next key."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _stop_quietly(provider: Any) -> None:

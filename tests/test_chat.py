@@ -209,7 +209,10 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     term.expect(r"\[aborted\]", timeout=10)
     term.expect(PROMPT)
     assert time.monotonic() - started < 10
-    term.type("\x03")  # at the prompt Ctrl-C only clears the line
+    # At the prompt Ctrl-C only clears the line. (Wait until input() is reading: a SIGINT in the instant
+    # between readline printing the prompt and waiting for a key is only seen at the next key.)
+    time.sleep(0.3)
+    term.type("\x03")
     term.expect(r"Ctrl-C aborts a running turn")
     term.line("/sessions")
     term.expect(r"\* resume-me")
