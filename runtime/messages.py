@@ -61,6 +61,8 @@ class ToolCallPart(msgspec.Struct, frozen=True, tag="tool_call"):
             value = json.loads(self.arguments or "{}")
         except json.JSONDecodeError as exc:
             raise ValueError(f"tool call arguments are not valid JSON: {exc.msg} at char {exc.pos}") from None
+        except RecursionError:
+            raise ValueError("tool call arguments are nested too deeply to parse") from None
         if not isinstance(value, dict):
             raise ValueError(f"tool call arguments must be a JSON object, got {type(value).__name__}")
         return value
