@@ -306,6 +306,11 @@ class _Batch:
             st.state, st.started, st.worker_busy = _PREPARING, time.monotonic(), True
         try:
             self._execute(index, call, st)
+        except Exception as exc:  # a bug outside the tool itself: the call still gets its one result
+            log.exception("tool call %s (%s) failed outside its tool", call.id, call.name)
+            if self._take(index, (_PREPARING, _RUNNING)):
+                text = f"Error: the call could not be run ({type(exc).__name__}: {exc})"
+                self._deliver(index, text, is_error=True, error="internal")
         finally:
             with self.lock:
                 st.worker_busy = False
