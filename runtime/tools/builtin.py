@@ -93,6 +93,8 @@ def write_file(path: str, content: str, *, ctx: ToolContext) -> str:
     if real.is_dir():
         raise ToolError(f"{rel} is a directory")
     existed = real.exists()
+    if existed:
+        _require_regular(real, rel)
     real.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8", errors="replace")
     real.write_bytes(data)
@@ -365,6 +367,15 @@ def _require_file(real: Path, rel: str) -> None:
         raise ToolError(f"{rel}: no such file")
     if real.is_dir():
         raise ToolError(f"{rel} is a directory (use list_dir)")
+    _require_regular(real, rel)
+
+
+def _require_regular(real: Path, rel: str) -> None:
+    """Refuse a FIFO, socket or device: opening one can block forever (and strand the tool's worker)."""
+    if not real.is_file():
+        raise ToolError(
+            f"{rel} is not a regular file (a pipe, socket or device); file tools read and write regular files only"
+        )
 
 
 def _is_binary(path: Path) -> bool:
