@@ -242,6 +242,9 @@ class Runtime:
         if header is None:
             raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
         # Fail here, clearly, when another runtime is writing the session (its store takes the lock again).
+        # A store of this runtime that stopped a moment ago lets go of the lock once its last writes are
+        # done: wait for those first, or resuming right after stop_session would find the lock still held.
+        self.services.writer.flush()
         self.services.directory.lock(sid).release()
         overrides = dict(header.config or {})
         cfg = self.config.with_overrides(overrides)
