@@ -322,7 +322,9 @@ def test_prompt_rejects_non_text(rt: Any, script: Any, session: Any, bad: Any) -
         rt.prompt(sid, bad)
 
 
-def test_a_silent_stream_is_reported_as_stalled(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+def test_a_silent_stream_is_reported_as_stalled(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
     model = script(Turn(text="finally", latency=0.8))
     sid = session(model, config={"agent.stream_stall_seconds": 0.2})
     result = rt.prompt(sid, "take your time").result(timeout=20)
