@@ -123,9 +123,9 @@ class Agent(SessionActor):
         self._recovering = recovering
         self._busy_with_recovery = recovering
         self._context_tokens = 0
-        self._pending_trigger: CompactionTrigger | None = (
-            None  # e.g. usage_overflow: compact before the next request
-        )
+        # A pending reason to compact before the next request (e.g. usage_overflow), across runs.
+        self._pending_trigger: CompactionTrigger | None = None
+        self._incoming: Prompt | None = None  # the prompt being handled: answered even if handling crashes
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_start(self) -> None:
