@@ -108,13 +108,19 @@ def encode_entry(entry: Entry) -> bytes:
 
 def decode_entry(line: bytes | str) -> Entry:
     """Decode one log line (without or with its newline); raises ``msgspec.DecodeError``/``ValidationError``."""
-    entry: Entry = _decoder.decode(line)
+    try:
+        entry: Entry = _decoder.decode(line)
+    except UnicodeDecodeError as exc:  # msgspec raises this for invalid UTF-8 inside a string
+        raise msgspec.DecodeError(f"invalid UTF-8: {exc}") from None
     return entry
 
 
 def decode_entries(data: bytes) -> list[Entry]:
     """Decode newline-delimited entries in one call (raises on the first bad line, without saying which)."""
-    entries: list[Entry] = _decoder.decode_lines(data)
+    try:
+        entries: list[Entry] = _decoder.decode_lines(data)
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"invalid UTF-8: {exc}") from None
     return entries
 
 

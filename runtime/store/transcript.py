@@ -112,7 +112,7 @@ def read_transcript(path: StrPath, after_seq: int = 0) -> list[Event]:
     body = data[: data.rfind(b"\n") + 1]
     try:
         events: list[Event] = _decoder.decode_lines(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec raises the latter for invalid UTF-8
         events = _decode_by_line(path, body)
     if after_seq <= 0:
         return events
@@ -125,6 +125,10 @@ def _decode_by_line(path: StrPath, body: bytes) -> list[Event]:
     for number, line in enumerate(lines, start=1):
         try:
             events.append(_decoder.decode(line))
+        except UnicodeDecodeError as exc:
+            if number == len(lines):
+                break  # a torn last line
+            raise CorruptLogError(path, number, f"not a valid event (invalid UTF-8: {exc})") from None
         except msgspec.DecodeError as exc:
             if number == len(lines) and not isinstance(exc, msgspec.ValidationError):
                 break  # a torn last line
