@@ -72,6 +72,10 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     message: str | None = None
 
 
+class CompactionInterrupted(RuntimeError):
+    """The compactor stopped (crashed, or its session stopped) before it answered this request."""
+
+
 class _SummaryDone(msgspec.Struct, frozen=True):
     job: int
     index: int
@@ -83,6 +87,7 @@ class _Job:
     id: int
     request: Any
     reply: Callable[[Any], None]
+    fail: Callable[[str], None]
     view: Any = None
     estimate: ContextEstimate | None = None
     plan: Any = None
@@ -149,9 +154,7 @@ class Compactor(SessionActor):
                         window=self.context_window,
                         trigger=job.request.trigger,
                     )
-                messages = tuple(job.view.messages) if job.view is not None else ()
-                outcome = Outcome(messages=messages, estimate=tokens, attempted=True, message=why)
-                job.reply(outcome if compacting else None)
+                job.fail(why)
             except Exception:  # the bus or a caller may be gone at shutdown: answer the rest regardless
                 log.debug("could not answer an interrupted compactor request", exc_info=True)
 
@@ -175,14 +178,24 @@ class Compactor(SessionActor):
         asker = self.defer_reply()  # answered when the job is done (None for a tell)
         self._job_ids += 1
 
+        handle = getattr(request, "handle", None)
+
         def reply(value: Any) -> None:
-            handle = getattr(request, "handle", None)
             if handle is not None and isinstance(value, Outcome):
                 handle.set_result(self._as_result(value))
             if asker is not None:
                 asker.set(value)
 
-        self._jobs.append(_Job(self._job_ids, request, reply))
+        def fail(why: str) -> None:
+            """The job was cut short: a ``compact`` handle gets a failed result, an asking actor an error
+            (so an agent ends its run instead of going on to a provider call it cannot see through)."""
+            if handle is not None:
+                handle.set_result(CompactionResult(compacted=False, reason=why))
+            if asker is not None:
+                error = CompactionInterrupted(why)
+                asker.set_exception((CompactionInterrupted, error, None))
+
+        self._jobs.append(_Job(self._job_ids, request, reply, fail))
         self._next()
 
     def _next(self) -> None:
