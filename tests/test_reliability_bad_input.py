@@ -94,7 +94,7 @@ MALFORMED = [
     "{}",  # missing argument
     '{"path": "\\x"}',  # invalid escape
     "[" * 5_000,  # deeply nested
-    '{"path": "' + "a" * 500_000 + '"}',  # half a megabyte
+    '{"path": "' + "a" * 100_000 + '"}',  # 100 kB
 ]
 
 
@@ -108,7 +108,8 @@ def test_malformed_tool_call_arguments_are_error_results(
     *bad, good = results
     refused = [r for r in bad if r.is_error]
     assert refused == bad, [r.text[:80] for r in bad if not r.is_error]
-    assert all(len(r.text) < 10_000 for r in bad)  # the half-megabyte arguments are not put back whole
+    limit = Config().tool_output.max_bytes + 500  # the limits apply to error results too (SPEC 3.5)
+    assert all(len(r.text.encode()) <= limit for r in bad)
     assert not good.is_error and "hello" in good.text
 
 
