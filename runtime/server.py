@@ -495,6 +495,7 @@ class ApiServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
+            self._sock.listen(2048)  # connections queue from now on, before uvicorn takes the socket over
         except OSError:
             self._sock.close()
             raise
