@@ -87,15 +87,17 @@ def test_no_route_answers_without_the_right_token_and_nothing_changes(
 ) -> None:
     before = snapshot(sessions_dir)
     with httpx.Client(base_url=server.url, timeout=10) as anonymous:
-        for method, path in ROUTES:
-            for authorization in WRONG_AUTHORIZATION:
-                headers = {} if authorization is None else {"Authorization": authorization}
-                body = {"text": "sneaky", "wait": True} if method == "POST" else None
-                response = anonymous.request(
-                    method, path.format(sid=sid), headers=headers, json=body, params={"token": TOKEN}
-                )
-                assert response.status_code == 401, (method, path, authorization, response.text)
-                assert response.json() == {"error": "missing or wrong bearer token"}
+        every_kind = [("GET", "/sessions"), ("POST", "/sessions/{sid}/prompt")]
+        attempts = [(route, auth) for route in every_kind for auth in WRONG_AUTHORIZATION]
+        attempts += [(route, auth) for route in ROUTES for auth in (None, f"Bearer {TOKEN[::-1]}")]
+        for (method, path), authorization in attempts:
+            headers = {} if authorization is None else {"Authorization": authorization}
+            body = {"text": "sneaky", "wait": True} if method == "POST" else None
+            response = anonymous.request(
+                method, path.format(sid=sid), headers=headers, json=body, params={"token": TOKEN}
+            )
+            assert response.status_code == 401, (method, path, authorization, response.text)
+            assert response.json() == {"error": "missing or wrong bearer token"}
     assert snapshot(sessions_dir) == before  # no session made, deleted, prompted or compacted
     messages = client.get(f"/sessions/{sid}/messages").json()["messages"]
     assert [m["parts"][0]["text"] for m in messages] == ["one", "first"]
