@@ -190,6 +190,7 @@ def test_dozens_of_sessions_with_aborts_and_compactions_lose_nothing(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3_600)  # the full size takes minutes: litellm makes ~15 calls/s on two cores
 def test_a_thousand_sessions_with_aborts_and_compactions_lose_nothing(
     sessions_dir: Path, provider: Any
 ) -> None:
