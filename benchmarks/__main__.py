@@ -148,16 +148,17 @@ def _throughput(doc: dict[str, Any]) -> Summary:
 
 
 def _met_flags(bench: str, doc: dict[str, Any]) -> Summary:
-    """The ``meta.met`` flags a benchmark reports, with the measured value when ``meta.targets`` has it."""
+    """The ``meta.met`` flags a benchmark reports, with target and measured value from ``meta.targets``
+    (matched on the first word of the names: ``pooled_start`` goes with ``pooled_actors_started``)."""
     meta = doc["meta"]
-    targets = meta.get("targets", {})
+    targets: dict[str, Any] = meta.get("targets", {})
     out: Summary = []
     for key, ok in meta.get("met", {}).items():
-        spec = next((v for k, v in targets.items() if k.startswith(key) or key.startswith(k)), None)
+        spec = next((v for k, v in targets.items() if k.split("_")[0] == key.split("_")[0]), None)
         measured = spec.get("measured") if isinstance(spec, dict) else None
         target = spec.get("target") if isinstance(spec, dict) else None
-        if isinstance(measured, dict):
-            measured = ", ".join(f"{k} {v:,}" for k, v in measured.items())
+        if isinstance(measured, dict):  # one figure per variant: take this flag's own
+            measured = next((v for k, v in measured.items() if key.startswith(k)), None)
         out.append(_figure(bench, key, measured, "-" if target is None else f"{target:,}", ok))
     return out
 

@@ -68,7 +68,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def assert_recovered(rt: Runtime, events: EventLog, sid: str, acknowledged: set[str]) -> None:
+def assert_recovered(rt: Runtime, sid: str, acknowledged: set[str]) -> None:
     """The session's state after a fault: nothing acknowledged lost, every tool call answered."""
     stored = {m.id for m in rt.messages(sid)}
     assert acknowledged <= stored, f"acknowledged messages lost: {acknowledged - stored}"
@@ -78,10 +78,9 @@ def assert_recovered(rt: Runtime, events: EventLog, sid: str, acknowledged: set[
 # -- a crash of each actor in each state of a turn --------------------------------------------------------
 
 
-def hold_in_state(
-    rt: Runtime, events: EventLog, provider: Any, state: str, gate: Gate
-) -> tuple[str, str, Any]:
-    """Start a session and bring a turn to ``state``; returns (session, main script, the turn's handle)."""
+def hold_in_state(rt: Runtime, events: EventLog, provider: Any, state: str, gate: Gate) -> tuple[str, Any]:
+    """Start a session and bring a turn to ``state``; returns the session and the turn's handle (None
+    when idle)."""
     summarizer = add_script(provider, Turn(text=SUMMARY, latency=1.0), loop=True)
     after = Turn(text="after the crash")
     first = {
@@ -106,16 +105,16 @@ def hold_in_state(
     if state in ("idle", "compacting"):
         assert rt.prompt(sid, "First, take notes.").result(timeout=30).status == "ok"
         if state == "idle":
-            return sid, main, None
+            return sid, None
         handle = rt.prompt(sid, "Now go on.")  # over the threshold: compacts first, with a slow summarizer
         events.wait_for(sid, "compaction_start")
-        return sid, main, handle
+        return sid, handle
     handle = rt.prompt(sid, "Go.")
     if state == "streaming":
         wait_until(lambda: provider.remaining_turns(main) == 1)  # the provider is answering, slowly
     else:
         assert gate.entered.wait(20)
-    return sid, main, handle
+    return sid, handle
 
 
 @pytest.mark.parametrize("state", STATES)
@@ -128,21 +127,20 @@ def test_a_crash_of_any_actor_in_any_state_recovers(
     try:
         with Runtime(fast_config(), sessions_dir=sessions_dir) as rt:
             rt.subscribe("*", callback=events)
-            sid, _, handle = hold_in_state(rt, events, provider, state, gate)
+            sid, handle = hold_in_state(rt, events, provider, state, gate)
             recovered_before = len(events.of(sid, "agent_recovered"))
             acknowledged = {e.message_id for e in events.of(sid, "message_appended")}
             crash(rt, sid, actor)
 
             events.wait_for(sid, "agent_recovered", recovered_before + 1)
             restarted = [e.actor for e in events.of(sid, "actor_restarted")]
-            assert (
-                restarted[0] == actor and restarted[-1] == "agent"
-            )  # rest_for_one: the actor and all after it
+            # rest_for_one: the crashed actor and every actor started after it, the agent last
+            assert restarted[0] == actor and restarted[-1] == "agent"
             if handle is not None:  # the interrupted turn ends, and says why
                 interrupted = handle.result(timeout=10)
                 assert interrupted.status in ("error", "aborted") and interrupted.error
             gate.release.set()
-            assert_recovered(rt, events, sid, acknowledged)
+            assert_recovered(rt, sid, acknowledged)
             after = rt.prompt(sid, "Carry on.").result(timeout=30)
             assert after.status == "ok", after.error
             assert after.text == "after the crash"
