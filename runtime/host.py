@@ -189,10 +189,15 @@ class Runtime:
         ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only.
         """
         self._require_started()
-        sid = validate_session_id(session_id) if session_id is not None else new_id()
         _require_unicode(system_prompt, "the system prompt")
-        if sid in self._sessions or self.services.directory.exists(sid):
-            raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
+        if session_id is None:
+            # 64 random bits: no need to ask the disk (a stat per start, contended by the log writer
+            # creating files in the same directory, was most of the cost of starting a session).
+            sid = new_id()
+        else:
+            sid = validate_session_id(session_id)
+            if sid in self._sessions or self.services.directory.exists(sid):
+                raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.with_overrides(config)
         spec = self._spec(
             sid,
