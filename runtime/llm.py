@@ -461,11 +461,13 @@ def _field(obj: Any, key: str) -> Any:
     if values is not None and key in values:
         return values[key]
     extra = getattr(obj, "__pydantic_extra__", None)
-    if extra is not None:
-        if key in extra:
-            return extra[key]
-        if key not in getattr(type(obj), "model_fields", ()):
-            return None
+    if extra is not None and key in extra:
+        return extra[key]
+    # A declared pydantic field missing from the instance was deleted (litellm deletes unset optional
+    # fields): absent. Anything else may be a property. (``__pydantic_fields__`` is a plain class dict;
+    # the class-level ``model_fields`` is a slow deprecated property.)
+    if key in getattr(type(obj), "__pydantic_fields__", ()):
+        return None
     return getattr(obj, key, None)
 
 
@@ -839,7 +841,10 @@ class Gateway:
             except BaseException as exc:
                 future.set_exception(exc)
 
-        threading.Thread(target=load, name="agentcell-litellm-import", daemon=True).start()
+        # Not a daemon: a program that exits while litellm is still importing must wait for the import.
+        # A daemon thread would be frozen mid-import holding a module lock, and the first finalizer that
+        # imports (litellm's HTTP handlers do, in __del__) would then hang the exit forever.
+        threading.Thread(target=load, name="agentcell-litellm-import").start()
         return future
 
     def complete(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,35 @@ def test_a_base_exception_in_one_session_never_stops_another(
     recorder.wait_type("agent_recovered")
     assert rt.prompt(bystander, "hello").result(timeout=30).text == "still here"
     assert rt.prompt(victim, "again").result(timeout=30).text == "back"  # restarted, usable
+
+
+EXIT_SCRIPT = """
+import sys, tempfile
+from runtime import Runtime, events as ev
+rt = Runtime(sessions_dir=tempfile.mkdtemp()).start()
+sid = rt.start_session(model="openai/gpt-4o-mini")
+for _ in range(20_000):
+    rt.bus.publish(ev.TextDelta(session_id=sid, turn_id="t", delta="word "))
+rt.stop()
+print("stopped", flush=True)
+"""
+
+
+def test_a_program_that_stops_its_runtime_exits(tmp_path: Path) -> None:
+    # litellm is imported in the background; a program that exits while that import is still going on
+    # used to hang in interpreter shutdown about half the time (a frozen importing thread held a module
+    # lock that a finalizer of litellm's then waited for).
+    import subprocess
+    import sys
+
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "stopped" in done.stdout
