@@ -16,11 +16,30 @@ import msgspec
 import pykka
 
 from runtime.actor import PooledActor, PooledFuture
-from runtime.events import Event
+from runtime.events import Event, ProviderRetry
 
 log = logging.getLogger("agentcell.actors")
 
 Publish = Callable[[Event], Any]
+
+
+def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[Any], None]:
+    """A gateway ``on_retry`` callback that broadcasts each retry as a ``provider_retry`` event."""
+
+    def on_retry(info: Any) -> None:  # runtime.llm.RetryInfo
+        publish(
+            ProviderRetry(
+                session_id=session_id,
+                turn_id=turn_id,
+                attempt=info.attempt,
+                max_attempts=info.max_attempts,
+                delay=info.delay,
+                error=info.error,
+                status_code=info.status_code,
+            )
+        )
+
+    return on_retry
 
 
 class Reply(msgspec.Struct, frozen=True):

@@ -11,6 +11,7 @@ Each run carries a token, so a late answer from an aborted run is recognised and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,12 +19,13 @@ from enum import StrEnum
 from typing import Any, Literal
 
 import msgspec
+import pykka
 
 from actors import compactor as cp
 from actors import overflow_detector as ov
 from actors import session_store as st
 from actors import usage_tracker as ut
-from actors._base import CallFailed, Reply, SessionActor
+from actors._base import CallFailed, Reply, SessionActor, retry_reporter
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.integrity import model_view, repair_tool_calls
@@ -357,19 +359,6 @@ class Agent(SessionActor):
                     )
                 )
 
-        def on_retry(info: Any) -> None:
-            publish(
-                ev.ProviderRetry(
-                    session_id=sid,
-                    turn_id=turn,
-                    attempt=info.attempt,
-                    max_attempts=info.max_attempts,
-                    delay=info.delay,
-                    error=info.error,
-                    status_code=info.status_code,
-                )
-            )
-
         def on_stall(seconds: float) -> None:
             publish(ev.StreamStalled(session_id=sid, turn_id=turn, seconds=seconds))
 
@@ -377,7 +366,7 @@ class Agent(SessionActor):
             request,
             lambda result: me.tell(_ProviderDone(token, result)),
             on_delta=on_delta,
-            on_retry=on_retry,
+            on_retry=retry_reporter(publish, sid, turn),
             on_stall=on_stall,
             stall_after=cfg.agent.stream_stall_seconds,
         )
@@ -605,7 +594,7 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         self.run = None  # late answers of this run are dropped from here on
-        store = self.refs.require("store")
+        store = self.refs.store  # None while the store restarts: the run still ends and is answered
 
         def complete(repaired: int) -> None:
             if status == "aborted":
@@ -614,7 +603,9 @@ class Agent(SessionActor):
                 self.emit(
                     ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable
                 )
-            store.tell(st.SyncTurn())
+            if store is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    store.tell(st.SyncTurn())
             self.emit(
                 ev.AgentEnd,
                 turn_id=run.turn_id,
@@ -638,7 +629,7 @@ class Agent(SessionActor):
                 abort_handle.set_result(True)
             self._dequeue()
 
-        if not repair:
+        if not repair or store is None:
             complete(0)
             return
 

@@ -19,7 +19,7 @@ import msgspec
 
 from actors import session_store as st
 from actors import usage_tracker as ut
-from actors._base import CallFailed, Reply, SessionActor
+from actors._base import CallFailed, Reply, SessionActor, retry_reporter
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import compaction as comp
@@ -28,6 +28,7 @@ from runtime.context.estimate import ContextEstimate, effective_limit, estimate_
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
+from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class _Job:
     answers: list[str | None] = field(default_factory=list)
     outstanding: int = 0
     artifacts: list[str] = field(default_factory=list)
+    calls: list[Any] = field(default_factory=list)  # the summarizer calls in flight (CallHandle)
 
 
 class Compactor(SessionActor):
@@ -117,7 +119,7 @@ class Compactor(SessionActor):
         self._active: _Job | None = None
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
-        self._compactions = 0
+        self._compactions: int | None = None  # artifact number of the latest compaction; read lazily
         self._set_summarizer()
         self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
         self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
@@ -142,6 +144,8 @@ class Compactor(SessionActor):
         self._active = None
         self._jobs.clear()
         for job in jobs:
+            for call in job.calls:  # a summarizer answer would find no one waiting for it
+                call.cancel()
             compacting = isinstance(job.request, MaybeCompact | Compact)
             tokens = job.estimate.tokens if job.estimate is not None else 0
             try:
@@ -232,6 +236,12 @@ class Compactor(SessionActor):
             self._archive_tools(job)
             return
         if isinstance(request, MaybeCompact):
+            if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
+                dead = Outcome(
+                    messages=messages, estimate=estimate.tokens, attempted=True, dead=True, message=view.dead
+                )
+                self._done(job, dead)
+                return
             forced = request.trigger == "usage_overflow"
             due = forced or should_compact(estimate.tokens, self.context_window, self.cfg, len(messages))
             if not self.cfg.auto or not due or request.attempted:
@@ -291,7 +301,7 @@ class Compactor(SessionActor):
         if not plan.requests:
             self._finish(job, trigger)
             return
-        self._compactions += 1
+        self._compactions = self._last_artifact_number() + 1
         inputs = "\n\n".join(
             f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests
         )
@@ -318,7 +328,13 @@ class Compactor(SessionActor):
             include_reasoning=False,
         )
         me = self.actor_ref
-        self.services.gateway.complete(request, lambda result: me.tell(_SummaryDone(job.id, index, result)))
+        job.calls.append(
+            self.services.gateway.complete(
+                request,
+                lambda result: me.tell(_SummaryDone(job.id, index, result)),
+                on_retry=retry_reporter(self.publish, self.session_id, None),  # retries are events too
+            )
+        )
 
     def _on_summary(self, done: _SummaryDone) -> None:
         job = self._active
@@ -350,7 +366,14 @@ class Compactor(SessionActor):
             dead = outcome.context_exceeded or (self.cfg.mode == "hard_reset" and over)
             if outcome.reason == "no_progress":
                 self._no_progress_at = self._leaf(tuple(job.view.messages))
-            self._fail(job, trigger, outcome.reason, outcome.message, tokens_before, dead=dead)
+            message = outcome.message
+            if dead and self.cfg.mode == "hard_reset":  # SPEC 5.8: no fallback; the log marks it dead
+                message = (
+                    f"{message.rstrip('.')}. The session is marked dead (its log is kept); a manual "
+                    "compaction that succeeds revives it."
+                )
+                self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, message))
+            self._fail(job, trigger, outcome.reason, message, tokens_before, dead=dead)
             return
         summary = outcome.summary
         self._write_artifact(1, summary.text, job)
@@ -360,6 +383,8 @@ class Compactor(SessionActor):
                 self._fail(job, trigger, "store_error", str(reply), tokens_before)
                 return
             self._no_progress_at = None
+            if job.view.dead is not None:  # a manual compaction brought a dead session back
+                self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, ""))
             self.refs.require("usage").tell(ut.Reset(context_tokens=outcome.tokens_after))
             self.emit(
                 ev.CompactionEnd,
@@ -423,9 +448,18 @@ class Compactor(SessionActor):
             ),
         )
 
+    def _last_artifact_number(self) -> int:
+        """The highest compaction number among the session's artifacts. Numbers continue across restarts,
+        resumes and hibernation, so a later compaction never overwrites an earlier one's files."""
+        if self._compactions is None:
+            self._compactions = self.services.directory.last_compaction_number(self.session_id)
+        return self._compactions
+
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
-        path = self.services.directory.compaction_artifacts(self.session_id, self._compactions)[which]
+        path = self.services.directory.compaction_artifacts(self.session_id, self._last_artifact_number())[
+            which
+        ]
         job.artifacts.append(str(path))
         publish, session_id = self.publish, self.session_id
 

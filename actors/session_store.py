@@ -190,6 +190,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     latest_compaction: CompactionEntry | None = None
     model: str | None = None
     estimated_tokens: int = 0
+    dead: str | None = None  # why the session is dead (SPEC 5.8), or None
 
 
 class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
@@ -369,6 +370,7 @@ class SessionStore(PooledActor):
             latest_compaction=tree.latest_compaction,
             model=tree.model,
             estimated_tokens=self.estimator(messages) if self.estimator is not None else 0,
+            dead=tree.dead,
         )
 
     def context(self) -> list[Message]:

@@ -328,7 +328,8 @@ def main() -> None:
 
     bus_100 = {r["bench"]: round(r["rate_per_s"]) for r in rows if r["kind"] == "bus" and r["n"] == 100}
     started = max((r["n"] for r in rows if r["bench"] == "start" and r["kind"] == "pooled"), default=0)
-    met = {"pooled_start": started >= POOLED_START_TARGET}
+    # The quick run starts 10,000 actors: too few to judge the 100,000 target, so it is not judged.
+    met: dict[str, bool | None] = {"pooled_start": None if quick else started >= POOLED_START_TARGET}
     met.update({f"{bench}_100": rate >= BUS_TARGET for bench, rate in bus_100.items()})
     meta = {
         "quick": quick,

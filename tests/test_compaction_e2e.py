@@ -102,6 +102,36 @@ def test_manual_compaction_with_focus_and_hard_reset(
     assert rt.prompt(sid, "go on").result(timeout=30).status == "ok"
 
 
+def test_artifacts_of_every_compaction_survive_hibernation_and_resume(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=60)
+    sid = session(model, tools=None, config=small_window(model))
+    folder = rt.services.directory.artifacts_dir(sid)
+
+    def compact_once(note: str) -> None:
+        for i in range(3):
+            assert rt.prompt(sid, f"{note}, part {i}").result(timeout=30).status == "ok"
+        result = rt.compact(sid, keep_recent_tokens=100).result(timeout=30)
+        assert result.compacted, result.reason
+
+    compact_once("first note")
+    rt.services.writer.flush()
+    first = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert sorted(first) == ["compaction-1-input.md", "compaction-1-summary.md"]
+    # The session's actors stop (their state stays in the log) and start again on the next prompt: the
+    # next compaction is number 2, not a second number 1 written over the first.
+    assert rt.hibernate(sid)
+    compact_once("second note")
+    rt.stop_session(sid)
+    rt.resume_session(sid, api_key="sk-local")  # keys live in memory only
+    compact_once("third note")
+    rt.services.writer.flush()
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [f"compaction-{n}-{kind}.md" for n in (1, 2, 3) for kind in ("input", "summary")]
+    assert {name: (folder / name).read_bytes() for name in first} == first
+
+
 def test_truncate_mode_needs_no_model(rt: Any, recorder: Recorder, provider: Any, session: Any) -> None:
     model = chatty_model(provider, words=60)
     sid = session(model, tools=None, config=small_window(model, **{"compaction.mode": "truncate"}))
@@ -130,6 +160,58 @@ def test_summarizer_failure_falls_back_to_a_deterministic_summary(
     recorder.wait_type("compaction_end")
     assert recorder.of("compaction_end", sid)[0].fallback is True
     assert "[Compacted" in rt.messages(sid, view="model")[0].text
+
+
+def test_hard_reset_marks_a_session_dead_when_it_cannot_get_under_its_window(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=200)
+    broken = "openai/dead-end-summarizer"
+    provider.add_script("dead-end-summarizer", [Turn(text="")], loop=True)  # no summary, ever
+    config = small_window(model, **{"compaction.mode": "hard_reset", "compaction.summarizer_model": broken})
+    config["models.context_windows"][broken] = 32_000
+    sid = session(model, tools=None, config=config)
+    # Each turn adds ~300 tokens; every compaction fails and hard_reset has no fallback, so the context
+    # grows past the 4,000-token window and the session dies, with a clear message.
+    for i in range(30):
+        result = rt.prompt(sid, f"note {i}").result(timeout=30)
+        if result.status != "ok":
+            break
+    assert result.status == "error" and "The session is marked dead" in (result.error or "")
+    recorder.wait_type("session_dead")
+    (dead,) = recorder.of("session_dead", sid)
+    assert "hard_reset" in dead.message and "start a new session" in dead.message
+
+    # It stays dead: the next prompt is refused without a call to the model (and is still recorded) ...
+    provider.clear_log()
+    refused = rt.prompt(sid, "are you there?").result(timeout=30)
+    assert refused.status == "error" and "marked dead" in (refused.error or "")
+    assert not [r for r in provider.request_log if r.model != "dead-end-summarizer"]
+    assert rt.messages(sid)[-1].text == "are you there?"
+    # ... across a restart of the session, since the mark is in its log.
+    rt.stop_session(sid)
+    rt.resume_session(sid, api_key="sk-local")  # keys live in memory only
+    assert "marked dead" in (rt.prompt(sid, "still there?").result(timeout=30).error or "")
+
+    # A manual compaction that succeeds brings it back.
+    provider.add_script("dead-end-summarizer", [Turn(text="## Goal\nKeep notes.")], loop=True)
+    assert rt.compact(sid).result(timeout=30).compacted
+    assert rt.prompt(sid, "and now?").result(timeout=30).status == "ok"
+
+
+def test_a_summarizer_call_is_retried_and_each_retry_is_an_event(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=60)
+    sid = session(model, tools=None, config=small_window(model))
+    for i in range(4):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    provider.inject_fault("server_error")  # the summarizer's first request fails with a 500
+    assert rt.compact(sid, keep_recent_tokens=100).result(timeout=30).compacted
+    recorder.wait_type("compaction_end")
+    (retry,) = recorder.of("provider_retry", sid)
+    assert retry.turn_id is None and retry.attempt == 1 and retry.status_code == 500
+    assert [r.model for r in provider.request_log][-2:] == ["summarizer", "summarizer"]
 
 
 def test_a_compaction_that_frees_nothing_is_discarded_and_never_loops(

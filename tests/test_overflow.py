@@ -644,3 +644,23 @@ def test_fuzz_classifier_never_raises(
     error.status_code = status  # type: ignore[attr-defined]
     result = is_context_overflow(error, message=message, status_code=status, code=code, body=body)
     assert isinstance(result, bool)
+
+
+# -- the recovery decision (SPEC 6.3) ---------------------------------------------------------------------
+
+
+def test_overflow_recovery_is_one_emergency_compaction_then_clear_errors() -> None:
+    from runtime.context.recovery import decide_overflow
+
+    facts: dict[str, Any] = {"context_window": 8_000, "estimated_tokens": 9_500}
+    first = decide_overflow(recoveries_this_turn=0, auto_compact=True, has_store=True, **facts)
+    assert first.action == "compact_and_retry"
+    again = decide_overflow(recoveries_this_turn=1, auto_compact=True, has_store=True, **facts)
+    assert again.action == "fail" and again.code == "context_overflow_after_compaction"
+    assert "after an emergency compaction" in again.message and "Nothing was lost" in again.message
+    manual = decide_overflow(recoveries_this_turn=0, auto_compact=False, has_store=True, **facts)
+    assert manual.action == "fail" and "Automatic compaction is disabled" in manual.message
+    # Without a store (no session) there is nothing to compact: an error, not a compaction.
+    storeless = decide_overflow(recoveries_this_turn=0, auto_compact=True, has_store=False, **facts)
+    assert storeless.action == "fail" and "no session store" in storeless.message
+    assert "8,000 tokens (about 9,500 tokens)" in storeless.message

@@ -211,6 +211,15 @@ class SessionDirectory:
             self.artifact_path(session_id, f"compaction-{number}-summary.md"),
         )
 
+    def last_compaction_number(self, session_id: str) -> int:
+        """The highest ``n`` of the session's ``compaction-<n>-*.md`` artifacts; 0 when there are none."""
+        try:
+            names = os.listdir(self.artifacts_dir(session_id))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        numbers = (name.split("-", 2)[1] for name in names if name.startswith("compaction-"))
+        return max((int(n) for n in numbers if n.isdigit()), default=0)
+
     def spill_dir(self, session_id: str) -> Path:
         return self.root / f"{validate_session_id(session_id)}{SPILL_SUFFIX}"
 

@@ -36,6 +36,9 @@ from runtime.store.entries import (
     OverlayEntry,
 )
 
+DEAD_KEY = "dead"
+"""Metadata key marking a dead session (its value is the reason; an empty value revives it)."""
+
 
 class SessionTree:
     """One session's messages as a tree with a current leaf. Not thread-safe: one owner (the store actor)."""
@@ -170,6 +173,12 @@ class SessionTree:
     def metadata(self) -> dict[str, Any]:
         """The latest value of every metadata key (a copy)."""
         return dict(self._metadata)
+
+    @property
+    def dead(self) -> str | None:
+        """Why the session is dead (SPEC 5.8: hard_reset could not bring it under its window), or None."""
+        value = self._metadata.get(DEAD_KEY)
+        return value if isinstance(value, str) and value else None
 
     @property
     def model(self) -> str | None:
