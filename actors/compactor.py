@@ -457,9 +457,8 @@ class Compactor(SessionActor):
 
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
-        path = self.services.directory.compaction_artifacts(self.session_id, self._last_artifact_number())[
-            which
-        ]
+        number = self._last_artifact_number()  # this compaction's: set when it started
+        path = self.services.directory.compaction_artifacts(self.session_id, number)[which]
         job.artifacts.append(str(path))
         publish, session_id = self.publish, self.session_id
 
