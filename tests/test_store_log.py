@@ -268,6 +268,25 @@ def test_a_raising_callback_does_not_stop_the_writer(tmp_path: Path, writer: Log
     assert (tmp_path / "a.log").read_text() == "1\n2\n"
 
 
+def test_append_from_takes_its_lines_when_its_turn_comes(tmp_path: Path) -> None:
+    path = tmp_path / "s.events.jsonl"
+    lines: list[bytes] = []
+    gate = threading.Event()
+    w = LogWriter()
+    try:
+        w.call(tmp_path / "other.log", lambda _: gate.wait(10))  # hold the writer thread
+        lines.append(b"1\n")
+        w.append_from(path, lambda _: b"".join(lines))
+        lines.append(b"2\n")  # added after the operation was queued: still written by it
+        w.append_from(tmp_path / "empty.jsonl", lambda _: b"")  # nothing to write: no file either
+        gate.set()
+        w.flush()
+        assert path.read_bytes() == b"1\n2\n"
+        assert not (tmp_path / "empty.jsonl").exists()
+    finally:
+        w.close()
+
+
 def test_a_file_deleted_underneath_is_reopened_by_path(tmp_path: Path, writer: LogWriter) -> None:
     path = tmp_path / "s.events.jsonl"
     writer.append(path, b"old session\n")
@@ -438,6 +457,22 @@ def test_transcript_sink_writes_each_sessions_events_and_reads_them_back(
     assert [e.seq for e in read_transcript(directory.transcript_path("a"), after_seq=3)] == [4, 5]
     assert [e.type for e in read_transcript(directory.transcript_path("b"))] == ["agent_start"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.events.jsonl", "b.events.jsonl"]
+
+
+def test_a_burst_of_events_costs_the_writer_a_few_operations(tmp_path: Path, writer: LogWriter) -> None:
+    directory = SessionDirectory(tmp_path)
+    sink = TranscriptWriter(directory, writer)
+    gate = threading.Event()
+    writer.call(tmp_path / "other.log", lambda _: gate.wait(10))  # the writer is busy meanwhile
+    before = writer.stats.operations
+    for seq in range(1, 2_001):
+        sink(ev.TextDelta(session_id="a" if seq % 2 else "b", seq=seq, turn_id="t", delta="x"))
+    gate.set()
+    writer.flush()
+    assert [e.seq for e in read_transcript(directory.transcript_path("a"))] == list(range(1, 2_001, 2))
+    assert [e.seq for e in read_transcript(directory.transcript_path("b"))] == list(range(2, 2_001, 2))
+    # Lines waiting for the writer join the operation already queued for their session.
+    assert writer.stats.operations - before <= 6  # per session: its torn-tail check and one append
 
 
 def test_transcript_recovers_from_a_torn_line(tmp_path: Path, writer: LogWriter) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -54,6 +55,11 @@ class TranscriptWriter:
         self.fsync = fsync
         self._sessions: dict[str, tuple[str, Callable[[Exception | None], None]]] = {}
         self._failing: set[str] = set()  # sessions whose last transcript write failed (writer thread only)
+        # Lines not yet taken by the writer, per session. One queued writer operation takes them all, so a
+        # turn's events cost a few writer operations (and wake-ups), not one each.
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[bytes]] = {}
+        self._takers: dict[str, Callable[[str], bytes]] = {}
 
     def __call__(self, event: Event) -> None:
         if event.type in self.exclude:
@@ -64,14 +70,36 @@ class TranscriptWriter:
             if target is None:
                 return
         path, on_done = target
+        sid = event.session_id
+        line = encode_event(event) + b"\n"
+        with self._lock:
+            waiting = self._pending.get(sid)
+            if waiting is not None:  # an operation is queued and has not taken its lines yet: join them
+                waiting.append(line)
+                return
+            self._pending[sid] = [line]
+        take = self._takers.get(sid)
+        if take is None:
+            take = self._takers[sid] = functools.partial(self._take, sid)
         try:
-            self.writer.append(path, encode_event(event) + b"\n", on_done, fsync=self.fsync)
+            self.writer.append_from(path, take, on_done, fsync=self.fsync)
         except WriterClosedError as exc:
-            self._done(event.session_id, exc)
+            with self._lock:
+                self._pending.pop(sid, None)
+            self._done(sid, exc)
+
+    def _take(self, session_id: str, _path: str) -> bytes:
+        """The session's waiting lines, in order (on the writer thread)."""
+        with self._lock:
+            lines = self._pending.pop(session_id, ())
+        return b"".join(lines)
 
     def forget(self, session_id: str) -> None:
         """Drop what is cached about a session (after it is deleted)."""
         self._sessions.pop(session_id, None)
+        self._takers.pop(session_id, None)
+        with self._lock:
+            self._pending.pop(session_id, None)
 
     def _open(self, session_id: str) -> tuple[str, Callable[[Exception | None], None]] | None:
         try:

@@ -113,6 +113,18 @@ class LogWriter:
         under ``always``)."""
         self._put(_Op(_APPEND, os.fspath(path), data, on_done, fsync or self.fsync))
 
+    def append_from(
+        self,
+        path: StrPath,
+        take: Callable[[str], bytes],
+        on_done: OnDone | None = None,
+        *,
+        fsync: FsyncPolicy | None = None,
+    ) -> None:
+        """Like :meth:`append`, but the lines are ``take(path)``, asked for on the writer thread when this
+        operation's turn comes: a producer can keep adding lines to one queued operation."""
+        self._put(_Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take))
+
     def sync(self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None) -> None:
         """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end."""
         self._put(_Op(_SYNC, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
@@ -234,6 +246,13 @@ class LogWriter:
         run: list[_Op] = []  # consecutive appends, written together
         for op in ops:
             if op.kind == _APPEND:
+                if op.fn is not None:  # append_from: the lines are taken now
+                    lines = op.fn(path)
+                    assert isinstance(lines, bytes), f"append_from gave {type(lines).__name__}, not bytes"
+                    op.data = lines
+                    if not lines:  # taken by an earlier operation (or dropped): nothing to write
+                        _finish(op, None)
+                        continue
                 run.append(op)
                 continue
             if run:
