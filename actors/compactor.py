@@ -96,6 +96,7 @@ class _Job:
     outstanding: int = 0
     artifacts: list[str] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)  # the summarizer calls in flight (CallHandle)
+    number: int = 0  # the compaction's number in its artifacts' names
 
 
 class Compactor(SessionActor):
@@ -119,7 +120,7 @@ class Compactor(SessionActor):
         self._active: _Job | None = None
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
-        self._compactions: int | None = None  # artifact number of the latest compaction; read lazily
+        self._compactions: int | None = None  # number of the latest compaction's artifacts; read lazily
         self._set_summarizer()
         self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
         self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
@@ -301,7 +302,7 @@ class Compactor(SessionActor):
         if not plan.requests:
             self._finish(job, trigger)
             return
-        self._compactions = self._last_artifact_number() + 1
+        job.number = self._next_artifact_number()
         inputs = "\n\n".join(
             f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests
         )
@@ -448,17 +449,17 @@ class Compactor(SessionActor):
             ),
         )
 
-    def _last_artifact_number(self) -> int:
-        """The highest compaction number among the session's artifacts. Numbers continue across restarts,
-        resumes and hibernation, so a later compaction never overwrites an earlier one's files."""
+    def _next_artifact_number(self) -> int:
+        """The next compaction number for artifact names. Numbers continue from the artifacts on disk across
+        restarts, resumes and hibernation, so a later compaction never overwrites an earlier one's files."""
         if self._compactions is None:
             self._compactions = self.services.directory.last_compaction_number(self.session_id)
+        self._compactions += 1
         return self._compactions
 
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
-        number = self._last_artifact_number()  # this compaction's: set when it started
-        path = self.services.directory.compaction_artifacts(self.session_id, number)[which]
+        path = self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
         job.artifacts.append(str(path))
         publish, session_id = self.publish, self.session_id
 

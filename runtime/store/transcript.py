@@ -59,7 +59,6 @@ class TranscriptWriter:
         # turn's events cost a few writer operations (and wake-ups), not one each.
         self._lock = threading.Lock()
         self._pending: dict[str, list[bytes]] = {}
-        self._takers: dict[str, Callable[[str], bytes]] = {}
 
     def __call__(self, event: Event) -> None:
         if event.type in self.exclude:
@@ -78,11 +77,8 @@ class TranscriptWriter:
                 waiting.append(line)
                 return
             self._pending[sid] = [line]
-        take = self._takers.get(sid)
-        if take is None:
-            take = self._takers[sid] = functools.partial(self._take, sid)
         try:
-            self.writer.append_from(path, take, on_done, fsync=self.fsync)
+            self.writer.append_from(path, functools.partial(self._take, sid), on_done, fsync=self.fsync)
         except WriterClosedError as exc:
             with self._lock:
                 self._pending.pop(sid, None)
@@ -97,7 +93,6 @@ class TranscriptWriter:
     def forget(self, session_id: str) -> None:
         """Drop what is cached about a session (after it is deleted)."""
         self._sessions.pop(session_id, None)
-        self._takers.pop(session_id, None)
         with self._lock:
             self._pending.pop(session_id, None)
 
