@@ -23,12 +23,18 @@ Sides, all in this process:
   thread count and scheduling of pykka's ThreadingActor. The session actors rely on the pooled actors'
   non-blocking replies, so they cannot run on ``ThreadingActor`` itself.
 
-Rounds alternate between the bare and runtime sides, so both sides of a round see the same machine load.
-The ratio is the median of the per-round ratios of turns/s (target: >= 0.90).
+Both sides are set up once, warmed, and kept open; then they take turns. A slice is ``turns`` turns of
+every session (each conversation goes on where the previous slice left it), and the sides alternate
+slices in A B B A order, so a drift of the machine's speed hits both alike. This matters here: the same
+pure-Python loop runs at anything from 200 to 370 ms from one second to the next on this shared 2-core
+machine, which two long back-to-back runs cannot tell from a difference between the sides. Each side's
+slice rates are compared with the other side's slice next to it in time; the ratio reported is the median
+of those pairwise ratios of turns/s (target: >= 0.90), and the table also gives each side's median rate.
 
-Fan-out: the runtime run is repeated with 1, 100 and 1,000 subscribers to every session. The subscribers
-are async iterators on a reader thread's event loop. It reports deliveries/s and the turn rate against
-the run without subscribers.
+Fan-out: a runtime with 1, 100 or 1,000 subscribers to every session alternates slices with one that has
+none. The subscribers are async iterators on a reader thread's event loop. It reports deliveries/s and
+the turn rate against the runtime without subscribers. The thread-per-actor comparison alternates the
+same way.
 
 Run: ``python -m benchmarks.bench_throughput`` (``--quick`` for a short run).
 """
@@ -48,7 +54,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import psutil
 
@@ -64,7 +70,7 @@ SYSTEM = "You are a careful calculator. Use the add tool for every sum."
 MOCK_MODEL = "openai/gpt-4o-mini"
 MOCK_REPLY = "Two and three make five; the sum is checked and correct."
 ANSWER = "The tool says 2 + 3 = 5, so the answer is five."
-ROUND_TIMEOUT = 1_800.0
+SLICE_TIMEOUT = 1_800.0
 MAX_ATTEMPTS = 3  # the runtime's default (retry.max_attempts)
 ACTORS_PER_SESSION = 5
 
@@ -212,11 +218,16 @@ async def _read_stream(stream: Any) -> dict[str, Any]:
 class Bare:
     """The baseline: the same litellm calls from plain coroutines, no runtime."""
 
+    side: Side = "bare"
+
     def __init__(self, work: Workload, url: str | None, tools: list[dict[str, Any]]) -> None:
         self.work = work
         self.url = url
         self.tools = tools if work.mode == "http" else []
         self.retries = 0
+        self.litellm: Any = None
+        self.histories: list[list[dict[str, Any]]] = []
+        self.turns_done = 0
 
     def _kwargs(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         # The arguments runtime.llm.build_call_kwargs gives the same request.
@@ -239,9 +250,10 @@ class Bare:
             kwargs["mock_response"] = MOCK_REPLY
         return kwargs
 
-    async def _complete(self, litellm: Any, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    async def _complete(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """One call, read to its end. A connection error is retried at once, up to ``MAX_ATTEMPTS`` in
         all, as the runtime's gateway retries it (e.g. a kept-alive connection the server has closed)."""
+        litellm = self.litellm
         retryable = (litellm.APIConnectionError, litellm.InternalServerError, litellm.Timeout)
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
@@ -253,14 +265,16 @@ class Bare:
                 self.retries += 1
         raise AssertionError("unreachable")
 
-    async def conversation(self, litellm: Any, index: int, turns: int, latencies: list[float]) -> int:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    async def conversation(
+        self, index: int, messages: list[dict[str, Any]], first: int, turns: int, latencies: list[float]
+    ) -> int:
+        """Turns ``first`` .. ``first + turns - 1`` of one conversation, appended to ``messages``."""
         calls = 0
-        for turn in range(turns):
+        for turn in range(first, first + turns):
             began = time.perf_counter()
             messages.append({"role": "user", "content": _prompt(turn)})
             while True:
-                reply = await self._complete(litellm, index, messages)
+                reply = await self._complete(index, messages)
                 calls += 1
                 messages.append(reply)
                 tool_calls = reply.get("tool_calls")
@@ -273,23 +287,32 @@ class Bare:
             latencies.append(time.perf_counter() - began)
         return calls
 
-    async def run(self, warmup: int) -> Run:
+    async def open(self, warmup: int) -> None:
         from runtime.llm import load_litellm
 
-        litellm = load_litellm()
-        await asyncio.gather(
-            *(self.conversation(litellm, i, 1, []) for i in range(min(warmup, self.work.sessions)))
-        )
+        self.litellm = load_litellm()
+        warm = [[{"role": "system", "content": SYSTEM}] for _ in range(min(warmup, self.work.sessions))]
+        await asyncio.gather(*(self.conversation(i, h, 0, 1, []) for i, h in enumerate(warm)))
+        self.histories = [[{"role": "system", "content": SYSTEM}] for _ in range(self.work.sessions)]
+
+    async def slice(self) -> Run:
+        """Every conversation takes its next ``work.turns`` turns, all at once."""
+        first, turns = self.turns_done, self.work.turns
         latencies: list[float] = []
+        retries_before = self.retries
         gc.collect()
         cpu, began = time.process_time(), time.perf_counter()
         calls = await asyncio.gather(
-            *(self.conversation(litellm, i, self.work.turns, latencies) for i in range(self.work.sessions))
+            *(self.conversation(i, h, first, turns, latencies) for i, h in enumerate(self.histories))
         )
         seconds = time.perf_counter() - began
+        self.turns_done += turns
         run = Run("bare", self.work, seconds, time.process_time() - cpu, latencies, sum(calls), _rss_mb())
-        run.extra["retries"] = self.retries
+        run.extra["retries"] = self.retries - retries_before
         return run
+
+    async def close(self) -> None:
+        self.histories = []
 
 
 # -- the runtime ----------------------------------------------------------------------------------------
@@ -360,7 +383,13 @@ class OnRuntime:
         self.url = url
         self.subscribers = subscribers
         self.thread_per_actor = thread_per_actor
+        self.side: Side = "threads" if thread_per_actor else "runtime"
         self.overrides = dict(overrides or {})
+        self.rt: Any = None
+        self.folder: str | None = None
+        self.sids: list[str] = []
+        self.readers: _Readers | None = None
+        self.turns_done = 0
 
     def _session(self, rt: Any, index: int) -> str:
         if self.work.mode == "mock":
@@ -382,10 +411,12 @@ class OnRuntime:
             )
         )
 
-    async def _drive(self, rt: Any, sids: list[str], turns: int, latencies: list[float]) -> int:
+    async def _drive(self, sids: list[str], first: int, turns: int, latencies: list[float]) -> int:
+        rt = self.rt
+
         async def conversation(sid: str) -> int:
             steps = 0
-            for turn in range(turns):
+            for turn in range(first, first + turns):
                 began = time.perf_counter()
                 result = await rt.prompt(sid, _prompt(turn))
                 if result.status != "ok":
@@ -397,52 +428,100 @@ class OnRuntime:
         steps = await asyncio.gather(*(conversation(sid) for sid in sids))
         return sum(steps)
 
-    async def run(self, warmup: int) -> Run:
+    def _start(self, count: int, offset: int = 0) -> list[str]:
+        sids = [self._session(self.rt, offset + i) for i in range(count)]
+        for sid in sids:
+            self.rt.usage(sid)  # starts the session's actors (lazy), outside the timed part
+        return sids
+
+    async def open(self, warmup: int) -> None:
         overrides = dict(self.overrides)
         if self.thread_per_actor:
             overrides["runtime.dispatcher_threads"] = ACTORS_PER_SESSION * (self.work.sessions + warmup)
-        folder = tempfile.mkdtemp(prefix="agentcell-bench-throughput-")
-        side: Side = "threads" if self.thread_per_actor else "runtime"
-        try:
-            rt = await asyncio.to_thread(
-                lambda: runtime.Runtime(Config().with_overrides(overrides), sessions_dir=folder).start()
-            )
-            try:
-                return await self._measure(rt, side, warmup)
-            finally:
-                await asyncio.to_thread(rt.stop)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        self.folder = tempfile.mkdtemp(prefix="agentcell-bench-throughput-")
+        folder = self.folder
+        self.rt = await asyncio.to_thread(
+            lambda: runtime.Runtime(Config().with_overrides(overrides), sessions_dir=folder).start()
+        )
+        warm = await asyncio.to_thread(self._start, min(warmup, self.work.sessions))
+        await self._drive(warm, 0, 1, [])
+        self.sids = await asyncio.to_thread(self._start, self.work.sessions)
+        if self.subscribers:
+            self.readers = _Readers(self.rt, self.subscribers)
 
-    async def _measure(self, rt: Any, side: Side, warmup: int) -> Run:
-        def start(count: int, offset: int = 0) -> list[str]:
-            sids = [self._session(rt, offset + i) for i in range(count)]
-            for sid in sids:
-                rt.usage(sid)  # starts the session's actors (lazy), outside the timed part
-            return sids
-
-        warm = await asyncio.to_thread(start, min(warmup, self.work.sessions))
-        await self._drive(rt, warm, 1, [])
-        sids = await asyncio.to_thread(start, self.work.sessions)
-        readers = _Readers(rt, self.subscribers) if self.subscribers else None
+    async def slice(self) -> Run:
+        """Every session takes its next ``work.turns`` turns, all at once. The slice ends when every turn
+        has ended and the log writer has written what they queued, so none of it spills into the next."""
+        first, turns = self.turns_done, self.work.turns
+        readers = self.readers
+        delivered_before = readers.delivered if readers is not None else 0
+        dropped_before = readers.dropped if readers is not None else 0
         latencies: list[float] = []
         gc.collect()
         cpu, began = time.process_time(), time.perf_counter()
-        calls = await self._drive(rt, sids, self.work.turns, latencies)
+        calls = await self._drive(self.sids, first, turns, latencies)
+        await asyncio.to_thread(self.rt.services.writer.flush)
         seconds = time.perf_counter() - began
         cpu_seconds = time.process_time() - cpu
-        run = Run(side, self.work, seconds, cpu_seconds, latencies, calls, _rss_mb())
+        self.turns_done += turns
+        run = Run(self.side, self.work, seconds, cpu_seconds, latencies, calls, _rss_mb())
         if readers is not None:
             settled = await asyncio.to_thread(readers.settle)
             run.subscribers = self.subscribers
-            run.deliveries = readers.delivered
-            run.dropped = readers.dropped
+            run.deliveries = readers.delivered - delivered_before
+            run.dropped = readers.dropped - dropped_before
             run.delivery_seconds = settled - began
-            await asyncio.to_thread(readers.close)
         return run
 
+    async def close(self) -> None:
+        if self.readers is not None:
+            await asyncio.to_thread(self.readers.close)
+            self.readers = None
+        if self.rt is not None:
+            await asyncio.to_thread(self.rt.stop)
+            self.rt = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
-# -- rounds, rows, main ------------------------------------------------------------------------------------
+
+class Contender(Protocol):
+    """One side of a comparison: opened once, then measured slice by slice."""
+
+    side: Side
+
+    async def open(self, warmup: int) -> None: ...
+
+    async def slice(self) -> Run: ...
+
+    async def close(self) -> None: ...
+
+
+async def alternate(
+    first: Contender, second: Contender, rounds: int, warmup: int
+) -> tuple[list[Run], list[Run]]:
+    """``rounds`` slices of each side, in A B B A order; both sides stay open throughout.
+
+    Runs ``i`` of the two lists were measured next to each other in time.
+    """
+    ones: list[Run] = []
+    twos: list[Run] = []
+    try:
+        await first.open(warmup)
+        await second.open(warmup)
+        for i in range(rounds):
+            order = ((first, ones), (second, twos)) if i % 2 == 0 else ((second, twos), (first, ones))
+            for contender, runs in order:
+                run = await asyncio.wait_for(contender.slice(), SLICE_TIMEOUT)
+                _progress(run)
+                runs.append(run)
+    finally:
+        await second.close()
+        await first.close()
+    return ones, twos
+
+
+# -- rows, plans, main --------------------------------------------------------------------------------------
 
 
 def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
@@ -454,8 +533,8 @@ def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
         "mode": first.work.mode,
         "side": first.side,
         "sessions": first.work.sessions,
-        "turns_each": first.work.turns,
-        "rounds": len(runs),
+        "turns_per_slice": first.work.turns,
+        "slices": len(runs),
         "turns_per_s": round(statistics.median(rates), 2),
         "calls_per_s": round(statistics.median(r.calls / r.seconds for r in runs), 2),
         "p50_ms": round(_percentile(latencies, 0.50) * 1000, 1),
@@ -482,31 +561,29 @@ def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Plan:
-    rounds: int
     warmup: int
-    http: tuple[tuple[int, int], ...]  # (sessions, turns each)
-    mock: tuple[tuple[int, int], ...]
-    threads: tuple[tuple[int, int], ...]  # mock workloads compared on one thread per actor
-    fanout: tuple[int, int]  # the mock workload the fan-out runs use
+    # (sessions, turns of each session per slice, slices of each side)
+    http: tuple[tuple[int, int, int], ...]
+    mock: tuple[tuple[int, int, int], ...]
+    threads: tuple[tuple[int, int, int], ...]  # mock workloads compared on one thread per actor
+    fanout: tuple[int, int, int]  # the mock workload the fan-out runs use
     subscribers: tuple[int, ...]
 
 
 QUICK = Plan(
-    rounds=1,
     warmup=5,
-    http=((10, 2), (100, 1)),
-    mock=((10, 4), (100, 1)),
-    threads=((100, 1),),
-    fanout=(10, 2),
+    http=((10, 2, 2), (100, 1, 2)),
+    mock=((10, 4, 2), (100, 1, 2)),
+    threads=((100, 1, 2),),
+    fanout=(10, 2, 2),
     subscribers=(1, 100, 1_000),
 )
 FULL = Plan(
-    rounds=2,
     warmup=10,
-    http=((10, 6), (100, 2), (1_000, 1)),
-    mock=((10, 10), (100, 3), (1_000, 1)),
-    threads=((10, 10), (100, 3), (1_000, 1)),
-    fanout=(100, 2),
+    http=((10, 3, 6), (100, 1, 6), (1_000, 1, 4)),
+    mock=((10, 5, 8), (100, 1, 8), (1_000, 1, 4)),
+    threads=((10, 5, 4), (100, 1, 4), (1_000, 1, 2)),
+    fanout=(100, 1, 4),
     subscribers=(1, 100, 1_000),
 )
 
@@ -522,7 +599,17 @@ def _progress(run: Run) -> None:
     )
 
 
-_COMMON = ("mode", "side", "sessions", "turns_each", "turns_per_s", "p50_ms", "p99_ms", "cpu_ms_per_turn")
+_COMMON = (
+    "mode",
+    "side",
+    "sessions",
+    "turns_per_slice",
+    "slices",
+    "turns_per_s",
+    "p50_ms",
+    "p99_ms",
+    "cpu_ms_per_turn",
+)
 _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "turns": ("Turn throughput, runtime against bare litellm", (*_COMMON, "calls_per_s", "vs_bare")),
     "thread_per_actor": (
@@ -567,8 +654,10 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, one round (about 30 s)")
-    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds per workload")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, two slices a side (about 1 minute)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="slices of each side, for every workload")
     parser.add_argument(
         "--modes", default="http,mock", help="comma-separated workloads to run (default http,mock)"
     )
@@ -576,7 +665,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-fanout", action="store_true", help="skip the subscriber fan-out runs")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-    rounds = args.rounds or plan.rounds
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
 
     from runtime.llm import load_litellm
@@ -585,34 +673,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     tools = _registry().schemas()
     loop = asyncio.new_event_loop()  # the driver loop, kept for every run (litellm caches clients per loop)
 
-    def run(coro: Any) -> Run:
-        result: Run = loop.run_until_complete(asyncio.wait_for(coro, ROUND_TIMEOUT))
-        _progress(result)
-        return result
+    def compare(first: Contender, second: Contender, rounds: int) -> tuple[list[Run], list[Run]]:
+        return loop.run_until_complete(alternate(first, second, args.rounds or rounds, plan.warmup))
 
     rows: list[dict[str, Any]] = []
-    provider = ProviderProcess(max(s for s, _ in plan.http)) if "http" in modes else None
+    provider = ProviderProcess(max(s for s, _, _ in plan.http)) if "http" in modes else None
     try:
         for mode, sizes in (("http", plan.http), ("mock", plan.mock)):
             if mode not in modes:
                 continue
             url = provider.url if provider is not None and mode == "http" else None
-            for sessions, turns in sizes:
+            for sessions, turns, rounds in sizes:
                 work = Workload(mode, sessions, turns)  # type: ignore[arg-type]
-                bare: list[Run] = []
-                ours: list[Run] = []
-                for _ in range(rounds):
-                    bare.append(run(Bare(work, url, tools).run(plan.warmup)))
-                    ours.append(run(OnRuntime(work, url).run(plan.warmup)))
+                bare, ours = compare(Bare(work, url, tools), OnRuntime(work, url), rounds)
                 rows.append(_row(bare, None))
                 rows.append(_row(ours, bare))
         if not args.no_threads:
-            for sessions, turns in plan.threads:
+            for sessions, turns, rounds in plan.threads:
                 work = Workload("mock", sessions, turns)
-                pooled = [run(OnRuntime(work, None).run(plan.warmup)) for _ in range(rounds)]
-                threaded = [
-                    run(OnRuntime(work, None, thread_per_actor=True).run(plan.warmup)) for _ in range(rounds)
-                ]
+                pooled, threaded = compare(
+                    OnRuntime(work, None), OnRuntime(work, None, thread_per_actor=True), rounds
+                )
                 row = _row(threaded, None)
                 row["bench"] = "thread_per_actor"
                 row["dispatcher_threads"] = ACTORS_PER_SESSION * (sessions + plan.warmup)
@@ -623,12 +704,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pooled_row["bench"] = "thread_per_actor"
                 rows.extend([pooled_row, row])
         if not args.no_fanout:
-            sessions, turns = plan.fanout
+            sessions, turns, rounds = plan.fanout
             work = Workload("mock", sessions, turns)
-            quiet = [run(OnRuntime(work, None).run(plan.warmup)) for _ in range(rounds)]
-            rows.append({**_row(quiet, None), "bench": "fanout", "subscribers": 0})
             for count in plan.subscribers:
-                loud = [run(OnRuntime(work, None, subscribers=count).run(plan.warmup)) for _ in range(rounds)]
+                quiet, loud = compare(OnRuntime(work, None), OnRuntime(work, None, subscribers=count), rounds)
+                if count == plan.subscribers[0]:
+                    rows.append({**_row(quiet, None), "bench": "fanout", "subscribers": 0})
                 row = _row(loud, None)
                 row["vs_no_subscribers"] = round(
                     statistics.median(a.turns_per_s / b.turns_per_s for a, b in zip(loud, quiet)), 3
@@ -645,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     met = {key: ratio >= TARGET_RATIO for key, ratio in ratios.items()}
     meta = {
         "quick": args.quick,
-        "rounds": rounds,
+        "method": "both sides open at once, taking turns in slices (A B B A); ratio: median over adjacent slices",
         "warmup_sessions": plan.warmup,
         "target_ratio": TARGET_RATIO,
         "runtime_vs_bare": ratios,

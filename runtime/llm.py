@@ -451,24 +451,49 @@ def _field(obj: Any, key: str) -> Any:
 
     litellm's response objects are pydantic models whose optional fields (``reasoning_content``, ...) are
     often simply absent, and a missing attribute costs a raised and caught ``AttributeError`` inside
-    pydantic. Dozens of such lookups per streamed call add up, so the instance dictionaries are read first.
+    pydantic. A streamed call makes hundreds of these lookups, so the instance dictionaries are read
+    first and what a class can answer otherwise is worked out once per class and key.
     """
     if obj is None:
         return None
-    if isinstance(obj, Mapping):
+    cls = type(obj)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    if kind is _MAPPING:
         return obj.get(key)
     values = getattr(obj, "__dict__", None)
-    if values is not None and key in values:
-        return values[key]
+    if values is not None:
+        value = values.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+    if kind is _OBJECT:
+        return getattr(obj, key, None)
     extra = getattr(obj, "__pydantic_extra__", None)
     if extra is not None and key in extra:
         return extra[key]
-    # A declared pydantic field missing from the instance was deleted (litellm deletes unset optional
-    # fields): absent. Anything else may be a property. (``__pydantic_fields__`` is a plain class dict;
-    # the class-level ``model_fields`` is a slow deprecated property.)
-    if key in getattr(type(obj), "__pydantic_fields__", ()):
-        return None
-    return getattr(obj, key, None)
+    # Not in the instance: a declared field litellm deleted (absent), or a property of the class.
+    computed = _COMPUTED.get((cls, key))
+    if computed is None:
+        computed = _COMPUTED[(cls, key)] = key not in cls.__pydantic_fields__ and hasattr(cls, key)
+    return getattr(obj, key, None) if computed else None
+
+
+_MAPPING: Final = "mapping"
+_PYDANTIC: Final = "pydantic"
+_OBJECT: Final = "object"
+_MISSING: Final = object()
+_KINDS: dict[type, str] = {}
+_COMPUTED: dict[tuple[type, str], bool] = {}  # (pydantic class, key) -> answered by a class attribute
+
+
+def _kind_of(cls: type) -> str:
+    if issubclass(cls, Mapping):
+        return _MAPPING
+    # ``__pydantic_fields__`` is a plain class dict; the class-level ``model_fields`` is a slow property.
+    if isinstance(getattr(cls, "__pydantic_fields__", None), dict) and "__pydantic_extra__" in dir(cls):
+        return _PYDANTIC
+    return _OBJECT
 
 
 def _int(value: Any) -> int:
@@ -1011,8 +1036,16 @@ class Gateway:
         return assembler.message(model=model, usage=usage)
 
     def _cost(self, litellm: Any, model: str, raw_usage: Any) -> float | None:
-        """The call's cost in USD when litellm knows the model's prices; None otherwise."""
-        if raw_usage is None or self._priced.get(model) is False:
+        """The call's cost in USD: what the provider or litellm stamped on the usage (litellm's own
+        figure for a streamed call), else litellm's prices for the model; None when neither knows."""
+        if raw_usage is None:
+            return None
+        stamped = _field(raw_usage, "cost")
+        if isinstance(stamped, Mapping):  # a provider's breakdown (OpenRouter): its total
+            stamped = stamped.get("total_cost")
+        if isinstance(stamped, (int, float)) and not isinstance(stamped, bool) and stamped >= 0:
+            return float(stamped)
+        if self._priced.get(model) is False:
             return None
         try:
             prompt_cost, completion_cost = litellm.cost_per_token(model=model, usage_object=raw_usage)

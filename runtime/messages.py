@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
@@ -31,8 +32,19 @@ StopReason = Literal["stop", "tool_calls", "length", "content_filter", "aborted"
 
 
 def new_id() -> str:
-    """A short random id (16 hex chars): unique enough per session, cheap to make and to store."""
-    return os.urandom(8).hex()
+    """A short random id (16 hex chars): unique enough per session, cheap to make and to store.
+
+    The bits come from a generator of our own, seeded from ``os.urandom`` and reseeded in a forked child:
+    ``os.urandom`` itself is a system call that gives up the GIL, and a turn makes several ids. (Not the
+    ``random`` module's shared generator: a program or test framework may seed that one.)
+    """
+    return f"{_random_bits(64):016x}"
+
+
+_ids = random.Random()
+_random_bits = _ids.getrandbits
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
 
 
 class TextPart(msgspec.Struct, frozen=True, tag="text"):

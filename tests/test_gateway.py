@@ -516,6 +516,68 @@ def test_usage_normalization_covers_openai_and_anthropic_shapes() -> None:
     assert normalize_usage(None) == m.Usage()
 
 
+def test_fields_are_read_from_litellm_objects_dicts_and_plain_objects() -> None:
+    import litellm
+    import pydantic
+
+    from runtime.llm import _field
+
+    usage = litellm.Usage(prompt_tokens=7, completion_tokens=3)
+    assert _field(usage, "prompt_tokens") == 7
+    assert _field(usage, "no_such_field") is None
+    del usage.completion_tokens_details  # litellm deletes unset optional fields
+    assert _field(usage, "completion_tokens_details") is None
+    delta = litellm.utils.Delta(content="hi", reasoning_content="thinking")
+    assert (_field(delta, "content"), _field(delta, "reasoning_content")) == ("hi", "thinking")
+
+    class WithProperty(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        base: int = 2
+
+        @property
+        def doubled(self) -> int:
+            return self.base * 2
+
+    shaped = WithProperty(note="extra")  # type: ignore[call-arg]
+    for _ in range(2):  # the second lookup answers from the per-class cache
+        assert _field(shaped, "doubled") == 4, "a property is computed"
+        assert _field(shaped, "note") == "extra", "an extra field is read"
+        assert _field(shaped, "base") == 2
+        assert _field(shaped, "missing") is None
+
+    class Plain:
+        def __init__(self) -> None:
+            self.content = "plain"
+
+        @property
+        def computed(self) -> str:
+            return "yes"
+
+    assert (_field(Plain(), "content"), _field(Plain(), "computed"), _field(Plain(), "x")) == (
+        "plain",
+        "yes",
+        None,
+    )
+    assert _field({"a": 1}, "a") == 1 and _field({"a": 1}, "b") is None and _field(None, "a") is None
+
+
+def test_a_cost_stamped_on_the_usage_is_taken_as_it_is(io: IoLoop) -> None:
+    import litellm
+
+    gateway = Gateway(io)
+    stamped = litellm.Usage(prompt_tokens=1000, completion_tokens=100)
+    stamped.cost = 0.25  # what litellm (or the provider) reported for this call
+    assert gateway._cost(litellm, "gpt-4o-mini", stamped) == 0.25
+    breakdown = {"prompt_tokens": 1000, "completion_tokens": 100, "cost": {"total_cost": 0.125}}
+    assert gateway._cost(litellm, "gpt-4o-mini", breakdown) == 0.125, "a provider's breakdown gives its total"
+    unstamped = litellm.Usage(prompt_tokens=1000, completion_tokens=100)
+    prices = litellm.model_cost["gpt-4o-mini"]
+    expected = 1000 * prices["input_cost_per_token"] + 100 * prices["output_cost_per_token"]
+    assert gateway._cost(litellm, "gpt-4o-mini", unstamped) == pytest.approx(expected), "priced by litellm"
+    assert gateway._cost(litellm, "openai/no-such-model-here", unstamped) is None, "no price known"
+    assert gateway._cost(litellm, "gpt-4o-mini", None) is None
+
+
 def test_classification_of_litellm_exceptions() -> None:
     import litellm
 

@@ -140,3 +140,22 @@ def test_unknown_role_is_rejected() -> None:
         m.message_from_openai({"role": "wizard", "content": "x"})
     with pytest.raises(msgspec.ValidationError):
         m.decode_message(b'{"role": "wizard"}')
+
+
+def test_ids_are_16_hex_chars_and_a_forked_child_does_not_repeat_its_parents() -> None:
+    import os
+    import re
+
+    ids = {m.new_id() for _ in range(20_000)}
+    assert len(ids) == 20_000 and all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.write(write, ",".join(m.new_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        child = set(pipe.read().decode().split(","))
+    parent = {m.new_id() for _ in range(100)}
+    assert len(child) == 100 and not child & parent, "the random state is reseeded in a forked child"

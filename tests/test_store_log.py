@@ -297,6 +297,47 @@ def test_a_file_deleted_underneath_is_reopened_by_path(tmp_path: Path, writer: L
     assert path.read_text() == "new session\n"
 
 
+def test_a_file_replaced_underneath_is_reopened_by_path(tmp_path: Path, writer: LogWriter) -> None:
+    path = tmp_path / "s.jsonl"
+    writer.append(path, b"old\n")
+    writer.flush()
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(b"restored\n")
+    os.replace(replacement, path)  # e.g. restored from a backup while the writer holds the old file open
+    writer.append(path, b"new\n")
+    writer.flush()
+    assert path.read_bytes() == b"restored\nnew\n"
+
+
+def test_lazy_lines_wait_for_a_wake_up_that_is_due_anyway(tmp_path: Path) -> None:
+    w = LogWriter("turn", lazy_delay=30.0)
+    try:
+        lazy, other = tmp_path / "lazy.jsonl", tmp_path / "other.jsonl"
+        w.append_from(lazy, lambda _: b"lazy line\n", lazy=True)
+        time.sleep(0.3)
+        assert not lazy.exists(), "a lazy operation alone does not wake the writer"
+        written = threading.Event()
+        w.append(other, b"urgent\n", lambda _error: written.set())
+        assert written.wait(10)
+        assert lazy.read_bytes() == b"lazy line\n", "it went with the next operation that woke the writer"
+    finally:
+        w.close()
+
+
+def test_lazy_lines_are_written_after_the_lazy_delay_on_their_own(tmp_path: Path) -> None:
+    w = LogWriter("turn", lazy_delay=0.05)
+    try:
+        lazy = tmp_path / "lazy.jsonl"
+        done = threading.Event()
+        w.append_from(lazy, lambda _: b"lazy line\n", lambda _error: done.set(), lazy=True)
+        assert done.wait(10), "no other operation came: the writer took it after its delay"
+        assert lazy.read_bytes() == b"lazy line\n"
+    finally:
+        w.close()
+    with pytest.raises(ValueError, match="lazy_delay"):
+        LogWriter("turn", lazy_delay=0)
+
+
 def test_write_file_creates_the_folder_and_replaces_whole_files(tmp_path: Path, writer: LogWriter) -> None:
     target = tmp_path / "s.artifacts" / "compaction-1-input.md"
     writer.write_file(target, b"first version, long")

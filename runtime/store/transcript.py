@@ -56,7 +56,8 @@ class TranscriptWriter:
         self._sessions: dict[str, tuple[str, Callable[[Exception | None], None]]] = {}
         self._failing: set[str] = set()  # sessions whose last transcript write failed (writer thread only)
         # Lines not yet taken by the writer, per session. One queued writer operation takes them all, so a
-        # turn's events cost a few writer operations (and wake-ups), not one each.
+        # turn's events cost a few writer operations, not one each; and that operation is lazy: it waits
+        # (100 ms at most) for a wake-up of the writer that is due anyway, e.g. the session log's.
         self._lock = threading.Lock()
         self._pending: dict[str, list[bytes]] = {}
 
@@ -78,7 +79,9 @@ class TranscriptWriter:
                 return
             self._pending[sid] = [line]
         try:
-            self.writer.append_from(path, functools.partial(self._take, sid), on_done, fsync=self.fsync)
+            self.writer.append_from(
+                path, functools.partial(self._take, sid), on_done, fsync=self.fsync, lazy=True
+            )
         except WriterClosedError as exc:
             with self._lock:
                 self._pending.pop(sid, None)

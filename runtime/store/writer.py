@@ -15,7 +15,8 @@ actor, set a future. Nothing is dropped silently: a failed write is undone (the 
 and every later write to that file fails too until :meth:`LogWriter.reset`, so a log never gets a gap.
 
 One thread serves any number of sessions; open files are kept in a small LRU so 100,000 sessions do not
-need 100,000 descriptors.
+need 100,000 descriptors. Operations marked ``lazy`` (the event transcript's lines) do not wake the thread
+themselves: they go with the next operation that does, or after ``lazy_delay`` seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import errno
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ OnDone = Callable[[Exception | None], None]
 StrPath = str | os.PathLike[str]
 
 FSYNC_POLICIES: Final = ("always", "turn", "never")
+LAZY_DELAY: Final = 0.1  # seconds a lazy operation (transcript lines) may wait for a wake-up due anyway
 
 log = logging.getLogger("agentcell.store")
 
@@ -83,17 +86,27 @@ class LogWriter:
     """
 
     def __init__(
-        self, fsync: FsyncPolicy = "turn", *, max_open_files: int = 256, name: str = "agentcell-log-writer"
+        self,
+        fsync: FsyncPolicy = "turn",
+        *,
+        max_open_files: int = 256,
+        lazy_delay: float = LAZY_DELAY,
+        name: str = "agentcell-log-writer",
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
+        if not lazy_delay > 0:
+            raise ValueError("lazy_delay must be positive")
         self.fsync: FsyncPolicy = fsync
+        self.lazy_delay = lazy_delay
         self.max_open_files = max_open_files
         self.stats = WriterStats()
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Op] = []
+        self._urgent = False  # an operation that is not lazy is queued: the thread is (being) woken
+        self._lazy_since: float | None = None  # when the oldest lazy operation still queued was queued
         self._closed = False
         self._files: OrderedDict[str, int] = OrderedDict()  # path -> fd, least recently used first
         self._unsynced: set[str] = set()  # written since their last fsync
@@ -120,10 +133,15 @@ class LogWriter:
         on_done: OnDone | None = None,
         *,
         fsync: FsyncPolicy | None = None,
+        lazy: bool = False,
     ) -> None:
         """Like :meth:`append`, but the lines are ``take(path)``, asked for on the writer thread when this
-        operation's turn comes: a producer can keep adding lines to one queued operation."""
-        self._put(_Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take))
+        operation's turn comes: a producer can keep adding lines to one queued operation.
+
+        A ``lazy`` operation does not wake the writer: it is done with the next operation that does, or
+        ``lazy_delay`` seconds after it was queued (twice that at most), whichever comes first.
+        """
+        self._put(_Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take), lazy=lazy)
 
     def sync(self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None) -> None:
         """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end."""
@@ -192,24 +210,35 @@ class LogWriter:
         """Descriptors currently held open."""
         return len(self._files)
 
-    def _put(self, op: _Op) -> None:
+    def _put(self, op: _Op, *, lazy: bool = False) -> None:
         with self._cond:
             if self._closed:
                 raise WriterClosedError("the log writer is closed")
             if op.path:
                 self._inflight[op.path] = self._inflight.get(op.path, 0) + 1
             self._queue.append(op)
-            if len(self._queue) == 1:
+            if lazy:
+                if self._lazy_since is None:
+                    self._lazy_since = time.monotonic()
+            elif not self._urgent:
+                self._urgent = True
                 self._cond.notify()
 
     # -- the writer thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Every wake-up of this thread takes the GIL from whichever thread holds it, and so does each
+        # system call it makes: lazy operations (transcript lines) wait for a wake-up that is due anyway.
+        # When only lazy work is queued the thread looks again every ``lazy_delay`` seconds.
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
+                while not self._urgent and not self._closed:
+                    since = self._lazy_since
+                    if since is not None and time.monotonic() - since >= self.lazy_delay:
+                        break
+                    self._cond.wait(self.lazy_delay)
                 batch, self._queue = self._queue, []
+                self._urgent, self._lazy_since = False, None
                 closing = self._closed
             if batch:
                 self._process(batch)
@@ -292,8 +321,7 @@ class LogWriter:
             return
         data = run[0].data if len(run) == 1 else b"".join(op.data for op in run)
         try:
-            fd = self._fd(path, run[0].policy)
-            start = os.lseek(fd, 0, os.SEEK_END)
+            fd, start = self._fd(path, run[0].policy)
             try:
                 _write_all(fd, data)
                 if any(op.policy == "always" for op in run):
@@ -358,28 +386,39 @@ class LogWriter:
         self.stats.writes += 1
         self.stats.bytes += len(data)
 
-    def _fd(self, path: str, policy: FsyncPolicy) -> int:
+    def _fd(self, path: str, policy: FsyncPolicy) -> tuple[int, int]:
+        """The descriptor to append to ``path`` through, and the file's size (where this write starts).
+
+        One ``fstat`` per batch and file tells both the size and whether the open file still has a name:
+        a file deleted or replaced underneath (a session deleted and started again) has no link left,
+        and is reopened by path. (Every system call here gives up the GIL, and getting it back from a
+        busy thread can take a switch interval, so the writer makes as few as it can.)
+        """
         fd = self._files.get(path)
         if fd is not None:
-            if _same_file(path, fd):
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                st = None
+            if st is not None and st.st_nlink > 0:
                 self._files.move_to_end(path)
-                return fd
-            self._release(path)  # deleted or replaced underneath (a session deleted and started again)
+                return fd, st.st_size
+            self._release(path)
         while len(self._files) >= self.max_open_files:
             oldest = next(iter(self._files))
             self._release(oldest)
         try:
             fd = os.open(path, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE)
-            created = True
+            created, size = True, 0
         except FileExistsError:
             fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
-            created = False
+            created, size = False, os.fstat(fd).st_size
         self._files[path] = fd
         if created and policy == "always":
             _fsync_dir(os.path.dirname(path) or ".")  # the new name must survive a crash too
         elif created and policy == "turn":
             self._new_names.add(path)  # made durable with the file's first sync
-        return fd
+        return fd, size
 
     def _release(self, path: str) -> None:
         fd = self._files.pop(path, None)
@@ -410,15 +449,6 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:  # pragma: no cover - a regular file never does this
             raise OSError(errno.EIO, "write wrote nothing")
         view = view[written:]
-
-
-def _same_file(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (one cheap check per batch and file)."""
-    try:
-        a, b = os.stat(path), os.fstat(fd)
-    except OSError:
-        return False
-    return a.st_ino == b.st_ino and a.st_dev == b.st_dev
 
 
 def _fsync_dir(folder: str) -> None:
