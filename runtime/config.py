@@ -121,7 +121,7 @@ class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
     sessions_dir: str = "~/.agentcell/sessions"
     fsync: Literal["always", "turn", "never"] = "turn"
     transcript: bool = True
-    flush_interval: NonNegFloat = 0.005
+    transcript_delay: PosFloat = 0.1  # seconds transcript lines may wait for a write that is due anyway
     hibernate_after: NonNegFloat | None = None  # seconds idle before a session parks its actors
 
 

@@ -91,3 +91,13 @@ def test_env_overrides_ignores_unrelated_variables() -> None:
 def test_dict_values_from_env_as_json() -> None:
     env = {"AGENTCELL_MODELS__CONTEXT_WINDOWS": '{"openai/local": 4096}'}
     assert load_config(environ=env).models.context_windows == {"openai/local": 4096}
+
+
+def test_the_transcript_delay_reaches_the_log_writer(tmp_path: Path) -> None:
+    from runtime import Runtime
+
+    cfg = Config().with_overrides({"persistence.transcript_delay": 2.5})
+    with Runtime(cfg, sessions_dir=tmp_path) as rt:
+        assert rt.services.writer.lazy_delay == 2.5
+    with pytest.raises(ConfigError, match=r"persistence\.transcript_delay"):
+        Config().with_overrides({"persistence.transcript_delay": 0})
