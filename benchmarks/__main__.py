@@ -10,7 +10,7 @@ next to their targets. It writes them, with the machine's facts, to ``benchmarks
 and draws ``benchmarks/results/scale.png`` (turns/s and memory against the number of sessions).
 
 ``--quick`` runs every benchmark at small sizes. It takes under 2 minutes on a quiet 2-core machine.
-The full run takes about 25 minutes: 100,000 sessions, and 1,000 concurrent conversations in 3 rounds.
+The full run takes about 25 minutes: 100,000 sessions, and 1,000 concurrent conversations in alternating slices.
 """
 
 from __future__ import annotations

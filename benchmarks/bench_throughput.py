@@ -24,7 +24,7 @@ Sides, all in this process:
   non-blocking replies, so they cannot run on ``ThreadingActor`` itself.
 
 Both sides are set up once, warmed, and kept open; then they take turns. A slice is ``turns`` turns of
-every session (each conversation goes on where the previous slice left it), and the sides alternate
+N new conversations at once (the runtime starts its N sessions before the clock runs); the sides alternate
 slices in A B B A order, so a drift of the machine's speed hits both alike. This matters here: the same
 pure-Python loop runs at anything from 200 to 370 ms from one second to the next on this shared 2-core
 machine, which two long back-to-back runs cannot tell from a difference between the sides. Each side's
@@ -227,7 +227,6 @@ class Bare:
         self.retries = 0
         self.litellm: Any = None
         self.histories: list[list[dict[str, Any]]] = []
-        self.turns_done = 0
 
     def _kwargs(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         # The arguments runtime.llm.build_call_kwargs gives the same request.
@@ -296,8 +295,9 @@ class Bare:
         self.histories = [[{"role": "system", "content": SYSTEM}] for _ in range(self.work.sessions)]
 
     async def slice(self) -> Run:
-        """Every conversation takes its next ``work.turns`` turns, all at once."""
-        first, turns = self.turns_done, self.work.turns
+        """``work.turns`` turns of new conversations, one per session, all at once."""
+        self.histories = [[{"role": "system", "content": SYSTEM}] for _ in range(self.work.sessions)]
+        first, turns = 0, self.work.turns
         latencies: list[float] = []
         retries_before = self.retries
         gc.collect()
@@ -306,7 +306,6 @@ class Bare:
             *(self.conversation(i, h, first, turns, latencies) for i, h in enumerate(self.histories))
         )
         seconds = time.perf_counter() - began
-        self.turns_done += turns
         run = Run("bare", self.work, seconds, time.process_time() - cpu, latencies, sum(calls), _rss_mb())
         run.extra["retries"] = self.retries - retries_before
         return run
@@ -389,7 +388,6 @@ class OnRuntime:
         self.folder: str | None = None
         self.sids: list[str] = []
         self.readers: _Readers | None = None
-        self.turns_done = 0
 
     def _session(self, rt: Any, index: int) -> str:
         if self.work.mode == "mock":
@@ -445,14 +443,15 @@ class OnRuntime:
         )
         warm = await asyncio.to_thread(self._start, min(warmup, self.work.sessions))
         await self._drive(warm, 0, 1, [])
-        self.sids = await asyncio.to_thread(self._start, self.work.sessions)
         if self.subscribers:
             self.readers = _Readers(self.rt, self.subscribers)
 
     async def slice(self) -> Run:
-        """Every session takes its next ``work.turns`` turns, all at once. The slice ends when every turn
-        has ended and the log writer has written what they queued, so none of it spills into the next."""
-        first, turns = self.turns_done, self.work.turns
+        """``work.turns`` turns of new sessions (started before the clock runs), all at once. The slice
+        ends when every turn has ended and the log writer has written what they queued, so none of it
+        spills into the next slice."""
+        self.sids = await asyncio.to_thread(self._start, self.work.sessions)
+        first, turns = 0, self.work.turns
         readers = self.readers
         delivered_before = readers.delivered if readers is not None else 0
         dropped_before = readers.dropped if readers is not None else 0
@@ -463,7 +462,6 @@ class OnRuntime:
         await asyncio.to_thread(self.rt.services.writer.flush)
         seconds = time.perf_counter() - began
         cpu_seconds = time.process_time() - cpu
-        self.turns_done += turns
         run = Run(self.side, self.work, seconds, cpu_seconds, latencies, calls, _rss_mb())
         if readers is not None:
             settled = await asyncio.to_thread(readers.settle)
@@ -583,7 +581,7 @@ FULL = Plan(
     http=((10, 3, 6), (100, 1, 6), (1_000, 1, 2)),
     mock=((10, 5, 8), (100, 1, 8), (1_000, 1, 4)),
     threads=((10, 5, 4), (100, 1, 4), (1_000, 1, 2)),
-    fanout=(100, 1, 4),
+    fanout=(100, 2, 4),
     subscribers=(1, 100, 1_000),
 )
 
