@@ -570,9 +570,9 @@ class Plan:
 
 QUICK = Plan(
     warmup=5,
-    http=((10, 2, 2), (100, 1, 2)),
+    http=((10, 2, 2),),
     mock=((10, 4, 2), (100, 1, 2)),
-    threads=((100, 1, 2),),
+    threads=((10, 4, 2),),
     fanout=(10, 2, 2),
     subscribers=(1, 100, 1_000),
 )
