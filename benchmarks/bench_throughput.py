@@ -265,11 +265,11 @@ class Bare:
         raise AssertionError("unreachable")
 
     async def conversation(
-        self, index: int, messages: list[dict[str, Any]], first: int, turns: int, latencies: list[float]
+        self, index: int, messages: list[dict[str, Any]], turns: int, latencies: list[float]
     ) -> int:
-        """Turns ``first`` .. ``first + turns - 1`` of one conversation, appended to ``messages``."""
+        """``turns`` turns of one conversation, appended to ``messages``."""
         calls = 0
-        for turn in range(first, first + turns):
+        for turn in range(turns):
             began = time.perf_counter()
             messages.append({"role": "user", "content": _prompt(turn)})
             while True:
@@ -291,19 +291,18 @@ class Bare:
 
         self.litellm = load_litellm()
         warm = [[{"role": "system", "content": SYSTEM}] for _ in range(min(warmup, self.work.sessions))]
-        await asyncio.gather(*(self.conversation(i, h, 0, 1, []) for i, h in enumerate(warm)))
+        await asyncio.gather(*(self.conversation(i, h, 1, []) for i, h in enumerate(warm)))
         self.histories = [[{"role": "system", "content": SYSTEM}] for _ in range(self.work.sessions)]
 
     async def slice(self) -> Run:
         """``work.turns`` turns of new conversations, one per session, all at once."""
         self.histories = [[{"role": "system", "content": SYSTEM}] for _ in range(self.work.sessions)]
-        first, turns = 0, self.work.turns
         latencies: list[float] = []
         retries_before = self.retries
         gc.collect()
         cpu, began = time.process_time(), time.perf_counter()
         calls = await asyncio.gather(
-            *(self.conversation(i, h, first, turns, latencies) for i, h in enumerate(self.histories))
+            *(self.conversation(i, h, self.work.turns, latencies) for i, h in enumerate(self.histories))
         )
         seconds = time.perf_counter() - began
         run = Run("bare", self.work, seconds, time.process_time() - cpu, latencies, sum(calls), _rss_mb())
@@ -409,12 +408,12 @@ class OnRuntime:
             )
         )
 
-    async def _drive(self, sids: list[str], first: int, turns: int, latencies: list[float]) -> int:
+    async def _drive(self, sids: list[str], turns: int, latencies: list[float]) -> int:
         rt = self.rt
 
         async def conversation(sid: str) -> int:
             steps = 0
-            for turn in range(first, first + turns):
+            for turn in range(turns):
                 began = time.perf_counter()
                 result = await rt.prompt(sid, _prompt(turn))
                 if result.status != "ok":
@@ -442,7 +441,7 @@ class OnRuntime:
             lambda: runtime.Runtime(Config().with_overrides(overrides), sessions_dir=folder).start()
         )
         warm = await asyncio.to_thread(self._start, min(warmup, self.work.sessions))
-        await self._drive(warm, 0, 1, [])
+        await self._drive(warm, 1, [])
         if self.subscribers:
             self.readers = _Readers(self.rt, self.subscribers)
 
@@ -451,14 +450,13 @@ class OnRuntime:
         ends when every turn has ended and the log writer has written what they queued, so none of it
         spills into the next slice."""
         self.sids = await asyncio.to_thread(self._start, self.work.sessions)
-        first, turns = 0, self.work.turns
         readers = self.readers
         delivered_before = readers.delivered if readers is not None else 0
         dropped_before = readers.dropped if readers is not None else 0
         latencies: list[float] = []
         gc.collect()
         cpu, began = time.process_time(), time.perf_counter()
-        calls = await self._drive(self.sids, first, turns, latencies)
+        calls = await self._drive(self.sids, self.work.turns, latencies)
         await asyncio.to_thread(self.rt.services.writer.flush)
         seconds = time.perf_counter() - began
         cpu_seconds = time.process_time() - cpu
