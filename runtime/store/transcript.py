@@ -57,7 +57,7 @@ class TranscriptWriter:
         self._failing: set[str] = set()  # sessions whose last transcript write failed (writer thread only)
         # Lines not yet taken by the writer, per session. One queued writer operation takes them all, so a
         # turn's events cost a few writer operations, not one each; and that operation is lazy: it waits
-        # (100 ms at most) for a wake-up of the writer that is due anyway, e.g. the session log's.
+        # (persistence.transcript_delay, 0.1 s by default) for a writer wake-up due anyway, e.g. the log's.
         self._lock = threading.Lock()
         self._pending: dict[str, list[bytes]] = {}
 
