@@ -7,6 +7,7 @@ one-message-at-a-time and a dispatcher thread is never parked on another actor's
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -50,6 +51,24 @@ class Reply(msgspec.Struct, frozen=True):
     error: BaseException | None = None
 
 
+def _deliver(caller: pykka.ActorRef[Any], token: int, future: PooledFuture[Any]) -> None:
+    """Tell ``caller`` the outcome of its call ``token``.
+
+    A module-level function bound with ``functools.partial``, not a closure: a closure that passes
+    itself on (for a deferred reply) references itself, and every call would leave a reference cycle for
+    the garbage collector.
+    """
+    try:
+        value = future.get(timeout=0)
+    except BaseException as exc:  # the callee's failure becomes a value for the caller
+        caller.tell(Reply(token, error=exc))
+        return
+    if isinstance(value, PooledFuture):  # the callee replies later: wait for that one too
+        value.add_done_callback(functools.partial(_deliver, caller, token))
+    else:
+        caller.tell(Reply(token, value))
+
+
 class CallFailed(RuntimeError):
     """The actor that was called is gone or raised; ``__cause__`` holds the reason."""
 
@@ -82,18 +101,7 @@ class SessionActor(PooledActor):
             me.tell(Reply(token, error=exc))
             return
 
-        def deliver(f: Any) -> None:
-            try:
-                value = f.get(timeout=0)
-            except BaseException as exc:  # the callee's failure becomes a value for the caller
-                me.tell(Reply(token, error=exc))
-                return
-            if isinstance(value, PooledFuture):  # the callee replies later: wait for that one too
-                value.add_done_callback(deliver)
-            else:
-                me.tell(Reply(token, value))
-
-        future.add_done_callback(deliver)
+        future.add_done_callback(functools.partial(_deliver, me, token))
 
     def handle_reply(self, reply: Reply) -> None:
         then = self._pending.pop(reply.token, None)

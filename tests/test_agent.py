@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +315,30 @@ def test_tool_decorator_functions_can_be_passed_directly(rt: Any, script: Any, s
     sid = session(model, tools=[shout])
     assert rt.prompt(sid, "shout").result(timeout=20).status == "ok"
     assert tool_messages(rt, sid)[0].text == "HEY"
+
+
+def test_a_turn_leaves_no_reference_cycles(rt: Any, script: Any, session: Any) -> None:
+    # Every turn makes several calls between a session's actors. Garbage they leave in reference cycles
+    # is freed only by the cycle collector, whose passes grow with the number of sessions hosted.
+    model = script(
+        Turn(tool_calls=(call("read_file", '{"path": "none.txt"}'),)), Turn(text="done"), Turn(text="again")
+    )
+    sid = session(model)
+    assert rt.prompt(sid, "warm up").result(timeout=20).status == "ok"
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept in gc.garbage
+    try:
+        assert rt.prompt(sid, "once more").result(timeout=20).status == "ok"
+        gc.collect()
+        ours = [
+            o
+            for o in gc.garbage
+            if isinstance(o, types.FunctionType) and o.__module__.startswith(("actors.", "runtime."))
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert [f.__qualname__ for f in ours] == []
 
 
 @pytest.mark.parametrize("bad", [None, 42])
