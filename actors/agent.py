@@ -28,7 +28,7 @@ from actors import usage_tracker as ut
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
-from runtime.context.integrity import model_view, repair_tool_calls
+from runtime.context.integrity import repair_tool_calls, request_view
 from runtime.context.recovery import (
     PROMPT_HIDDEN_NOTE,
     compaction_did_not_help,
@@ -300,7 +300,7 @@ class Agent(SessionActor):
     def _request(self, context: tuple[Message, ...], estimate: int) -> None:
         run = self.run
         assert run is not None
-        repairs = repair_tool_calls(context)
+        repairs, view = request_view(context)
         if repairs:  # every tool call gets exactly one result before the next provider call (SPEC 3.6)
             extra = sum(self.counter.count_message(m) for m in repairs)
             self.call(
@@ -317,7 +317,7 @@ class Agent(SessionActor):
             from runtime.messages import system
 
             messages.append(system(spec.system_prompt))
-        messages.extend(model_view(context))  # each result right after its call, duplicates dropped
+        messages.extend(view)  # each result right after its call, duplicates dropped
         request = CompletionRequest(
             model=self.model,
             messages=messages,

@@ -466,14 +466,16 @@ class _Mailbox:
         actor = self.actor
         if actor is None:  # killed while it waited in the run queue
             return
-        stopped = actor.actor_stopped
+        stopped: _StopFlag = actor.actor_stopped  # type: ignore[assignment]  # read as ._flag: the hot loop
         if not self._started:
             self._started = True
-            if not stopped.is_set():  # killed before it ever ran: no on_start
+            if not stopped._flag:  # killed before it ever ran: no on_start
                 actor._pooled_start()
-        buf, head, handled = self._buf, self._head, 0
+        handle = actor._pooled_handle
+        buf: list[Any] = self._buf
+        head, handled = self._head, 0
         while True:
-            if stopped.is_set():
+            if stopped._flag:
                 self._buf, self._head = buf, head
                 actor._pooled_teardown()
                 return
@@ -481,12 +483,12 @@ class _Mailbox:
                 buf.clear()
                 with self._lock:
                     items = self._items
-                    if not items and not stopped.is_set():
+                    if not items and not stopped._flag:
                         self._state = _IDLE
                         self._buf, self._head = buf, 0
                         return
-                    self._items = cast("list[Envelope[Any]]", buf)
-                buf, head = cast("list[Envelope[Any] | None]", items), 0
+                    self._items = buf
+                buf, head = items, 0
                 continue
             if handled == batch_size:
                 break
@@ -494,7 +496,7 @@ class _Mailbox:
             buf[head] = None  # let the message go as soon as it is handled
             head += 1
             handled += 1
-            actor._pooled_handle(cast("Envelope[Any]", envelope))
+            handle(envelope)
         self._buf, self._head = buf, head
         assert self._dispatcher is not None
         self._dispatcher._run_queue.put(self)  # fairness: back of the queue

@@ -122,6 +122,7 @@ class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
     fsync: Literal["always", "turn", "never"] = "turn"
     transcript: bool = True
     transcript_delay: PosFloat = 0.1  # seconds transcript lines may wait for a write that is due anyway
+    max_open_files: PosInt | None = None  # log and transcript files kept open; None: ulimit -n / 4, ≤ 4,096
     hibernate_after: NonNegFloat | None = None  # seconds idle before a session parks its actors
 
 

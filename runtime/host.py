@@ -93,7 +93,9 @@ class Runtime:
             )
             self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
             self.io = IoLoop()
-            writer = LogWriter(lazy_delay=cfg.persistence.transcript_delay)
+            writer = LogWriter(
+                lazy_delay=cfg.persistence.transcript_delay, max_open_files=cfg.persistence.max_open_files
+            )
             directory = SessionDirectory(self.sessions_path)
             if cfg.persistence.transcript:
                 self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))

@@ -93,11 +93,14 @@ def test_dict_values_from_env_as_json() -> None:
     assert load_config(environ=env).models.context_windows == {"openai/local": 4096}
 
 
-def test_the_transcript_delay_reaches_the_log_writer(tmp_path: Path) -> None:
+def test_the_writer_settings_reach_the_log_writer(tmp_path: Path) -> None:
     from runtime import Runtime
 
-    cfg = Config().with_overrides({"persistence.transcript_delay": 2.5})
+    cfg = Config().with_overrides({"persistence.transcript_delay": 2.5, "persistence.max_open_files": 7})
     with Runtime(cfg, sessions_dir=tmp_path) as rt:
         assert rt.services.writer.lazy_delay == 2.5
+        assert rt.services.writer.max_open_files == 7
     with pytest.raises(ConfigError, match=r"persistence\.transcript_delay"):
         Config().with_overrides({"persistence.transcript_delay": 0})
+    with pytest.raises(ConfigError, match=r"persistence\.max_open_files"):
+        Config().with_overrides({"persistence.max_open_files": 0})

@@ -11,6 +11,7 @@ from runtime.context.integrity import (
     malformed_arguments_text,
     model_view,
     repair_tool_calls,
+    request_view,
     unknown_tool_text,
 )
 
@@ -38,6 +39,7 @@ def test_complete_conversation_is_untouched() -> None:
     assert check_integrity(ctx).ok
     assert find_orphans(ctx) == [] and repair_tool_calls(ctx) == []
     assert model_view(ctx) == ctx
+    assert request_view(ctx) == ([], ctx)
 
 
 def test_aborted_turn_orphans_get_one_error_result_each() -> None:
@@ -53,6 +55,10 @@ def test_aborted_turn_orphans_get_one_error_result_each() -> None:
     repaired = ctx + repairs
     assert check_integrity(repaired).ok
     assert repair_tool_calls(repaired) == []  # idempotent
+    # A request first gets the same repairs (and no view); once they are appended, the model view.
+    needed, view = request_view(ctx)
+    assert shape(needed) == shape(repairs) and view == []
+    assert request_view(repaired) == ([], model_view(repaired))
 
 
 def test_model_view_places_results_after_their_call_in_call_order() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from runtime.store.log import CorruptLogError, SessionLog, load_tree, read_log
 from runtime.store.sessions import SessionDirectory, SessionLockedError, SessionNotFoundError
 from runtime.store.transcript import TranscriptWriter, read_transcript
 from runtime.store.tree import SessionTree
-from runtime.store.writer import LogWriteError, LogWriter, WriterClosedError
+from runtime.store.writer import LogWriteError, LogWriter, WriterClosedError, default_max_open_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -242,6 +243,22 @@ def test_open_files_are_bounded(tmp_path: Path) -> None:
     finally:
         w.close()
     assert all((tmp_path / f"{i}.log").read_text() == "0\n1\n2\n" for i in range(20))
+
+
+@pytest.mark.parametrize(
+    ("soft_limit", "expected"), [(1024, 256), (20_000, 4_096), (100, 64), (resource.RLIM_INFINITY, 4_096)]
+)
+def test_the_open_file_bound_follows_the_descriptor_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, soft_limit: int, expected: int
+) -> None:
+    # 1,000 active sessions keep 2,000 files busy: where the process may open that many, keep them open.
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (soft_limit, resource.RLIM_INFINITY))
+    assert default_max_open_files() == expected
+    w = LogWriter("never")
+    try:
+        assert w.max_open_files == expected
+    finally:
+        w.close()
 
 
 def test_close_drains_everything_queued_and_refuses_more(tmp_path: Path) -> None:

@@ -81,7 +81,22 @@ def model_view(context: Sequence[Message]) -> list[Message]:
     missing ones. Each assistant message is followed by exactly one result per tool call, in call order;
     other messages keep their order.
     """
+    return _view(context, _match(context))
+
+
+def request_view(context: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """``(repairs, view)`` for a provider request, with one pass over ``context``.
+
+    ``repairs`` is :func:`repair_tool_calls`; when there are none, ``view`` is :func:`model_view`
+    (otherwise it is empty: append the repairs first, then ask again).
+    """
     match = _match(context)
+    if match.orphans:
+        return [interrupted_result(ref.call) for ref in match.orphans], []
+    return [], _view(context, match)
+
+
+def _view(context: Sequence[Message], match: _Match) -> list[Message]:
     dropped = set(match.duplicates) | set(match.strays)
     orphan_ids = {(ref.message_index, ref.call.id) for ref in match.orphans}
     out: list[Message] = []
@@ -166,13 +181,17 @@ def _match(context: Sequence[Message]) -> _Match:
                 duplicates.append(index)
             else:
                 strays.append(index)
-    orphans = [
-        CallRef(call, index)
-        for index, msg in enumerate(context)
-        if msg.role == "assistant"
-        for call in msg.tool_calls
-        if index in pending.get(call.id, ())
-    ]
+    orphans = (
+        [
+            CallRef(call, index)
+            for index, msg in enumerate(context)
+            if msg.role == "assistant"
+            for call in msg.tool_calls
+            if index in pending.get(call.id, ())
+        ]
+        if any(pending.values())
+        else []
+    )
     return _Match(answers, orphans, duplicates, strays)
 
 
