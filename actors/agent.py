@@ -222,6 +222,9 @@ class Agent(SessionActor):
                 self._on_tools_done(message.results)
             case _ProviderDone() | _ToolsDone():
                 pass  # a late answer for a run that was aborted
+            case ov.UsageOverflowed():
+                # a silent overflow (SPEC 6.2): compact before the next request, even in a later turn
+                self._pending_trigger = "usage_overflow"
             case Abort():
                 self._on_abort(message)
             case SetModel(model=model, context_window=window):
@@ -395,23 +398,15 @@ class Agent(SessionActor):
         self.refs.require("usage").tell(
             ut.RecordResponse(message=message, estimated_input=run.estimated_tokens)
         )
-        if message.usage is not None:
-            self.call(
-                self.refs.require("overflow"),
-                ov.CheckUsage(input_tokens=message.usage.input_tokens),
-                self._on_usage_verdict,
+        if message.usage is not None:  # a silent overflow is told back (UsageOverflowed); "no" is not
+            self.refs.require("overflow").tell(
+                ov.CheckUsage(input_tokens=message.usage.input_tokens, notify=self.actor_ref)
             )
         self.call(
             self.refs.require("store"),
             st.Append((message,)),
             self._guard(run, lambda _: self._after_response(message)),
         )
-
-    def _on_usage_verdict(self, overflowed: bool) -> None:
-        if (
-            overflowed is True
-        ):  # silent overflow (SPEC 6.2): compact before the next request, even in a later turn
-            self._pending_trigger = "usage_overflow"
 
     def _after_response(self, message: Message) -> None:
         run = self.run

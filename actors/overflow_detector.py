@@ -26,6 +26,19 @@ class ClassifyError(msgspec.Struct, frozen=True):
 
 
 class CheckUsage(msgspec.Struct, frozen=True):
+    """Did a response's input fill the window (a silent overflow, SPEC 6.2)? An ``ask`` gets a bool.
+
+    Sent with ``tell`` and a ``notify`` ref, it is answered only when the answer is yes, with
+    :class:`UsageOverflowed`: a turn's usual "no" costs no reply at all.
+    """
+
+    input_tokens: int
+    notify: Any = None  # pykka.ActorRef
+
+
+class UsageOverflowed(msgspec.Struct, frozen=True):
+    """Told to :attr:`CheckUsage.notify` when the input tokens filled the context window."""
+
     input_tokens: int
 
 
@@ -61,8 +74,11 @@ class OverflowDetector(SessionActor):
         match message:
             case ClassifyError():
                 return self.classify(message)
-            case CheckUsage(input_tokens=tokens):
-                return self.check_usage(tokens)
+            case CheckUsage(input_tokens=tokens, notify=notify):
+                overflowed = self.check_usage(tokens)
+                if overflowed and notify is not None:
+                    notify.tell(UsageOverflowed(tokens))
+                return overflowed
             case SetWindow(context_window=window):
                 self.context_window = window
                 return None

@@ -31,13 +31,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias, TypeVar, cast
 
 import msgspec
 import pykka
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka._envelope import Envelope
-from pykka.messages import _ActorStop
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from runtime.config import RuntimeConfig
 
@@ -381,6 +381,7 @@ def kill(ref: ActorRef[Any]) -> bool:
 # --- the mailbox: inbox + scheduling state -------------------------------------------------------------
 
 _UNSTARTED, _IDLE, _SCHEDULED, _CLOSED = range(4)
+_PYKKA_MESSAGES: Final = frozenset((_ActorStop, ProxyCall, ProxyGetAttr, ProxySetAttr))
 
 
 class _Mailbox:
@@ -681,7 +682,12 @@ class PooledActor(pykka.Actor):
     def _pooled_handle(self, envelope: Envelope[Any]) -> None:
         reply_to = self._pooled_reply = envelope.reply_to
         try:
-            response = self._handle_receive(envelope.message)
+            message = envelope.message
+            # pykka's own messages (stop, proxy calls) take its route; the others go straight to on_receive
+            if type(message) in _PYKKA_MESSAGES:
+                response = self._handle_receive(message)
+            else:
+                response = self.on_receive(message)
             if reply_to is not None and self._pooled_reply is not None:  # answered here, not deferred
                 self._pooled_reply = None
                 reply_to.set(response)

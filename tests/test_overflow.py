@@ -664,3 +664,35 @@ def test_overflow_recovery_is_one_emergency_compaction_then_clear_errors() -> No
     storeless = decide_overflow(recoveries_this_turn=0, auto_compact=True, has_store=False, **facts)
     assert storeless.action == "fail" and "no session store" in storeless.message
     assert "8,000 tokens (about 9,500 tokens)" in storeless.message
+
+
+def test_the_detector_answers_asks_and_tells_only_a_silent_overflow() -> None:
+    import queue
+
+    from actors.overflow_detector import CheckUsage, OverflowDetector, UsageOverflowed
+    from runtime.actor import PooledActor
+    from runtime.events import Event
+
+    told: queue.Queue[Any] = queue.Queue()
+
+    class Agent(PooledActor):
+        def on_receive(self, message: Any) -> None:
+            told.put(message)
+
+    events: list[Event] = []
+    detector = OverflowDetector.start("s1", events.append, context_window=1_000, auto_compact=True)
+    agent = Agent.start()
+    try:
+        assert detector.ask(CheckUsage(500)) is False
+        assert detector.ask(CheckUsage(1_500)) is True
+        detector.tell(CheckUsage(900, notify=agent))  # within the window: no reply at all
+        detector.tell(CheckUsage(1_200, notify=agent))
+        assert told.get(timeout=5) == UsageOverflowed(1_200)
+        assert told.empty()
+        assert [(e.type, getattr(e, "input_tokens", None)) for e in events] == [
+            ("usage_overflow", 1_500),
+            ("usage_overflow", 1_200),
+        ]
+    finally:
+        detector.stop()
+        agent.stop()
