@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import email.utils
+import gc
 import importlib
 import logging
 import random
@@ -710,7 +711,8 @@ _litellm_module: Any = None
 
 
 def load_litellm() -> Any:
-    """Import and configure litellm once: quiet, no telemetry, no retries of its own."""
+    """Import and configure litellm once: quiet, no telemetry, no retries of its own, and its import's
+    objects kept out of the cycle collector's full passes (``gc.freeze()``)."""
     global _litellm_module
     if _litellm_module is not None:
         return _litellm_module
@@ -726,6 +728,11 @@ def load_litellm() -> Any:
             for module in _FIRST_CALL_MODULES:
                 with contextlib.suppress(ImportError):
                     importlib.import_module(module)
+            # litellm's import leaves ~360,000 objects that live as long as the process. The cycle collector
+            # would walk them all in every full collection (~0.25 s on a small machine, while every session
+            # waits); frozen, they are left out. Garbage from the import is collected first.
+            gc.collect()
+            gc.freeze()
             _litellm_module = litellm
     return _litellm_module
 
