@@ -119,11 +119,13 @@ def _throughput(doc: dict[str, Any]) -> Summary:
     out: Summary = []
     target = doc["meta"].get("target_ratio", 0.9)
     for row in _rows(doc, bench="turns", side="runtime"):
+        spread = row.get("vs_bare_spread")  # results written before the spread was recorded have none
+        quartiles = f", quartiles {spread[0]:.2f}-{spread[1]:.2f}" if spread else ""
         out.append(
             _figure(
                 "throughput",
                 f"{row['mode']} x{row['sessions']}: turns/s vs bare litellm",
-                f"{row['vs_bare']:.2f} ({row['turns_per_s']:.1f} turns/s, p99 {row['p99_ms']:,.0f} ms)",
+                f"{row['vs_bare']:.2f}{quartiles} ({row['turns_per_s']:.1f} turns/s, p99 {row['p99_ms']:,.0f} ms)",
                 f">= {target}",
                 row["vs_bare"] >= target,
             )

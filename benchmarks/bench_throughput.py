@@ -176,6 +176,15 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
+def _spread(ratios: Sequence[float]) -> list[float]:
+    """The middle half of the pairwise ratios (lower and upper quartile): how far one pair of slices
+    can be from the median on this machine. With fewer than four pairs, their range."""
+    if len(ratios) < 4:
+        return [round(min(ratios), 3), round(max(ratios), 3)]
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return [round(low, 3), round(high, 3)]
+
+
 def _rss_mb() -> float:
     return float(psutil.Process().memory_info().rss / 2**20)
 
@@ -544,6 +553,7 @@ def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
     if baseline:
         ratios = [r.turns_per_s / b.turns_per_s for r, b in zip(runs, baseline)]
         row["vs_bare"] = round(statistics.median(ratios), 3)
+        row["vs_bare_spread"] = _spread(ratios)
     if first.subscribers:
         row["subscribers"] = first.subscribers
         row["deliveries"] = sum(r.deliveries for r in runs)
@@ -607,7 +617,10 @@ _COMMON = (
     "cpu_ms_per_turn",
 )
 _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "turns": ("Turn throughput, runtime against bare litellm", (*_COMMON, "calls_per_s", "vs_bare")),
+    "turns": (
+        "Turn throughput, runtime against bare litellm",
+        (*_COMMON, "calls_per_s", "vs_bare", "vs_bare_spread"),
+    ),
     "thread_per_actor": (
         "Pooled actors against one thread per actor (ThreadingActor's thread count)",
         (*_COMMON, "rss_mb", "dispatcher_threads", "pooled_vs_threads"),
@@ -722,7 +735,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     met = {key: ratio >= TARGET_RATIO for key, ratio in ratios.items()}
     meta = {
         "quick": args.quick,
-        "method": "both sides open at once, taking turns in slices (A B B A); ratio: median over adjacent slices",
+        "method": (
+            "both sides open at once, taking turns in slices (A B B A); ratio: median over adjacent slices,"
+            " spread: their lower and upper quartile"
+        ),
         "warmup_sessions": plan.warmup,
         "target_ratio": TARGET_RATIO,
         "runtime_vs_bare": ratios,

@@ -1,0 +1,37 @@
+"""How the throughput benchmark turns alternating slices into the reported ratio and its spread."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_throughput import Run, Workload, _row, _spread
+
+WORK = Workload("mock", sessions=10, turns=2)
+
+
+def _run(side: str, turns_per_s: float) -> Run:
+    # 20 turns in 20 / turns_per_s seconds: the slice's rate is exactly turns_per_s
+    return Run(side, WORK, 20 / turns_per_s, 0.1, [0.05] * 20, calls=20, rss_mb=100.0)  # type: ignore[arg-type]
+
+
+def test_ratio_is_the_median_of_neighbouring_slices_not_of_the_median_rates() -> None:
+    bare = [_run("bare", rate) for rate in (100, 50, 100, 50)]
+    ours = [_run("runtime", rate) for rate in (95, 40, 90, 40)]  # pairwise: 0.95, 0.80, 0.90, 0.80
+    row = _row(ours, bare)
+    assert row["vs_bare"] == pytest.approx(0.85)
+    # The sides' median rates (65 and 75) would say 0.87: the machine's drift between slices leaks in.
+    assert row["turns_per_s"] == pytest.approx(65)
+    assert row["vs_bare_spread"] == pytest.approx([0.8, 0.938], abs=1e-3)
+
+
+def test_spread_is_the_quartiles_or_with_few_pairs_the_range() -> None:
+    assert _spread([0.8, 1.0]) == [0.8, 1.0]
+    assert _spread([0.9, 0.7, 0.8]) == [0.7, 0.9]
+    low, high = _spread([0.70, 0.85, 0.88, 0.90, 0.92, 1.30])
+    assert 0.70 < low < 0.88 and 0.90 < high < 1.30  # one wild slice pair does not set the spread
+
+
+def test_a_baseline_row_has_no_ratio() -> None:
+    row = _row([_run("bare", 50)], None)
+    assert "vs_bare" not in row and "vs_bare_spread" not in row
+    assert row["side"] == "bare" and row["slices"] == 1
