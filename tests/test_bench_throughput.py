@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_throughput import Run, Workload, _row, _spread
+from benchmarks.bench_throughput import Run, Side, Workload, _row, _spread
 
 WORK = Workload("mock", sessions=10, turns=2)
 
 
-def _run(side: str, turns_per_s: float) -> Run:
+def _run(side: Side, turns_per_s: float) -> Run:
     # 20 turns in 20 / turns_per_s seconds: the slice's rate is exactly turns_per_s
-    return Run(side, WORK, 20 / turns_per_s, 0.1, [0.05] * 20, calls=20, rss_mb=100.0)  # type: ignore[arg-type]
+    return Run(side, WORK, 20 / turns_per_s, 0.1, [0.05] * 20, calls=20, rss_mb=100.0)
 
 
 def test_ratio_is_the_median_of_neighbouring_slices_not_of_the_median_rates() -> None:
