@@ -154,6 +154,20 @@ def _throughput(doc: dict[str, Any]) -> Summary:
     return out
 
 
+def _overhead(doc: dict[str, Any]) -> Summary:
+    return [
+        _figure(
+            "overhead",
+            f"runtime's own CPU per turn, {row['config']}, x{row['sessions']}"
+            f" ({row['turns_per_slice']} turn/slice), litellm replayed",
+            f"{row['cpu_ms_per_turn']:.2f} ms ({row['turns_per_s']:,.0f} turns/s)",
+            "-",
+            None,
+        )
+        for row in doc["rows"]
+    ]
+
+
 def _met_flags(bench: str, doc: dict[str, Any]) -> Summary:
     """The ``meta.met`` flags a benchmark reports, with target and measured value from ``meta.targets``
     (matched on the first word of the names: ``pooled_start`` goes with ``pooled_actors_started``)."""
@@ -248,6 +262,13 @@ BENCHES: tuple[Bench, ...] = (
         (),
         _throughput,
         "turns/s against bare litellm; thread per actor; fan-out during the turns",
+    ),
+    Bench(
+        "overhead",
+        ("--quick",),
+        (),
+        _overhead,
+        "the runtime's own CPU per turn, litellm replaced by a replay of a recorded stream",
     ),
     Bench("actors", ("--quick",), (), _actors, "pooled actors against ThreadingActor; bus fan-out"),
     Bench("tokens", ("--quick",), (), _tokens, "token accounting per turn against history length"),
