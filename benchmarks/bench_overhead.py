@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import statistics
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -33,8 +32,8 @@ from benchmarks.bench_throughput import (
     Run,
     Workload,
     _close,
-    _percentile,
     _progress,
+    _row,
 )
 
 NAME = "overhead"
@@ -100,18 +99,19 @@ async def measure(side: OnRuntime, slices: int, warmup: int) -> list[Run]:
 
 
 def row(runs: list[Run], config: str) -> dict[str, Any]:
-    first = runs[0]
-    latencies = [x for r in runs for x in r.latencies]
-    return {
-        "config": config,
-        "sessions": first.work.sessions,
-        "turns_per_slice": first.work.turns,
-        "slices": len(runs),
-        "turns_per_s": round(statistics.median(r.turns_per_s for r in runs), 1),
-        "cpu_ms_per_turn": round(statistics.median(r.cpu_seconds / r.turns for r in runs) * 1000, 3),
-        "p50_ms": round(_percentile(latencies, 0.50) * 1000, 1),
-        "p99_ms": round(_percentile(latencies, 0.99) * 1000, 1),
-    }
+    return {"config": config, **_row(runs, None)}
+
+
+_COLUMNS = (
+    "config",
+    "sessions",
+    "turns_per_slice",
+    "slices",
+    "turns_per_s",
+    "cpu_ms_per_turn",
+    "p50_ms",
+    "p99_ms",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _close(loop)
 
     print(f"\nThe runtime's own cost per turn (litellm replaced by a replay of {len(replay.chunks)} chunks)")
-    print(format_table(rows))
+    print(format_table([{c: r[c] for c in _COLUMNS} for r in rows]))
     meta = {
         "quick": args.quick,
         "replay": {"chunks": len(replay.chunks), "calls": replay.calls, "reply": MOCK_REPLY},
