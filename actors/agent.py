@@ -28,6 +28,7 @@ from actors import usage_tracker as ut
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
+from runtime.context.estimate import should_compact
 from runtime.context.integrity import repair_tool_calls, request_view
 from runtime.context.recovery import (
     PROMPT_HIDDEN_NOTE,
@@ -116,6 +117,7 @@ class Agent(SessionActor):
         self.services = services
         self.refs = refs
         self.counter = counter
+        self.estimate = cp.SessionEstimate(spec, counter)
         self.model = spec.model
         self.context_window = context_window
         self.state = AgentState.IDLE
@@ -258,7 +260,9 @@ class Agent(SessionActor):
         self._enter(AgentState.RUNNING)
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
         self.call(
-            self.refs.require("store"), st.Append((prompt.message,)), self._guard(run, self._before_request)
+            self.refs.require("store"),
+            st.Append((prompt.message,), with_view=True),
+            self._guard(run, lambda stored: self._before_request(stored.view if stored.ok else None)),
         )
 
     def _guard(self, run: _Run, step: Any) -> Any:
@@ -275,9 +279,22 @@ class Agent(SessionActor):
         return cont
 
     # -- running: compaction check, then the provider call ------------------------------------------------
-    def _before_request(self, _: Any = None) -> None:
+    def _before_request(self, view: st.ContextView | None = None) -> None:
+        """Make the next provider call, compacting first when that is due (SPEC 5.1).
+
+        ``view`` is the session's context as of the write this follows, when the store (or the compactor)
+        handed it over. Most requests are far below the threshold: then the request goes out from that
+        view at once, and the compactor is asked only when a compaction may be due, the session is dead,
+        a silent overflow asked for one, or there is no view to judge from.
+        """
         run = self.run
         assert run is not None
+        if view is not None and self._pending_trigger is None and view.dead is None:
+            estimate = self.estimate(view)
+            compaction = self.spec.config.compaction
+            if not should_compact(estimate, self.context_window, compaction, len(view.messages)):
+                self._request(view.messages, estimate.tokens)
+                return
         trigger: CompactionTrigger = self._pending_trigger or "threshold"
         self._pending_trigger = None
         request = cp.MaybeCompact(trigger=trigger, attempted=run.compaction_attempted)

@@ -73,6 +73,28 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     message: str | None = None
 
 
+class SessionEstimate:
+    """A session's context estimate (SPEC 4.2): the input size of a request made from a store view now.
+
+    The agent uses it to see whether a request can go out at once; the compactor, to decide and to
+    report. The system prompt and tools are counted once; messages through the counter's cache.
+    """
+
+    def __init__(self, spec: SessionSpec, counter: TokenCounter) -> None:
+        self._count = counter.count_message
+        self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
+        self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+
+    def __call__(self, view: st.ContextView) -> ContextEstimate:
+        return estimate_context(
+            view.messages,
+            count=self._count,
+            system_tokens=self._system_tokens,
+            tools_tokens=self._tools_tokens,
+            usage_floor=view.usage_floor,
+        )
+
+
 class CompactionInterrupted(RuntimeError):
     """The compactor stopped (crashed, or its session stopped) before it answered this request."""
 
@@ -122,8 +144,7 @@ class Compactor(SessionActor):
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
         self._compactions: int | None = None  # number of the latest compaction's artifacts; read lazily
         self._set_summarizer()
-        self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
-        self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+        self.estimate = SessionEstimate(spec, counter)
 
     def _set_summarizer(self) -> None:
         from runtime.models import model_info
@@ -215,15 +236,6 @@ class Compactor(SessionActor):
         self._next()
 
     # -- deciding -------------------------------------------------------------------------------------
-    def estimate(self, view: st.ContextView) -> ContextEstimate:
-        return estimate_context(
-            view.messages,
-            count=self.counter.count_message,
-            system_tokens=self._system_tokens,
-            tools_tokens=self._tools_tokens,
-            usage_floor=view.usage_floor,
-        )
-
     def _with_view(self, job: _Job, view: Any) -> None:
         if isinstance(view, CallFailed):
             self._done(job, Outcome(message=f"store unavailable: {view}"))
@@ -485,7 +497,7 @@ class Compactor(SessionActor):
                 heuristic_chars=cfg.heuristic_summary_chars,
             )
         if plan is None:
-            self._clear_tool_outputs(job)
+            self._clear_tool_outputs(job, job.view)
             return
         job.plan = plan
         request = plan.request
@@ -509,7 +521,7 @@ class Compactor(SessionActor):
                 strategy=str(summary.metadata.get("strategy", job.plan.strategy)),
                 summary_chars=len(summary.text),
             )
-            self._clear_tool_outputs(job)
+            self._clear_tool_outputs(job, None)
 
         self.call(
             store,
@@ -517,10 +529,13 @@ class Compactor(SessionActor):
             lambda _: self.call(store, st.Append((summary,)), appended),
         )
 
-    def _clear_tool_outputs(self, job: _Job) -> None:
+    def _clear_tool_outputs(self, job: _Job, current: st.ContextView | None) -> None:
+        """The second half of ``MaybeArchiveTools``. ``current`` is the session's view when nothing has
+        changed it since it was read (None: read it again). The job's answer is the view the next request
+        can be made from when the context is as it was, or None when this changed it."""
         cfg = self.cfg
         if not cfg.clear_old_tool_outputs:
-            self._done(job, None)
+            self._done(job, current)
             return
 
         def with_view(view: Any) -> None:
@@ -534,7 +549,7 @@ class Compactor(SessionActor):
                 min_freed=cfg.clear_min_freed_tokens,
             )
             if cleared is None:
-                self._done(job, None)
+                self._done(job, view)
                 return
 
             def done(_: Any) -> None:
@@ -547,7 +562,10 @@ class Compactor(SessionActor):
 
             self.call(self.refs.require("store"), st.Overlay(tuple(cleared.replacements)), done)
 
-        self.call(self.refs.require("store"), st.GetContext(), with_view)
+        if current is not None:
+            with_view(current)
+        else:
+            self.call(self.refs.require("store"), st.GetContext(), with_view)
 
     @staticmethod
     def _as_result(outcome: Outcome) -> CompactionResult:

@@ -86,11 +86,16 @@ _holders = _LockHolders()
 
 
 class Append(msgspec.Struct, frozen=True):
-    """Append one message or several (in order) to the leaf, or as children of ``parent_id``."""
+    """Append one message or several (in order) to the leaf, or as children of ``parent_id``.
+
+    With ``with_view`` the reply also carries the model-facing view right after the append
+    (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
+    """
 
     messages: tuple[Message, ...] | Message
     parent_id: str | None = None
     reply_to: ReplyTo = None
+    with_view: bool = False
 
 
 class RecordCompaction(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,11 +169,13 @@ class StoreWriteError(RuntimeError):
 
 
 class Stored(msgspec.Struct, frozen=True):
-    """A write was done (``error is None``) or failed. ``entries`` are what it recorded."""
+    """A write was done (``error is None``) or failed. ``entries`` are what it recorded; ``view`` the
+    model-facing view after it, when the command asked for one (``Append(with_view=True)``)."""
 
     session_id: str
     entries: tuple[Entry, ...] = ()
     error: str | None = None
+    view: ContextView | None = None
 
     @property
     def ok(self) -> bool:
@@ -319,11 +326,11 @@ class SessionStore(PooledActor):
         match message:
             case GetContext(reply_to=reply_to):
                 return self._answer(reply_to, self.view())
-            case Append(messages=messages, parent_id=parent_id, reply_to=reply_to):
+            case Append(messages=messages, parent_id=parent_id, reply_to=reply_to, with_view=with_view):
                 batch = (messages,) if isinstance(messages, Message) else tuple(messages)
                 _check_appendable(tree, batch, parent_id)  # all or nothing
                 entries = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
-                self._write(entries, reply_to)
+                self._write(entries, reply_to, self.view() if with_view else None)
             case SyncTurn(reply_to=reply_to):
                 self._sync(reply_to)
             case RecordCompaction():
@@ -390,8 +397,9 @@ class SessionStore(PooledActor):
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo) -> None:
-        """Queue ``entries``; acknowledge (``reply_to``, or the deferred ask) once they are written."""
+    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo, view: ContextView | None = None) -> None:
+        """Queue ``entries``; acknowledge (``reply_to``, or the deferred ask) once they are written, with
+        ``view`` when the command asked for it."""
         future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, me, path = self.session_id, self.publish, self.actor_ref, str(self._log.path)
 
@@ -409,7 +417,7 @@ class SessionStore(PooledActor):
                                 kind=m.kind,
                             )
                         )
-                _settle(reply_to, future, Stored(session_id, entries))
+                _settle(reply_to, future, Stored(session_id, entries, view=view))
                 return
             publish(ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error)))
             _settle(reply_to, future, Stored(session_id, entries, error=str(error)), error)

@@ -257,6 +257,32 @@ def test_old_tool_results_are_archived_with_a_summary(
     assert sum(m.role == "tool" for m in everything) == 5  # archived, not deleted
 
 
+def test_a_tool_loop_that_fills_the_context_compacts_between_its_steps(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
+) -> None:
+    """The threshold is checked before every provider call of a turn, not only at the prompt."""
+    (workspace / "big.txt").write_text("\n".join(f"line {i} " + "x" * 40 for i in range(120)))
+    name = f"reader-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "big.txt"}')
+    provider.add_script(name, [Turn(tool_calls=(read,)), Turn(tool_calls=(read,)), Turn(text="done")])
+    model = f"openai/{name}"
+    config = small_window(model)
+    config["models.context_windows"][model] = 5_000
+    sid = session(model, config=config)
+    assert rt.prompt(sid, "read big.txt twice").result(timeout=60).status == "ok"
+    recorder.wait_type("agent_end")
+    types = recorder.types(sid)
+    starts = recorder.of("compaction_start", sid)
+    assert starts and all(s.trigger == "threshold" for s in starts), types
+    assert recorder.of("compaction_end", sid) and not recorder.of("compaction_failed", sid)
+    # It ran inside the turn, between a tool's result and the next provider call.
+    first = types.index("compaction_start")
+    assert "tool_execution_end" in types[:first] and "request_start" in types[first:]
+    assert types.index("agent_end") > first
+    context = rt.messages(sid, view="model")
+    assert context[0].kind == KIND_COMPACTION_SUMMARY and check_integrity(context).ok
+
+
 def test_a_failed_automatic_compaction_is_not_retried_in_the_same_turn(
     rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
 ) -> None:

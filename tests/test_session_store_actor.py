@@ -176,6 +176,20 @@ def test_views_follow_compaction_overlay_and_branch(start: Callable[..., Any]) -
     assert len(tree) == 4 and tree.leaf_id == second.id
 
 
+def test_an_append_can_answer_with_the_view_after_it(start: Callable[..., Any]) -> None:
+    """An agent appends its prompt and gets the context to send in the same reply (no second ask)."""
+    ref = start(estimator=lambda messages: 10 * len(messages))
+    first = user("one")
+    plain = stored(ref, Append((first,)))
+    assert plain.view is None
+    second = user("two")
+    reply = stored(ref, Append((second,), with_view=True))
+    assert reply.view is not None
+    assert [m.id for m in reply.view.messages] == [first.id, second.id]
+    assert reply.view == ref.ask(GetContext())  # the same view GetContext answers right after
+    assert reply.view.leaf_id == second.id and reply.view.estimated_tokens == 20
+
+
 def test_an_inconsistent_command_fails_its_caller_and_the_store_carries_on(start: Callable[..., Any]) -> None:
     ref = start()
     a = user("a")
