@@ -92,6 +92,7 @@ class _Run:
     usage: Usage = field(default_factory=Usage)
     overflow_recoveries: int = 0
     compaction_attempted: bool = False
+    synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
     call: Any = None  # runtime.llm.CallHandle
@@ -419,9 +420,11 @@ class Agent(SessionActor):
             self.refs.require("overflow").tell(
                 ov.CheckUsage(input_tokens=message.usage.input_tokens, notify=self.actor_ref)
             )
+        # A final answer ends the run: its append also makes the log durable (no SyncTurn after it).
+        run.synced = not message.tool_calls
         self.call(
             self.refs.require("store"),
-            st.Append((message,)),
+            st.Append((message,), end_turn=run.synced),
             self._guard(run, lambda _: self._after_response(message)),
         )
 
@@ -615,7 +618,7 @@ class Agent(SessionActor):
                 self.emit(
                     ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable
                 )
-            if store is not None:
+            if store is not None and not (status == "ok" and run.synced):
                 with contextlib.suppress(pykka.ActorDeadError):
                     store.tell(st.SyncTurn())
             self.emit(

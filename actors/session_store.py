@@ -90,12 +90,15 @@ class Append(msgspec.Struct, frozen=True):
 
     With ``with_view`` the reply also carries the model-facing view right after the append
     (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
+    ``end_turn`` makes the log durable right after, as :class:`SyncTurn` does, for a turn's last message
+    (the reply still comes once the append is written, not after the fsync).
     """
 
     messages: tuple[Message, ...] | Message
     parent_id: str | None = None
     reply_to: ReplyTo = None
     with_view: bool = False
+    end_turn: bool = False
 
 
 class RecordCompaction(msgspec.Struct, frozen=True, kw_only=True):
@@ -331,6 +334,8 @@ class SessionStore(PooledActor):
                 _check_appendable(tree, batch, parent_id)  # all or nothing
                 entries = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
                 self._write(entries, reply_to, self.view() if with_view else None)
+                if message.end_turn:  # queued with the append: the writer does both in one wake-up
+                    self._sync(None, answer=False)
             case SyncTurn(reply_to=reply_to):
                 self._sync(reply_to)
             case RecordCompaction():
@@ -434,8 +439,12 @@ class SessionStore(PooledActor):
         except (UnicodeEncodeError, msgspec.EncodeError) as exc:  # e.g. a lone surrogate: it cannot be stored
             done(exc)  # like a failed write: the tree is ahead of the log, so the store restarts from it
 
-    def _sync(self, reply_to: ReplyTo) -> None:
-        future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
+    def _sync(self, reply_to: ReplyTo, *, answer: bool = True) -> None:
+        """Make the log durable; acknowledge like a write (not when ``answer`` is False: the command that
+        asked for it is answered by its own write)."""
+        future: pykka.Future[Stored] | None = None
+        if reply_to is None and answer:
+            future = self.defer_reply()
         session_id, publish, path = self.session_id, self.publish, str(self._log.path)
 
         def done(error: Exception | None) -> None:

@@ -72,6 +72,18 @@ def test_usage_is_the_providers_exact_count(rt: Any, script: Any, session: Any, 
     assert rt.usage(sid).input_tokens == result.usage.input_tokens
 
 
+def test_each_turn_makes_the_log_durable_once_at_its_end(rt: Any, script: Any, session: Any) -> None:
+    model = script(Turn(text="plain"), Turn(tool_calls=(call("list_dir"),)), Turn(text="done"))
+    sid = session(model)
+    writer = rt.services.writer
+    for prompt in ("no tools", "with a tool"):
+        writer.flush()
+        before = writer.stats.fsyncs
+        assert rt.prompt(sid, prompt).result(timeout=30).status == "ok"
+        writer.flush()
+        assert writer.stats.fsyncs == before + 1, prompt
+
+
 def slow_registry(delay: float, log: list[tuple[str, str, float]]) -> ToolRegistry:
     registry = ToolRegistry()
 

@@ -83,8 +83,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 def test_no_route_answers_without_the_right_token_and_nothing_changes(
-    server: ApiServer, client: httpx.Client, sid: str, sessions_dir: Path
+    rt: Any, server: ApiServer, client: httpx.Client, sid: str, sessions_dir: Path
 ) -> None:
+    rt.services.writer.flush()  # the turn's last transcript lines are written lazily (transcript_delay)
     before = snapshot(sessions_dir)
     with httpx.Client(base_url=server.url, timeout=10) as anonymous:
         every_kind = [("GET", "/sessions"), ("POST", "/sessions/{sid}/prompt")]

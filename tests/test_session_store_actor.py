@@ -296,6 +296,15 @@ def test_sync_turn_makes_the_log_durable_under_the_turn_policy(
     before = writer.stats.fsyncs
     assert stored(ref, SyncTurn()).ok
     assert writer.stats.fsyncs == before + 1
+    # A turn's last message can ask for the same in its append: durable once the writer has done both.
+    before = writer.stats.fsyncs
+    assert stored(ref, Append((assistant("done"),), end_turn=True)).ok
+    writer.flush()
+    assert writer.stats.fsyncs == before + 1
+    before = writer.stats.fsyncs
+    stored(ref, Append((user("c"),)))  # an ordinary append leaves the sync to the turn's end
+    writer.flush()
+    assert writer.stats.fsyncs == before
     ref_always = start("s2", fsync="always")
     before = writer.stats.fsyncs
     stored(ref_always, Append((user("b"),)))
