@@ -150,15 +150,18 @@ class IoLoop:
 async def _close_loop_clients(loop: asyncio.AbstractEventLoop) -> None:
     """Close the HTTP clients litellm cached for ``loop`` and take them out of its cache.
 
-    litellm keeps one client (and its pool of open connections) per event loop, keyed by ``id(loop)``,
-    for as long as the process lives. Without this, every runtime that stops leaves its connections
-    open, and a later loop that happens to get the same ``id`` is handed clients bound to a closed loop.
+    litellm keeps one client (and its pool of open connections) per event loop, its key suffixed with
+    a mark of the loop, for as long as the process lives. Without this, every runtime that stops leaves
+    its connections open (and, where the mark is ``id(loop)``, a later loop that happens to get the same
+    ``id`` is handed clients bound to a closed loop). The mark is ``id(loop)`` up to litellm 1.106 and a
+    per-loop counter after it; litellm's own ``update_cache_key_with_event_loop``, called on ``loop``,
+    gives it in either case.
     """
     cache = getattr(_litellm_module, "in_memory_llm_clients_cache", None)
     entries = getattr(cache, "cache_dict", None)
     if not isinstance(entries, dict):
         return
-    suffix = f"-{id(loop)}"
+    suffix = _loop_key_suffix(cache, loop)
     for key in [k for k in list(entries) if isinstance(k, str) and k.endswith(suffix)]:
         client = entries.pop(key, None)
         ttl = getattr(cache, "ttl_dict", None)
@@ -173,6 +176,16 @@ async def _close_loop_clients(loop: asyncio.AbstractEventLoop) -> None:
                 await closing
         except Exception:  # a client that fails to close must not keep the others open
             _log.warning("closing a cached provider client failed", exc_info=True)
+
+
+def _loop_key_suffix(cache: object, loop: asyncio.AbstractEventLoop) -> str:
+    """What litellm appends to a client's cache key for ``loop`` (the running loop, as it is here)."""
+    scoped = getattr(cache, "update_cache_key_with_event_loop", None)
+    if callable(scoped) and asyncio.get_running_loop() is loop:
+        suffix = scoped("")
+        if isinstance(suffix, str) and suffix:
+            return suffix
+    return f"-{id(loop)}"
 
 
 # ---------------------------------------------------------------------------------------------------

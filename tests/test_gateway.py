@@ -30,6 +30,7 @@ from runtime.llm import (
     retry_after_seconds,
 )
 from runtime.provider import OVERFLOW_FORMATS, LocalProvider, ToolCallSpec, Turn
+from tests.reliability_support import Resources, wait_for_no_leaks
 
 ENC = tiktoken.get_encoding("o200k_base")
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")  # litellm's own
@@ -418,6 +419,23 @@ def test_concurrent_calls_share_the_loop(provider: LocalProvider, gateway: Gatew
     for rec in recs:
         rec.start(gateway, request(provider, "many", [m.user("hi")]))
     assert all(rec.result().ok for rec in recs)
+
+
+def test_stopping_the_io_loop_closes_the_connections_its_calls_opened(provider: LocalProvider) -> None:
+    provider.add_script("pooled", [Turn(text="kept alive")], loop=True)
+    before = Resources.now()
+    io = IoLoop(name="test-io-pool")
+    gateway = Gateway(io, FAST_RETRY)
+    recs = [Recorder() for _ in range(6)]
+    for rec in recs:
+        rec.start(gateway, request(provider, "pooled", [m.user("hi")]))
+    assert all(rec.result().ok for rec in recs)
+    _, during = Resources.now().leaked_since(before)
+    assert any("socket:" in fd for fd in during), "the calls keep their connections open for reuse"
+    io.stop()
+    threads, fds = wait_for_no_leaks(before, timeout=5)
+    assert not threads, f"threads left after stop: {threads}"
+    assert not fds, f"connections left open after stop: {fds}"
 
 
 def test_policy_replies_work_through_the_gateway(provider: LocalProvider, gateway: Gateway) -> None:
