@@ -2,11 +2,17 @@
 
 The throughput benchmark's ratio to bare litellm mixes two things: what the runtime adds to a turn, and
 how fast this machine runs litellm at that moment (its CPU per mock turn has varied 2.5x between runs
-here). This benchmark measures the first on its own. It runs the throughput benchmark's mock
-conversations on a default runtime, but ``litellm.acompletion`` is replaced by a replay: every call
-streams the same chunks, recorded once from litellm's ``mock_response``. Everything else is the runtime's
-usual path: actors, the gateway reading the stream, events, the session log (fsync at turn end) and the
-transcript. What a slice costs in CPU, per turn, is then the runtime's cost alone.
+here). This benchmark measures the first on its own. It runs the throughput benchmark's conversations on
+a default runtime, but ``litellm.acompletion`` is replaced by a replay of streams recorded once:
+
+- ``answer``: the ``mock`` turn (prompt -> answer), every call streams litellm's ``mock_response`` reply.
+- ``tool``: the ``http`` turn (prompt -> call to the ``add`` tool -> its result -> answer), recorded from
+  the local provider over HTTP; a call whose last message is a tool result gets the answer, any other the
+  tool call. The tool really runs.
+
+Everything else is the runtime's usual path: actors, the gateway reading the stream, events, the tool
+executor, the session log (fsync at turn end) and the transcript. What a slice costs in CPU, per turn, is
+then the runtime's cost alone.
 
 Two configurations: the defaults, and a lean one (no fsync, no transcript) that shows what durability
 costs. With the mock turn's CPU from the throughput benchmark, the ratio a CPU-bound process can reach
@@ -28,19 +34,32 @@ from benchmarks.bench_throughput import (
     API_KEY,
     MOCK_MODEL,
     MOCK_REPLY,
+    SYSTEM,
     OnRuntime,
     Run,
     Workload,
     _close,
     _progress,
+    _prompt,
+    _registry,
     _row,
+    tool_turn_steps,
 )
 
 NAME = "overhead"
 LEAN = {"persistence.fsync": "never", "persistence.transcript": False}
-# (sessions, turns of each session per slice, slices)
-FULL = ((10, 5, 6), (100, 1, 8), (100, 5, 6), (1_000, 1, 4))
-QUICK = ((100, 1, 2),)
+REPLAY_URL = "http://replay.invalid/v1"  # the tool turn's sessions name a provider; the replay answers
+# (turn, sessions, turns of each session per slice, slices)
+FULL = (
+    ("answer", 10, 5, 6),
+    ("answer", 100, 1, 8),
+    ("answer", 100, 5, 6),
+    ("answer", 1_000, 1, 4),
+    ("tool", 10, 3, 6),
+    ("tool", 100, 1, 6),
+    ("tool", 1_000, 1, 2),
+)
+QUICK = (("answer", 100, 1, 2), ("tool", 100, 1, 2))
 
 
 async def record_stream(litellm: Any) -> list[Any]:
@@ -56,21 +75,63 @@ async def record_stream(litellm: Any) -> list[Any]:
     return [chunk async for chunk in stream]
 
 
-class Replay:
-    """A stand-in for ``litellm.acompletion``: every call streams the recorded chunks."""
+async def record_tool_turn(litellm: Any) -> tuple[list[Any], list[Any]]:
+    """The chunks of the tool turn's two streamed replies, the tool call and then the answer, as litellm
+    yields them reading the local provider over HTTP."""
+    from runtime.provider import LocalProvider
 
-    def __init__(self, chunks: list[Any]) -> None:
-        if not chunks:
-            raise ValueError("nothing to replay: the recorded stream is empty")
-        self.chunks = chunks
+    call = {
+        "id": "call_add",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    asked = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _prompt(0)}]
+    answered = [
+        *asked,
+        {"role": "assistant", "content": "Let me add.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "5"},
+    ]
+    with LocalProvider(context_window=1_000_000) as provider:
+        provider.add_script("record", tool_turn_steps())
+        streams: list[list[Any]] = []
+        for messages in (asked, answered):
+            stream = await litellm.acompletion(
+                model="openai/record",
+                messages=messages,
+                tools=_registry().schemas(),
+                stream=True,
+                stream_options={"include_usage": True},
+                api_base=provider.url,
+                api_key=API_KEY,
+            )
+            streams.append([chunk async for chunk in stream])
+    return streams[0], streams[1]
+
+
+class Replay:
+    """A stand-in for ``litellm.acompletion``: every call streams the recorded ``answer`` chunks, or, given
+    ``tool_call``, those for a call that offers tools and does not end with a tool result."""
+
+    def __init__(self, answer: list[Any], tool_call: list[Any] | None = None) -> None:
+        if not answer or tool_call == []:
+            raise ValueError("nothing to replay: a recorded stream is empty")
+        self.answer = answer
+        self.tool_call = tool_call
         self.calls = 0
 
-    async def __call__(self, **_kwargs: Any) -> AsyncIterator[Any]:
+    async def __call__(self, **kwargs: Any) -> AsyncIterator[Any]:
         self.calls += 1
-        return self._stream()
+        return self._stream(self._pick(kwargs))
 
-    async def _stream(self) -> AsyncIterator[Any]:
-        for chunk in self.chunks:
+    def _pick(self, kwargs: dict[str, Any]) -> list[Any]:
+        if self.tool_call is None or not kwargs.get("tools"):
+            return self.answer
+        messages = kwargs.get("messages") or [{}]
+        return self.answer if messages[-1].get("role") == "tool" else self.tool_call
+
+    @staticmethod
+    async def _stream(chunks: list[Any]) -> AsyncIterator[Any]:
+        for chunk in chunks:
             yield chunk
 
 
@@ -98,11 +159,12 @@ async def measure(side: OnRuntime, slices: int, warmup: int) -> list[Run]:
     return runs
 
 
-def row(runs: list[Run], config: str) -> dict[str, Any]:
-    return {"config": config, **_row(runs, None)}
+def row(runs: list[Run], config: str, turn: str) -> dict[str, Any]:
+    return {"config": config, "turn": turn, **_row(runs, None)}
 
 
 _COLUMNS = (
+    "turn",
     "config",
     "sessions",
     "turns_per_slice",
@@ -127,24 +189,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop = asyncio.new_event_loop()
     rows: list[dict[str, Any]] = []
     try:
-        replay = Replay(loop.run_until_complete(record_stream(litellm)))
-        with replaying(litellm, replay):
-            for sessions, turns, slices in sizes:
-                work = Workload("mock", sessions, turns)
+        replays = {
+            "answer": Replay(loop.run_until_complete(record_stream(litellm))),
+            "tool": Replay(*reversed(loop.run_until_complete(record_tool_turn(litellm)))),
+        }
+        for turn, sessions, turns, slices in sizes:
+            work = Workload("mock" if turn == "answer" else "http", sessions, turns)
+            url = None if turn == "answer" else REPLAY_URL
+            with replaying(litellm, replays[turn]):
                 for config, overrides in (("default", {}), ("lean", LEAN)):
-                    side = OnRuntime(work, None, overrides=overrides)
-                    rows.append(row(loop.run_until_complete(measure(side, slices, warmup)), config))
-        if replay.calls == 0:
-            raise RuntimeError("the runtime never called litellm.acompletion: nothing was measured")
+                    side = OnRuntime(work, url, overrides=overrides)
+                    rows.append(row(loop.run_until_complete(measure(side, slices, warmup)), config, turn))
+        idle = [
+            turn for turn, replay in replays.items() if replay.calls == 0 and turn in {s[0] for s in sizes}
+        ]
+        if idle:
+            raise RuntimeError(
+                f"the runtime never called litellm.acompletion for {idle}: nothing was measured"
+            )
     finally:
         _close(loop)
 
-    print(f"\nThe runtime's own cost per turn (litellm replaced by a replay of {len(replay.chunks)} chunks)")
+    print("\nThe runtime's own cost per turn (litellm replaced by a replay of recorded streams)")
     print(format_table([{c: r[c] for c in _COLUMNS} for r in rows]))
+    tool = replays["tool"]
     meta = {
         "quick": args.quick,
-        "replay": {"chunks": len(replay.chunks), "calls": replay.calls, "reply": MOCK_REPLY},
-        "turn": "prompt -> answer: 1 streamed call (replayed), the throughput benchmark's mock turn",
+        "replay": {
+            "answer": {
+                "chunks": len(replays["answer"].answer),
+                "calls": replays["answer"].calls,
+                "reply": MOCK_REPLY,
+            },
+            "tool": {
+                "chunks": [len(tool.tool_call or ()), len(tool.answer)],
+                "calls": tool.calls,
+            },
+        },
+        "turn": {
+            "answer": "prompt -> answer: 1 streamed call (replayed), the throughput benchmark's mock turn",
+            "tool": (
+                "prompt -> add tool call -> tool result -> answer: 2 streamed calls (replayed), the throughput"
+                " benchmark's http turn"
+            ),
+        },
         "configs": {"default": "fsync at turn end, transcripts on", "lean": LEAN},
     }
     write_results(NAME, rows, meta, table=False)

@@ -31,6 +31,14 @@ machine, which two long back-to-back runs cannot tell from a difference between 
 slice rates are compared with the other side's slice next to it in time; the ratio reported is the median
 of those pairwise ratios of turns/s (target: >= 0.90), and the table also gives each side's median rate.
 
+One core: CPython runs one thread at a time, and on a machine with several cores the threads of one
+process hand that turn from core to core (litellm's worker threads on the bare side; the runtime's I/O,
+dispatcher and log writer threads on the other), each hand-over starting on a cold cache. Each side
+alternates slices with the whole process pinned to one CPU and slices free to use every CPU, and the
+two sides are compared once more, both pinned. This tells how much a deployment gains from pinning
+(``taskset``) and how much of the runtime's distance to bare litellm is the cost of those hand-overs.
+Linux only (``os.sched_setaffinity``), and only where the process may use more than one CPU.
+
 Fan-out: a runtime with 1, 100 or 1,000 subscribers to every session alternates slices with one that has
 none. The subscribers are async iterators on a reader thread's event loop. It reports deliveries/s and
 the turn rate against the runtime without subscribers. The thread-per-actor comparison alternates the
@@ -43,16 +51,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
 import multiprocessing.connection
+import os
 import shutil
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -100,15 +110,22 @@ def _script_model(index: int) -> str:
 # -- the provider process -------------------------------------------------------------------------------
 
 
-def _serve(conn: multiprocessing.connection.Connection, sessions: int) -> None:
-    """The provider process: one looping two-step script (tool call, answer) per session."""
-    from runtime.provider import LocalProvider, ToolCallSpec, Turn
+def tool_turn_steps() -> list[Any]:
+    """The provider's script for one ``http`` turn: a call to the ``add`` tool, then the answer."""
+    from runtime.provider import ToolCallSpec, Turn
 
-    provider = LocalProvider(context_window=1_000_000)
-    steps = [
+    return [
         Turn(text="Let me add.", tool_calls=(ToolCallSpec(name="add", arguments='{"a": 2, "b": 3}'),)),
         Turn(text=ANSWER),
     ]
+
+
+def _serve(conn: multiprocessing.connection.Connection, sessions: int) -> None:
+    """The provider process: one looping two-step script (tool call, answer) per session."""
+    from runtime.provider import LocalProvider
+
+    provider = LocalProvider(context_window=1_000_000)
+    steps = tool_turn_steps()
     for i in range(sessions):
         provider.add_script(_script_model(i), steps, loop=True)
     provider.start()
@@ -160,6 +177,7 @@ class Run:
     deliveries: int = 0
     dropped: int = 0
     delivery_seconds: float = 0.0
+    cpus: int | None = None  # the CPUs the process was pinned to, if it was
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -490,6 +508,49 @@ class OnRuntime:
             self.folder = None
 
 
+def pin_threads(cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of this process; threads started later inherit it from the
+    thread that starts them. (On Linux each thread has its own mask: setting the process's is not enough.)"""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended since the listing
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def can_pin() -> bool:
+    """Whether this process can compare one CPU with several: Linux, and more than one CPU allowed."""
+    return (
+        hasattr(os, "sched_setaffinity")
+        and os.path.isdir("/proc/self/task")
+        and len(os.sched_getaffinity(0)) > 1
+    )
+
+
+class Pinned:
+    """Another contender whose slices run with the whole process pinned to ``cpus``; between its slices
+    the process is free to use ``everywhere`` again."""
+
+    def __init__(self, inner: Contender, cpus: set[int], everywhere: set[int]) -> None:
+        self.inner = inner
+        self.side = inner.side
+        self.cpus = cpus
+        self.everywhere = everywhere
+
+    async def open(self, warmup: int) -> None:
+        await self.inner.open(warmup)
+
+    async def slice(self) -> Run:
+        pin_threads(self.cpus)
+        try:
+            run = await self.inner.slice()
+        finally:
+            pin_threads(self.everywhere)
+        run.cpus = len(self.cpus)
+        return run
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 class Contender(Protocol):
     """One side of a comparison: opened once, then measured slice by slice."""
 
@@ -572,6 +633,7 @@ class Plan:
     http: tuple[tuple[int, int, int], ...]
     mock: tuple[tuple[int, int, int], ...]
     threads: tuple[tuple[int, int, int], ...]  # mock workloads compared on one thread per actor
+    one_core: tuple[int, int, int]  # the mock workload compared pinned to one CPU and free
     fanout: tuple[int, int, int]  # the mock workload the fan-out runs use
     subscribers: tuple[int, ...]
 
@@ -581,6 +643,7 @@ QUICK = Plan(
     http=((10, 2, 2),),
     mock=((10, 4, 2), (100, 1, 2)),
     threads=((10, 4, 2),),
+    one_core=(100, 1, 2),
     fanout=(10, 2, 2),
     subscribers=(1, 100, 1_000),
 )
@@ -589,6 +652,7 @@ FULL = Plan(
     http=((10, 3, 6), (100, 1, 6), (1_000, 1, 2)),
     mock=((10, 5, 8), (100, 1, 16), (1_000, 1, 4)),
     threads=((10, 5, 4), (100, 1, 4), (1_000, 1, 2)),
+    one_core=(100, 1, 8),
     fanout=(100, 2, 4),
     subscribers=(1, 100, 1_000),
 )
@@ -597,6 +661,7 @@ FULL = Plan(
 def _progress(run: Run) -> None:
     w = run.work
     subs = f" subscribers={run.subscribers:<5}" if run.subscribers else ""
+    subs += f" cpus={run.cpus}" if run.cpus else ""
     print(
         f"  {w.mode:4} {run.side:7} sessions={w.sessions:<5} turns={run.turns:<5}{subs}"
         f" {run.turns_per_s:8.1f} turns/s  p50 {_percentile(run.latencies, 0.5) * 1000:7.0f} ms"
@@ -625,6 +690,14 @@ _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Pooled actors against one thread per actor (ThreadingActor's thread count)",
         (*_COMMON, "rss_mb", "dispatcher_threads", "pooled_vs_threads"),
     ),
+    "one_core": (
+        "Each side pinned to one CPU against itself free to use every CPU",
+        (*_COMMON, "cpus", "vs_all_cpus"),
+    ),
+    "one_core_vs_bare": (
+        "Runtime against bare litellm, both pinned to one CPU",
+        (*_COMMON, "cpus", "vs_bare", "vs_bare_spread"),
+    ),
     "fanout": (
         "Event fan-out to subscribers of every session, during the turns",
         (
@@ -639,6 +712,34 @@ _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
 }
+
+
+def _one_core_rows(
+    compare: Callable[[Contender, Contender, int], tuple[list[Run], list[Run]]],
+    work: Workload,
+    rounds: int,
+    tools: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each side free against itself pinned to one CPU, then the two sides both pinned."""
+    everywhere = os.sched_getaffinity(0)
+    one = {min(everywhere)}
+    rows: list[dict[str, Any]] = []
+    for make in (lambda: Bare(work, None, tools), lambda: OnRuntime(work, None)):
+        free, pinned = compare(make(), Pinned(make(), one, everywhere), rounds)
+        free_row = {**_row(free, None), "bench": "one_core", "cpus": len(everywhere)}
+        pinned_row = {**_row(pinned, None), "bench": "one_core", "cpus": 1}
+        pinned_row["vs_all_cpus"] = round(
+            statistics.median(p.turns_per_s / f.turns_per_s for p, f in zip(pinned, free)), 3
+        )
+        rows += [free_row, pinned_row]
+    bare, ours = compare(
+        Pinned(Bare(work, None, tools), one, everywhere),
+        Pinned(OnRuntime(work, None), one, everywhere),
+        rounds,
+    )
+    rows.append({**_row(bare, None), "bench": "one_core_vs_bare", "cpus": 1})
+    rows.append({**_row(ours, bare), "bench": "one_core_vs_bare", "cpus": 1})
+    return rows
 
 
 def _print_tables(rows: list[dict[str, Any]]) -> None:
@@ -671,6 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--modes", default="http,mock", help="comma-separated workloads to run (default http,mock)"
     )
     parser.add_argument("--no-threads", action="store_true", help="skip the thread-per-actor comparison")
+    parser.add_argument("--no-one-core", action="store_true", help="skip the pinned-to-one-CPU comparison")
     parser.add_argument("--no-fanout", action="store_true", help="skip the subscriber fan-out runs")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -712,6 +814,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pooled_row = _row(pooled, None)
                 pooled_row["bench"] = "thread_per_actor"
                 rows.extend([pooled_row, row])
+        if not args.no_one_core:
+            if can_pin():
+                rows.extend(
+                    _one_core_rows(compare, Workload("mock", *plan.one_core[:2]), plan.one_core[2], tools)
+                )
+            else:
+                print("one-core comparison skipped: needs Linux and a process allowed more than one CPU")
         if not args.no_fanout:
             sessions, turns, rounds = plan.fanout
             work = Workload("mock", sessions, turns)
@@ -748,6 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mock": "prompt -> answer: 1 streamed litellm mock_response call, no network",
         },
         "config": "defaults: fsync at turn end, transcripts on, 2 dispatcher threads",
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
     print()
     write_results(NAME, rows, meta, table=False)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+
 import pytest
 
-from benchmarks.bench_throughput import Run, Side, Workload, _row, _spread
+from benchmarks.bench_throughput import Pinned, Run, Side, Workload, _row, _spread, can_pin
 
 WORK = Workload("mock", sessions=10, turns=2)
 
@@ -35,3 +39,50 @@ def test_a_baseline_row_has_no_ratio() -> None:
     row = _row([_run("bare", 50)], None)
     assert "vs_bare" not in row and "vs_bare_spread" not in row
     assert row["side"] == "bare" and row["slices"] == 1
+
+
+def _masks() -> dict[int, set[int]]:
+    """The CPU affinity of every thread of this process."""
+    return {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+
+
+class _Slices:
+    """A contender whose slice notes the affinity of every thread while it runs, or fails."""
+
+    side: Side = "runtime"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[dict[int, set[int]]] = []
+
+    async def open(self, warmup: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def slice(self) -> Run:
+        self.seen.append(_masks())
+        if self.fail:
+            raise RuntimeError("the slice failed")
+        return _run("runtime", 10)
+
+
+@pytest.mark.skipif(not can_pin(), reason="needs Linux and more than one CPU")
+def test_a_pinned_slice_runs_every_thread_on_one_cpu_and_frees_them_afterwards() -> None:
+    everywhere = os.sched_getaffinity(0)
+    one = {min(everywhere)}
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait)  # a thread besides this one, as the runtime has many
+    helper.start()
+    try:
+        ok, failing = _Slices(), _Slices(fail=True)
+        run = asyncio.run(Pinned(ok, one, everywhere).slice())
+        assert run.cpus == 1
+        with pytest.raises(RuntimeError, match="failed"):
+            asyncio.run(Pinned(failing, one, everywhere).slice())
+        for seen in ok.seen + failing.seen:
+            assert helper.native_id in seen
+            assert all(mask == one for mask in seen.values())
+        assert all(mask == everywhere for mask in _masks().values())
+    finally:
+        stop.set()
+        helper.join()
