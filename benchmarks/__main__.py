@@ -140,6 +140,27 @@ def _throughput(doc: dict[str, Any]) -> Summary:
                 None,
             )
         )
+    for row in _rows(doc, bench="one_core"):
+        if row.get("vs_all_cpus") is not None:
+            out.append(
+                _figure(
+                    "throughput",
+                    f"mock x{row['sessions']}, {row['side']}: turns/s pinned to 1 CPU / free",
+                    f"{row['vs_all_cpus']:.2f} ({row['turns_per_s']:.1f} turns/s pinned)",
+                    "-",
+                    None,
+                )
+            )
+    for row in _rows(doc, bench="one_core_vs_bare", side="runtime"):
+        out.append(
+            _figure(
+                "throughput",
+                f"mock x{row['sessions']}, both pinned to 1 CPU: turns/s vs bare litellm",
+                f"{row['vs_bare']:.2f}, quartiles {row['vs_bare_spread'][0]:.2f}-{row['vs_bare_spread'][1]:.2f}",
+                "-",
+                None,
+            )
+        )
     for row in _rows(doc, bench="fanout"):
         if row.get("subscribers"):
             out.append(
@@ -158,7 +179,7 @@ def _overhead(doc: dict[str, Any]) -> Summary:
     return [
         _figure(
             "overhead",
-            f"runtime's own CPU per turn, {row['config']}, x{row['sessions']}"
+            f"runtime's own CPU per {row.get('turn', 'answer')} turn, {row['config']}, x{row['sessions']}"
             f" ({row['turns_per_slice']} turn/slice), litellm replayed",
             f"{row['cpu_ms_per_turn']:.2f} ms ({row['turns_per_s']:,.0f} turns/s)",
             "-",
@@ -261,14 +282,14 @@ BENCHES: tuple[Bench, ...] = (
         ("--quick",),
         (),
         _throughput,
-        "turns/s against bare litellm; thread per actor; fan-out during the turns",
+        "turns/s against bare litellm; thread per actor; pinned to one CPU; fan-out during the turns",
     ),
     Bench(
         "overhead",
         ("--quick",),
         (),
         _overhead,
-        "the runtime's own CPU per turn, litellm replaced by a replay of a recorded stream",
+        "the runtime's own CPU per turn (answer, tool), litellm replaced by a replay of recorded streams",
     ),
     Bench("actors", ("--quick",), (), _actors, "pooled actors against ThreadingActor; bus fan-out"),
     Bench("tokens", ("--quick",), (), _tokens, "token accounting per turn against history length"),
