@@ -331,6 +331,13 @@ def _select(names: str | None) -> set[str]:
     return chosen
 
 
+def _handover(document: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's thread hand-over cost (a lock round trip, µs), across two CPUs / on one, for the table."""
+    figures = ((document or {}).get("machine") or {}).get("thread_handover_us") or {}
+    two, one = figures.get("two_cpus_round_trip"), figures.get("one_cpu_round_trip")
+    return {"handover_us_2cpu_1cpu": f"{two} / {one}" if two and one else "-"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected benchmarks; 0 when every one ran and wrote its results, 1 otherwise."""
     parser = argparse.ArgumentParser(
@@ -359,14 +366,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.report:
             document = _read(bench.name, 0.0)
             created = document.get("created") if document else None
-            runs.append({"benchmark": bench.name, "results_from": created or "(none)"})
+            runs.append({"benchmark": bench.name, "results_from": created or "(none)", **_handover(document)})
             if document is None:
                 continue
         else:
             started = time.time()
             code, seconds = _run(bench, args.quick)
             document = _read(bench.name, started)
-            runs.append({"benchmark": bench.name, "exit_code": code, "seconds": round(seconds, 1)})
+            runs.append(
+                {
+                    "benchmark": bench.name,
+                    "exit_code": code,
+                    "seconds": round(seconds, 1),
+                    **_handover(document),
+                }
+            )
             if document is None:
                 summary.append(_figure(bench.name, f"no results (exit code {code})", None, "-", False))
                 continue

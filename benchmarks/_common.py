@@ -10,13 +10,14 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS_DIR", "format_table", "machine_info", "write_results"]
+__all__ = ["RESULTS_DIR", "format_table", "machine_info", "thread_handover", "write_results"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -34,6 +35,9 @@ def machine_info() -> dict[str, Any]:
     }
     if hasattr(os, "getloadavg"):  # other work on the machine skews every figure: say how much there was
         info["load_average_at_write_1_5_15m"] = [round(x, 2) for x in os.getloadavg()]
+    # How dear it is here to wake another thread: it sets what every hop between threads costs (actors,
+    # the I/O loop, the log writer, reader threads), and it changes from host to host, day to day.
+    info["thread_handover_us"] = thread_handover()
     try:
         import psutil
 
@@ -49,6 +53,56 @@ def machine_info() -> dict[str, Any]:
             continue
     info["packages"] = versions
     return info
+
+
+def thread_handover(round_trips: int = 2_000) -> dict[str, float]:
+    """Microseconds a round trip takes when two threads wake each other in turn through locks: wall
+    clock and CPU, with the two threads on two different CPUs and both on one CPU (where the OS lets a
+    thread choose its CPUs), else wherever the OS puts them.
+
+    The calling thread's CPU affinity is what it was afterwards.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not cpus:
+        wall, cpu = _ping_pong(round_trips, None, None)
+        return {"round_trip": wall, "round_trip_cpu": cpu}
+    mine = set(cpus)
+    result: dict[str, float] = {}
+    try:
+        if len(cpus) > 1:
+            wall, cpu = _ping_pong(round_trips, cpus[0], cpus[1])
+            result |= {"two_cpus_round_trip": wall, "two_cpus_round_trip_cpu": cpu}
+        wall, cpu = _ping_pong(round_trips, cpus[0], cpus[0])
+        result |= {"one_cpu_round_trip": wall, "one_cpu_round_trip_cpu": cpu}
+    finally:
+        os.sched_setaffinity(0, mine)
+    return result
+
+
+def _ping_pong(round_trips: int, here: int | None, there: int | None) -> tuple[float, float]:
+    """Round trips between this thread (on CPU ``here``) and a helper (on ``there``): µs wall, µs CPU."""
+    ping, pong = threading.Lock(), threading.Lock()
+    ping.acquire()
+    pong.acquire()
+
+    def other() -> None:
+        if there is not None:
+            os.sched_setaffinity(0, {there})  # 0: the calling thread only
+        for _ in range(round_trips):
+            ping.acquire()
+            pong.release()
+
+    if here is not None:
+        os.sched_setaffinity(0, {here})
+    helper = threading.Thread(target=other, name="handover-probe", daemon=True)
+    helper.start()
+    began, cpu_began = time.perf_counter(), time.process_time()
+    for _ in range(round_trips):
+        ping.release()
+        pong.acquire()
+    wall, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu_began
+    helper.join()
+    return round(wall / round_trips * 1e6, 1), round(cpu_seconds / round_trips * 1e6, 1)
 
 
 def _cell(value: Any) -> str:
