@@ -31,3 +31,14 @@ def test_every_result_says_what_a_thread_handover_cost() -> None:
     info = machine_info()
     assert info["thread_handover_us"], "the probe gave no figure"
     assert all(value > 0 for value in info["thread_handover_us"].values())
+
+
+@pytest.mark.skipif(not PINNABLE, reason="needs Linux and more than one CPU")
+def test_a_host_that_refuses_pinning_still_gets_its_results_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_pid: int, _cpus: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    info = machine_info()
+    assert "Operation not permitted" in info["thread_handover_us"]["error"]
+    assert info["packages"], "the other machine facts are still there"
