@@ -6,6 +6,10 @@ queue of every matching subscriber. It never waits for a subscriber: a subscribe
 ``queue_size`` events behind loses its oldest events, and before the next event it reads it receives one
 :class:`~runtime.events.SubscriberLagged` per session that lost events, saying how many.
 
+Publishers append under the bus lock; a reader takes events off its queue without it (a deque's appends
+and pops are thread-safe) and takes the lock only to go to sleep on an empty queue or to collect lag
+notices. A reader thread woken for new events therefore never queues behind a publisher for the lock.
+
 A subscriber is a :class:`Subscription` read as a blocking iterator (``for ev in sub``, or
 ``sub.get(timeout)``), as an async iterator (``async for ev in sub``), or driven by a callback that runs
 on the subscription's own thread. Each subscriber sees each session's events in publish order.
@@ -66,9 +70,9 @@ class Subscription:
         self.dropped = 0
         """How many events it has lost so far by falling behind."""
         self._bus = bus
-        self._lock = bus._lock  # one lock guards every queue: publish takes it once per event
-        self._queue: deque[Event] = deque()  # filled by publishers
-        self._buffer: deque[Event] = deque()  # the reader's batch, swapped out of _queue under the lock
+        self._lock = bus._lock  # the bus lock: publishers hold it; the reader takes it only to wait
+        self._queue: deque[Event] = deque()  # appended by publishers, popped by the reader
+        self._notices: deque[Event] = deque()  # lag notices collected for the reader, read first
         self._lost: dict[str, int] | None = None  # session id -> events dropped since the last read
         self._waiter: Callable[[], None] | None = None  # wakes a reader blocked on an empty queue
         self._state = _OPEN
@@ -86,12 +90,15 @@ class Subscription:
     @property
     def pending(self) -> int:
         """Events queued and not yet read."""
-        return len(self._buffer) + len(self._queue)
+        return len(self._notices) + len(self._queue)
 
     # --- publisher side: EventBus.publish appends to _queue itself (bus lock held) and calls these ---
 
     def _drop_oldest(self) -> None:
-        old = self._queue.popleft()
+        try:
+            old = self._queue.popleft()
+        except IndexError:  # the reader took the last one meanwhile: there is room again
+            return
         lost = self._lost
         if lost is None:
             lost = self._lost = {}
@@ -106,63 +113,70 @@ class Subscription:
 
     # --- reader side ---------------------------------------------------------------------------------
 
-    def _refill(self) -> bool:
-        """Move everything queued, after any lag notices, into the reader's buffer; lock held."""
-        if self._state == _CLOSED:
-            return False
-        lost, queued = self._lost, self._queue
-        if not queued and not lost:
-            return False
-        notices: list[Event] = []
+    def _collect_notices(self) -> None:
+        """Turn the losses counted so far into lag notices for the reader; bus lock held."""
+        lost, self._lost = self._lost, None
         if lost:
-            self._lost = None
             now = time.time()
-            notices = [SubscriberLagged(session_id=sid, dropped=n, ts=now) for sid, n in lost.items()]
-        if self._buffer:  # the reader has not finished its last batch: append after it
-            self._buffer.extend(notices)
-            self._buffer.extend(queued)
-            queued.clear()
-        else:  # the common case: swap the two deques, O(1)
-            self._buffer, self._queue = queued, self._buffer
-            self._buffer.extendleft(reversed(notices))
-        return True
+            self._notices.extend(
+                SubscriberLagged(session_id=sid, dropped=n, ts=now) for sid, n in lost.items()
+            )
+
+    def _take_notice(self) -> Event | None:
+        """The next lag notice, if any (reader side).
+
+        While nothing is lost, readers take events straight off the queue (the fast path of :meth:`get`
+        and :meth:`__anext__`); a loss that races with such a read may be noticed one event late.
+        """
+        with self._lock:
+            self._collect_notices()
+            return self._notices.popleft() if self._notices else None
 
     def get(self, timeout: float | None = None) -> Event | None:
         """The next event, waiting up to ``timeout`` seconds (None: as long as it takes).
 
         Returns None if the timeout expires, or once the subscription is closed and drained.
         """
-        if self._state != _CLOSED:
-            try:
-                return self._buffer.popleft()
-            except IndexError:  # empty (or emptied by a concurrent close)
-                pass
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if self._refill():
-                    return self._buffer.popleft()
+        deadline: float | None = None
+        while self._state != _CLOSED:
+            if self._lost is None and not self._notices:
+                try:
+                    return self._queue.popleft()
+                except IndexError:
+                    pass
+            else:
+                notice = self._take_notice()
+                if notice is not None:
+                    return notice
+                continue
+            if timeout is not None and deadline is None:
+                deadline = time.monotonic() + timeout
+            with self._lock:  # publishers append under this lock: nothing can slip in unseen
+                if self._queue or self._lost is not None:
+                    continue
                 if self._state != _OPEN:
                     return None
-                if deadline is not None and time.monotonic() >= deadline:
+                remaining = -1.0 if deadline is None else deadline - time.monotonic()
+                if deadline is not None and remaining <= 0:
                     return None
                 gate = threading.Lock()
                 gate.acquire()
                 wake = self._waiter = gate.release
-            remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
             if not gate.acquire(timeout=remaining):
                 with self._lock:
                     if self._waiter is wake:
                         self._waiter = None
+        return None
 
     def drain(self) -> list[Event]:
         """Everything available right now, without waiting (possibly an empty list)."""
         with self._lock:
             if self._state == _CLOSED:
                 return []
-            self._refill()
-            events = list(self._buffer)
-            self._buffer.clear()
+            self._collect_notices()
+            events = [*self._notices, *self._queue]
+            self._notices.clear()
+            self._queue.clear()
             return events
 
     def __iter__(self) -> Subscription:
@@ -178,14 +192,19 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        while True:
-            if self._state != _CLOSED:
+        while self._state != _CLOSED:
+            if self._lost is None and not self._notices:
                 try:
-                    return self._buffer.popleft()
+                    return self._queue.popleft()
                 except IndexError:
                     pass
+            else:
+                notice = self._take_notice()
+                if notice is not None:
+                    return notice
+                continue
             with self._lock:
-                if self._refill():
+                if self._queue or self._lost is not None:
                     continue
                 if self._state != _OPEN:
                     raise StopAsyncIteration
@@ -198,6 +217,7 @@ class Subscription:
                 with self._lock:
                     if self._waiter is wake:
                         self._waiter = None
+        raise StopAsyncIteration
 
     def close(self) -> None:
         """Unsubscribe now; queued events are discarded and iteration stops."""
@@ -216,7 +236,7 @@ class Subscription:
         self._state = max(self._state, state)
         if state == _CLOSED:
             self._queue.clear()
-            self._buffer.clear()
+            self._notices.clear()
             self._lost = None
         waiter = self._waiter
         if waiter is not None:

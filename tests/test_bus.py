@@ -210,24 +210,66 @@ def test_lag_notices_name_each_session_that_lost_events() -> None:
     assert [(e.session_id, e.seq) for e in events[2:]] == [("c", 1), ("c", 2), ("c", 3), ("c", 4)]
 
 
-def test_lag_notice_comes_after_events_already_in_hand() -> None:
+def test_a_reader_keeps_at_most_queue_size_unread_events() -> None:
     bus = EventBus()
     sub = bus.subscribe("a", queue_size=3)
     for _ in range(3):
         bus.publish(delta("a"))
     first = sub.get(timeout=0)
-    assert first is not None and first.seq == 1  # the reader now holds seqs 2 and 3
+    assert first is not None and first.seq == 1 and sub.pending == 2  # seqs 2 and 3 unread
     for _ in range(5):
-        bus.publish(delta("a"))  # seqs 4..8 into a queue of 3: 4 and 5 are dropped
+        bus.publish(delta("a"))  # seqs 4..8 into a queue of 3: the oldest unread, 2 to 5, are dropped
+    assert sub.pending == 3
     events = sub.drain()
     assert [e.seq if not isinstance(e, SubscriberLagged) else f"lag {e.dropped}" for e in events] == [
-        2,
-        3,
-        "lag 2",
+        "lag 4",
         6,
         7,
         8,
     ]
+
+
+@pytest.mark.parametrize("queue_size", [100_000, 50])
+def test_thread_readers_racing_publishers_get_every_event_or_a_count_of_it(queue_size: int) -> None:
+    """Readers take events off their queues while publishers on other threads fill them: each reader sees
+    each session's events in order, and every event is either read or counted in a lag notice."""
+    bus = EventBus()
+    sessions, per_session = ("s0", "s1", "s2"), 3_000
+    subs = [bus.subscribe("*", queue_size=queue_size) for _ in range(4)]
+    seen: list[dict[str, list[int]]] = [{sid: [] for sid in sessions} for _ in subs]
+    notified: list[dict[str, int]] = [dict.fromkeys(sessions, 0) for _ in subs]
+
+    def read(i: int) -> None:
+        for event in subs[i]:  # blocks without a timeout: a missed wake-up hangs the reader
+            if isinstance(event, SubscriberLagged):
+                notified[i][event.session_id] += event.dropped
+            else:
+                seen[i][event.session_id].append(event.seq)
+
+    def publish(sid: str) -> None:
+        for n in range(1, per_session + 1):
+            bus.publish(delta(sid))
+            if n % 500 == 0:
+                time.sleep(0.001)  # let the readers catch up and go back to sleep now and then
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(subs))]
+    publishers = [threading.Thread(target=publish, args=(sid,)) for sid in sessions]
+    for thread in (*readers, *publishers):
+        thread.start()
+    for thread in publishers:
+        thread.join(WAIT)
+    bus.close()  # the readers read what is queued, then their iteration ends
+    for thread in (*publishers, *readers):
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    for i, sub in enumerate(subs):
+        for sid in sessions:
+            seqs = seen[i][sid]
+            assert seqs == sorted(set(seqs))  # in order, none twice
+            assert len(seqs) + notified[i][sid] == per_session  # read, or counted as lost
+        assert sub.dropped == sum(notified[i].values())
+        if queue_size > 3 * per_session:
+            assert sub.dropped == 0
 
 
 def test_publishing_never_waits_for_subscribers() -> None:
