@@ -84,7 +84,7 @@ class Subscription:
 
     @property
     def closed(self) -> bool:
-        """True once it will deliver nothing more than what is already in hand."""
+        """True once it receives no more events (after the bus closes, what is queued can still be read)."""
         return self._state != _OPEN
 
     @property
