@@ -451,7 +451,7 @@ class Runtime:
         view = refs.require("store").ask(GetContext(), timeout=timeout)
         spec = session.spec
         counter = session.counter
-        usage = refs.require("usage").proxy()
+        usage = refs.proxy("usage")
         return context_stats(
             view.messages,
             count=counter.count_message,
@@ -485,7 +485,7 @@ class Runtime:
     def usage(self, session_id: str, timeout: float = 30.0) -> Any:
         """Session totals (input, output, reasoning, cache read/write, cost)."""
         refs = self._session(session_id).ensure_running()
-        return refs.require("usage").proxy().totals().get(timeout=timeout)
+        return refs.proxy("usage").totals().get(timeout=timeout)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
         """Switch the session's model; returns the new context window. A smaller window compacts on the

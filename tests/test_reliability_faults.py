@@ -130,6 +130,7 @@ def test_a_crash_of_any_actor_in_any_state_recovers(
             sid, handle = hold_in_state(rt, events, provider, state, gate)
             recovered_before = len(events.of(sid, "agent_recovered"))
             acknowledged = {e.message_id for e in events.of(sid, "message_appended")}
+            used = rt.usage(sid)  # queries go through proxies the runtime keeps: they must follow restarts
             crash(rt, sid, actor)
 
             events.wait_for(sid, "agent_recovered", recovered_before + 1)
@@ -141,6 +142,8 @@ def test_a_crash_of_any_actor_in_any_state_recovers(
                 assert interrupted.status in ("error", "aborted") and interrupted.error
             gate.release.set()
             assert_recovered(rt, sid, acknowledged)
+            assert rt.usage(sid).input_tokens >= used.input_tokens
+            assert rt.context_stats(sid).window > 0
             after = rt.prompt(sid, "Carry on.").result(timeout=30)
             assert after.status == "ok", after.error
             assert after.text == "after the crash"
