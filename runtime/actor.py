@@ -39,6 +39,7 @@ from pykka import ActorDeadError, ActorRef, Timeout
 from pykka._envelope import Envelope
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
+from runtime.affinity import place_thread
 from runtime.config import RuntimeConfig
 
 if TYPE_CHECKING:
@@ -785,8 +786,9 @@ class TimerHandle:
 class _Timers:
     """One thread and a heap: cheap timeouts for actors (callbacks should only ``tell``)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cpus: frozenset[int] | None = None) -> None:
         self._name = name
+        self._cpus = cpus
         self._heap: list[TimerHandle] = []
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
@@ -824,6 +826,7 @@ class _Timers:
             self._cond.notify()
 
     def _run(self) -> None:
+        place_thread(self._cpus)
         while True:
             with self._cond:
                 due: list[TimerHandle] = []
@@ -869,6 +872,7 @@ class Dispatcher:
         *,
         batch_size: int | None = None,
         name: str = "agentcell-dispatcher",
+        cpus: frozenset[int] | None = None,
     ) -> None:
         defaults = RuntimeConfig()
         self.threads = threads if threads is not None else defaults.dispatcher_threads
@@ -876,11 +880,13 @@ class Dispatcher:
         if self.threads < 1 or self.batch_size < 1:
             raise ValueError("a dispatcher needs at least one thread and a batch size of at least 1")
         self.name = name
+        self.cpus = cpus
+        """The CPUs its threads run on (``runtime.cpu``); None: wherever the OS puts them."""
         self._run_queue: queue.SimpleQueue[_Mailbox | None] = queue.SimpleQueue()
         self._actors: dict[str, PooledActor] = {}
         self._lock = threading.Condition(threading.Lock())
         self._closing = False
-        self._timers = _Timers(name)
+        self._timers = _Timers(name, cpus)
         self._workers = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(self.threads)
         ]
@@ -957,6 +963,7 @@ class Dispatcher:
                 self._lock.notify_all()
 
     def _work(self) -> None:
+        place_thread(self.cpus)
         _thread_state.dispatcher = self
         get, batch_size = self._run_queue.get, self.batch_size
         while (mailbox := get()) is not None:

@@ -64,6 +64,8 @@ class Runtime:
         self._lock = threading.RLock()
         self._sessions: Any = None
         self._started = False
+        self.cpus: frozenset[int] | None = None
+        """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
         self._counters: dict[str, Any] = {}
         self._windows: dict[str, int] = {}
 
@@ -75,6 +77,7 @@ class Runtime:
                 return self
             from actors.wiring import Services
             from runtime.actor import Dispatcher
+            from runtime.affinity import allowed_cpus, runtime_cpus
             from runtime.approval import ApprovalBroker
             from runtime.bus import EventBus
             from runtime.llm import Gateway, IoLoop
@@ -86,15 +89,18 @@ class Runtime:
             from runtime.tools.executor import ToolExecutor
 
             cfg = self.config
+            cpus = self.cpus = runtime_cpus(cfg.runtime.cpu)  # before anything starts: a bad CPU is an error
             self.sessions_path = cfg.sessions_path
             self.sessions_path.mkdir(parents=True, exist_ok=True)
             self.dispatcher = Dispatcher(
-                threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size
+                threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size, cpus=cpus
             )
             self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
-            self.io = IoLoop()
+            self.io = IoLoop(cpus=cpus)
             writer = LogWriter(
-                lazy_delay=cfg.persistence.transcript_delay, max_open_files=cfg.persistence.max_open_files
+                lazy_delay=cfg.persistence.transcript_delay,
+                max_open_files=cfg.persistence.max_open_files,
+                cpus=cpus,
             )
             directory = SessionDirectory(self.sessions_path)
             if cfg.persistence.transcript:
@@ -103,7 +109,9 @@ class Runtime:
                 dispatcher=self.dispatcher,
                 bus=self.bus,
                 gateway=Gateway(self.io, cfg.retry),
-                executor=ToolExecutor(workers=cfg.runtime.tool_workers),
+                executor=ToolExecutor(
+                    workers=cfg.runtime.tool_workers, cpus=allowed_cpus() if cpus is not None else None
+                ),
                 writer=writer,
                 directory=directory,
                 approvals=ApprovalBroker(self.bus.publish),

@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
+from runtime.affinity import place_thread
 from runtime.config import RetryConfig
 from runtime.messages import (
     Message,
@@ -75,7 +76,8 @@ class IoLoop:
     Thread-safe: :meth:`submit` and :meth:`call_soon` may be called from any thread.
     """
 
-    def __init__(self, name: str = "agentcell-io") -> None:
+    def __init__(self, name: str = "agentcell-io", *, cpus: frozenset[int] | None = None) -> None:
+        self._cpus = cpus  # where the loop's thread runs, and the worker threads started from it
         self._loop = asyncio.new_event_loop()
         self._stopping: asyncio.Future[None] = self._loop.create_future()
         self._ready = threading.Event()
@@ -84,6 +86,7 @@ class IoLoop:
         self._ready.wait()
 
     def _run(self) -> None:
+        place_thread(self._cpus)
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(self._ready.set)
         try:

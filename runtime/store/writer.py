@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from runtime.affinity import place_thread
+
 FsyncPolicy = Literal["always", "turn", "never"]
 OnDone = Callable[[Exception | None], None]
 StrPath = str | os.PathLike[str]
@@ -93,6 +95,7 @@ class LogWriter:
         max_open_files: int | None = None,
         lazy_delay: float = LAZY_DELAY,
         name: str = "agentcell-log-writer",
+        cpus: frozenset[int] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
@@ -116,6 +119,7 @@ class LogWriter:
         self._new_names: set[str] = set()  # created, but their directory entry is not fsynced yet
         self._failed: dict[str, OSError] = {}  # files with an undone write: refuse until reset()
         self._inflight: dict[str, int] = {}  # operations queued per file and not yet done (under _cond)
+        self._cpus = cpus  # where the thread runs (runtime.cpu); None: wherever the OS puts it
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -230,6 +234,7 @@ class LogWriter:
     # -- the writer thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        place_thread(self._cpus)
         # Every wake-up of this thread takes the GIL from whichever thread holds it, and so does each
         # system call it makes: lazy operations (transcript lines) wait for a wake-up that is due anyway.
         # When only lazy work is queued the thread looks again every ``lazy_delay`` seconds.

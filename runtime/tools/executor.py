@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import msgspec
 
+from runtime.affinity import place_thread
 from runtime.config import Config, ToolOutputConfig
 from runtime.context.integrity import malformed_arguments_text, unknown_tool_text
 from runtime.context.tool_output import decode_output, limit_output, write_spill
@@ -95,10 +96,15 @@ def context_factory(
 class ToolExecutor:
     """A pool of worker threads running tool calls, shared by every session of a runtime."""
 
-    def __init__(self, workers: int = 16, *, name: str = "agentcell-tool") -> None:
+    def __init__(
+        self, workers: int = 16, *, name: str = "agentcell-tool", cpus: frozenset[int] | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self._workers = workers
+        # Where the workers run. The runtime gives the process's own CPUs when it keeps its threads on one:
+        # workers are started from its threads, and tools (and the processes they start) should not inherit.
+        self._cpus = cpus
         self._name = name
         self._jobs: queue.SimpleQueue[tuple[_Batch, int] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -186,6 +192,7 @@ class ToolExecutor:
             self._spawn()
 
     def _work(self) -> None:
+        place_thread(self._cpus)
         while True:
             job = self._jobs.get()
             if job is None:
