@@ -70,6 +70,7 @@ import psutil
 
 import runtime  # first: the offline litellm/tiktoken environment before either loads
 from benchmarks._common import format_table, write_results
+from runtime.affinity import runtime_cpus
 from runtime.config import Config
 from runtime.tools.registry import ToolRegistry
 
@@ -636,6 +637,7 @@ class Plan:
     one_core: tuple[int, int, int]  # the mock workload compared pinned to one CPU and free
     fanout: tuple[int, int, int]  # the mock workload the fan-out runs use
     subscribers: tuple[int, ...]
+    placed: tuple[tuple[str, int, int, int], ...]  # (mode, sessions, turns, slices) with runtime.cpu = auto
 
 
 QUICK = Plan(
@@ -646,6 +648,7 @@ QUICK = Plan(
     one_core=(100, 1, 2),
     fanout=(10, 2, 2),
     subscribers=(1, 100, 1_000),
+    placed=(("mock", 100, 1, 2),),
 )
 FULL = Plan(
     warmup=10,
@@ -655,6 +658,7 @@ FULL = Plan(
     one_core=(100, 1, 8),
     fanout=(100, 2, 4),
     subscribers=(1, 100, 1_000),
+    placed=(("http", 10, 3, 6), ("mock", 100, 1, 16)),
 )
 
 
@@ -697,6 +701,10 @@ _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "one_core_vs_bare": (
         "Runtime against bare litellm, both pinned to one CPU",
         (*_COMMON, "cpus", "vs_bare", "vs_bare_spread"),
+    ),
+    "turns_cpu_auto": (
+        "Turn throughput with the runtime's threads on one CPU (runtime.cpu = auto) against bare litellm",
+        (*_COMMON, "runtime_cpus", "vs_bare", "vs_bare_spread"),
     ),
     "fanout": (
         "Event fan-out to subscribers of every session, during the turns",
@@ -774,6 +782,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-threads", action="store_true", help="skip the thread-per-actor comparison")
     parser.add_argument("--no-one-core", action="store_true", help="skip the pinned-to-one-CPU comparison")
     parser.add_argument("--no-fanout", action="store_true", help="skip the subscriber fan-out runs")
+    parser.add_argument(
+        "--no-placed", action="store_true", help="skip the runs with the runtime's threads on one CPU"
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
@@ -788,6 +799,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return loop.run_until_complete(alternate(first, second, args.rounds or rounds, plan.warmup))
 
     rows: list[dict[str, Any]] = []
+    placed = [p for p in plan.placed if p[0] in modes] if not args.no_placed else []
+    if placed and runtime_cpus("auto") is None:
+        print("runs with runtime.cpu = auto skipped: it places nothing here (one CPU, or no affinity)")
+        placed = []
     provider = ProviderProcess(max(s for s, _, _ in plan.http)) if "http" in modes else None
     try:
         for mode, sizes in (("http", plan.http), ("mock", plan.mock)):
@@ -821,6 +836,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             else:
                 print("one-core comparison skipped: needs Linux and a process allowed more than one CPU")
+        for mode, sessions, turns, rounds in placed:
+            url = provider.url if provider is not None and mode == "http" else None
+            work = Workload(mode, sessions, turns)  # type: ignore[arg-type]
+            bare, ours = compare(
+                Bare(work, url, tools), OnRuntime(work, url, overrides={"runtime.cpu": "auto"}), rounds
+            )
+            cpus = sorted(runtime_cpus("auto") or ())
+            rows.append({**_row(bare, None), "bench": "turns_cpu_auto"})
+            rows.append({**_row(ours, bare), "bench": "turns_cpu_auto", "runtime_cpus": cpus})
         if not args.no_fanout:
             sessions, turns, rounds = plan.fanout
             work = Workload("mock", sessions, turns)
