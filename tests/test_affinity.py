@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from runtime import Runtime, affinity
-from runtime.config import Config
+from runtime.config import Config, load_config
 from runtime.provider.script import ToolCallSpec, Turn
 from runtime.tools.registry import ToolRegistry
 
@@ -57,6 +57,7 @@ def test_a_cpu_the_process_may_not_use_is_a_clear_error(monkeypatch: pytest.Monk
 def test_the_setting_is_checked_when_the_config_is_made() -> None:
     assert Config().runtime.cpu == "off"
     assert Config().with_overrides({"runtime.cpu": "auto"}).runtime.cpu == "auto"
+    assert load_config(environ={"AGENTCELL_RUNTIME__CPU": "1"}).runtime.cpu == 1
     for bad in ("fast", -1):
         with pytest.raises((msgspec.ValidationError, ValueError)):
             Config().with_overrides({"runtime.cpu": bad})
