@@ -62,7 +62,7 @@ class SessionRefs:
     compactor: pykka.ActorRef[Any] | None = None
     agent: pykka.ActorRef[Any] | None = None
     _proxies: dict[str, tuple[pykka.ActorRef[Any], pykka.ActorProxy[Any]]] = field(
-        default_factory=dict, repr=False, compare=False
+        default_factory=dict, init=False, repr=False, compare=False
     )
 
     def require(self, name: str) -> pykka.ActorRef[Any]:
