@@ -130,15 +130,15 @@ def _throughput(doc: dict[str, Any]) -> Summary:
                 row["vs_bare"] >= target,
             )
         )
-    for row in _rows(doc, bench="turns_cpu_auto", side="runtime"):
+    for row in _rows(doc, bench="turns_cpu_off", side="runtime"):
         out.append(
             _figure(
                 "throughput",
-                f"{row['mode']} x{row['sessions']}, runtime.cpu = auto: turns/s vs bare litellm",
+                f"{row['mode']} x{row['sessions']}, runtime.cpu = off: turns/s vs bare litellm",
                 f"{row['vs_bare']:.2f}, quartiles {row['vs_bare_spread'][0]:.2f}-{row['vs_bare_spread'][1]:.2f}"
                 f" ({row['turns_per_s']:.1f} turns/s)",
-                f">= {target}",
-                row["vs_bare"] >= target,
+                "-",  # the target is the default's; this says what the default's placement is worth
+                None,
             )
         )
     for row in _rows(doc, bench="thread_per_actor", side="threads"):

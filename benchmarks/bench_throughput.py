@@ -17,8 +17,9 @@ Sides, all in this process:
   calls ``litellm.acompletion`` with the arguments the runtime sends: streamed with usage, the same
   tools, no retries. It reads the stream, puts the text and tool calls back together, and runs the tool
   inline. There is no runtime.
-- ``runtime``: a default :class:`runtime.Runtime` (fsync at turn end, transcripts on) with N sessions.
-  Driver coroutines on one asyncio loop await each prompt's handle.
+- ``runtime``: a default :class:`runtime.Runtime` (fsync at turn end, transcripts on, its own threads on
+  one CPU: ``runtime.cpu = "auto"``) with N sessions. Driver coroutines on one asyncio loop await each
+  prompt's handle.
 - ``threads``: the same runtime with one dispatcher thread per session actor (5 per session). This is the
   thread count and scheduling of pykka's ThreadingActor. The session actors rely on the pooled actors'
   non-blocking replies, so they cannot run on ``ThreadingActor`` itself.
@@ -31,13 +32,15 @@ machine, which two long back-to-back runs cannot tell from a difference between 
 slice rates are compared with the other side's slice next to it in time; the ratio reported is the median
 of those pairwise ratios of turns/s (target: >= 0.90), and the table also gives each side's median rate.
 
-One core: CPython runs one thread at a time, and on a machine with several cores the threads of one
+One CPU: CPython runs one thread at a time, and on a machine with several cores the threads of one
 process hand that turn from core to core (litellm's worker threads on the bare side; the runtime's I/O,
-dispatcher and log writer threads on the other), each hand-over starting on a cold cache. Each side
-alternates slices with the whole process pinned to one CPU and slices free to use every CPU, and the
-two sides are compared once more, both pinned. This tells how much a deployment gains from pinning
-(``taskset``) and how much of the runtime's distance to bare litellm is the cost of those hand-overs.
-Linux only (``os.sched_setaffinity``), and only where the process may use more than one CPU.
+dispatcher and log writer threads on the other), each hand-over starting on a cold cache. The runtime
+keeps its own threads on one CPU by default for that reason (``runtime.affinity``); the ``turns_cpu_off``
+rows measure it with ``runtime.cpu = "off"``, every thread left to the OS. Each side also alternates
+slices with the whole process pinned to one CPU and slices free, and the two sides are compared once
+more, both pinned. This tells how much a deployment gains from pinning (``taskset``) and what the
+runtime costs when neither side pays for hand-overs. Linux only (``os.sched_setaffinity``), and only
+where the process may use more than one CPU.
 
 Fan-out: a runtime with 1, 100 or 1,000 subscribers to every session alternates slices with one that has
 none. The subscribers are async iterators on a reader thread's event loop. It reports deliveries/s and
@@ -70,7 +73,7 @@ import psutil
 
 import runtime  # first: the offline litellm/tiktoken environment before either loads
 from benchmarks._common import format_table, write_results
-from runtime.affinity import runtime_cpus
+from runtime.affinity import auto_candidates
 from runtime.config import Config
 from runtime.tools.registry import ToolRegistry
 
@@ -509,12 +512,24 @@ class OnRuntime:
             self.folder = None
 
 
-def pin_threads(cpus: set[int]) -> None:
-    """Set the CPU affinity of every thread of this process; threads started later inherit it from the
-    thread that starts them. (On Linux each thread has its own mask: setting the process's is not enough.)"""
-    for tid in os.listdir("/proc/self/task"):
+def pin_threads(cpus: set[int]) -> dict[int, set[int]]:
+    """Set the CPU affinity of every thread of this process and return what each had; threads started
+    later inherit it from the thread that starts them. (On Linux each thread has its own mask: setting the
+    process's is not enough.)"""
+    before: dict[int, set[int]] = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
         with contextlib.suppress(OSError):  # a thread that ended since the listing
-            os.sched_setaffinity(int(tid), cpus)
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+    return before
+
+
+def unpin_threads(before: dict[int, set[int]], everywhere: set[int]) -> None:
+    """Give each thread back the mask it had before :func:`pin_threads` (a runtime's placed threads stay
+    placed); threads started since then get ``everywhere``."""
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, before.get(tid, everywhere))
 
 
 def can_pin() -> bool:
@@ -528,7 +543,7 @@ def can_pin() -> bool:
 
 class Pinned:
     """Another contender whose slices run with the whole process pinned to ``cpus``; between its slices
-    the process is free to use ``everywhere`` again."""
+    each thread has its own mask back (threads started meanwhile get ``everywhere``)."""
 
     def __init__(self, inner: Contender, cpus: set[int], everywhere: set[int]) -> None:
         self.inner = inner
@@ -540,11 +555,11 @@ class Pinned:
         await self.inner.open(warmup)
 
     async def slice(self) -> Run:
-        pin_threads(self.cpus)
+        before = pin_threads(self.cpus)
         try:
             run = await self.inner.slice()
         finally:
-            pin_threads(self.everywhere)
+            unpin_threads(before, self.everywhere)
         run.cpus = len(self.cpus)
         return run
 
@@ -637,7 +652,7 @@ class Plan:
     one_core: tuple[int, int, int]  # the mock workload compared pinned to one CPU and free
     fanout: tuple[int, int, int]  # the mock workload the fan-out runs use
     subscribers: tuple[int, ...]
-    placed: tuple[tuple[str, int, int, int], ...]  # (mode, sessions, turns, slices) with runtime.cpu = auto
+    unplaced: tuple[tuple[str, int, int, int], ...]  # (mode, sessions, turns, slices) with runtime.cpu = off
 
 
 QUICK = Plan(
@@ -648,7 +663,7 @@ QUICK = Plan(
     one_core=(100, 1, 2),
     fanout=(10, 2, 2),
     subscribers=(1, 100, 1_000),
-    placed=(("mock", 100, 1, 2),),
+    unplaced=(("mock", 100, 1, 2),),
 )
 FULL = Plan(
     warmup=10,
@@ -658,7 +673,7 @@ FULL = Plan(
     one_core=(100, 1, 8),
     fanout=(100, 2, 4),
     subscribers=(1, 100, 1_000),
-    placed=(("http", 10, 3, 6), ("mock", 100, 1, 16)),
+    unplaced=(("http", 10, 3, 6), ("mock", 100, 1, 16)),
 )
 
 
@@ -702,9 +717,9 @@ _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Runtime against bare litellm, both pinned to one CPU",
         (*_COMMON, "cpus", "vs_bare", "vs_bare_spread"),
     ),
-    "turns_cpu_auto": (
-        "Turn throughput with the runtime's threads on one CPU (runtime.cpu = auto) against bare litellm",
-        (*_COMMON, "runtime_cpus", "vs_bare", "vs_bare_spread"),
+    "turns_cpu_off": (
+        "Turn throughput with the runtime's threads left to the OS (runtime.cpu = off) against bare litellm",
+        (*_COMMON, "vs_bare", "vs_bare_spread"),
     ),
     "fanout": (
         "Event fan-out to subscribers of every session, during the turns",
@@ -782,9 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-threads", action="store_true", help="skip the thread-per-actor comparison")
     parser.add_argument("--no-one-core", action="store_true", help="skip the pinned-to-one-CPU comparison")
     parser.add_argument("--no-fanout", action="store_true", help="skip the subscriber fan-out runs")
-    parser.add_argument(
-        "--no-placed", action="store_true", help="skip the runs with the runtime's threads on one CPU"
-    )
+    parser.add_argument("--no-unplaced", action="store_true", help="skip the runs with runtime.cpu = off")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
@@ -799,10 +812,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return loop.run_until_complete(alternate(first, second, args.rounds or rounds, plan.warmup))
 
     rows: list[dict[str, Any]] = []
-    placed = [p for p in plan.placed if p[0] in modes] if not args.no_placed else []
-    if placed and runtime_cpus("auto") is None:
-        print("runs with runtime.cpu = auto skipped: it places nothing here (one CPU, or no affinity)")
-        placed = []
+    unplaced = [p for p in plan.unplaced if p[0] in modes] if not args.no_unplaced else []
+    if unplaced and not auto_candidates():
+        print(
+            "runs with runtime.cpu = off skipped: the default places nothing here either (one CPU, or no affinity)"
+        )
+        unplaced = []
     provider = ProviderProcess(max(s for s, _, _ in plan.http)) if "http" in modes else None
     try:
         for mode, sizes in (("http", plan.http), ("mock", plan.mock)):
@@ -836,15 +851,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             else:
                 print("one-core comparison skipped: needs Linux and a process allowed more than one CPU")
-        for mode, sessions, turns, rounds in placed:
+        for mode, sessions, turns, rounds in unplaced:
             url = provider.url if provider is not None and mode == "http" else None
             work = Workload(mode, sessions, turns)  # type: ignore[arg-type]
             bare, ours = compare(
-                Bare(work, url, tools), OnRuntime(work, url, overrides={"runtime.cpu": "auto"}), rounds
+                Bare(work, url, tools), OnRuntime(work, url, overrides={"runtime.cpu": "off"}), rounds
             )
-            cpus = sorted(runtime_cpus("auto") or ())
-            rows.append({**_row(bare, None), "bench": "turns_cpu_auto"})
-            rows.append({**_row(ours, bare), "bench": "turns_cpu_auto", "runtime_cpus": cpus})
+            rows.append({**_row(bare, None), "bench": "turns_cpu_off"})
+            rows.append({**_row(ours, bare), "bench": "turns_cpu_off"})
         if not args.no_fanout:
             sessions, turns, rounds = plan.fanout
             work = Workload("mock", sessions, turns)
@@ -880,7 +894,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "http": "prompt -> tool call (add) -> tool result -> answer: 2 streamed calls over HTTP",
             "mock": "prompt -> answer: 1 streamed litellm mock_response call, no network",
         },
-        "config": "defaults: fsync at turn end, transcripts on, 2 dispatcher threads",
+        "config": (
+            "defaults: fsync at turn end, transcripts on, 2 dispatcher threads, runtime.cpu = auto"
+            + (" (the runtime's threads on one CPU)" if auto_candidates() else " (places nothing here)")
+        ),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
     print()

@@ -148,9 +148,9 @@ class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     batch_size: PosInt = 64  # messages an actor handles before yielding its thread
     max_restarts: NonNegInt = 3  # 1.2: restart intensity of a session's supervisor ...
     max_restart_seconds: PosFloat = 5.0  # ... within this many seconds, then it escalates
-    # Where the runtime's own threads run: "off" (the OS decides), "auto" (one CPU, on Linux with a GIL and
-    # two CPUs or more) or a CPU number. See runtime.affinity.
-    cpu: Literal["off", "auto"] | NonNegInt = "off"
+    # Where the runtime's own threads run: "auto" (one CPU, claimed among the processes of the host, on
+    # Linux with a GIL and two CPUs or more), "off" (the OS decides) or a CPU number. See runtime.affinity.
+    cpu: Literal["off", "auto"] | NonNegInt = "auto"
 
 
 class Config(_Section, frozen=True, forbid_unknown_fields=True):

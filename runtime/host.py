@@ -72,63 +72,70 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
         """Start the shared machinery. Idempotent; returns ``self``."""
+        from runtime.affinity import place_runtime
+
         with self._lock:
             if self._started:
                 return self
-            from actors.wiring import Services
-            from runtime.actor import Dispatcher
-            from runtime.affinity import allowed_cpus, runtime_cpus
-            from runtime.approval import ApprovalBroker
-            from runtime.bus import EventBus
-            from runtime.llm import Gateway, IoLoop
-            from runtime.registry import SessionRegistry
-            from runtime.store.sessions import SessionDirectory
-            from runtime.store.transcript import TranscriptWriter
-            from runtime.store.writer import LogWriter
-            from runtime.supervisor import Supervisor
-            from runtime.tools.executor import ToolExecutor
-
-            cfg = self.config
-            cpus = self.cpus = runtime_cpus(cfg.runtime.cpu)  # before anything starts: a bad CPU is an error
-            self.sessions_path = cfg.sessions_path
-            self.sessions_path.mkdir(parents=True, exist_ok=True)
-            self.dispatcher = Dispatcher(
-                threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size, cpus=cpus
-            )
-            self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
-            self.io = IoLoop(cpus=cpus)
-            writer = LogWriter(
-                lazy_delay=cfg.persistence.transcript_delay,
-                max_open_files=cfg.persistence.max_open_files,
-                cpus=cpus,
-            )
-            directory = SessionDirectory(self.sessions_path)
-            if cfg.persistence.transcript:
-                self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))
-            self.services = Services(
-                dispatcher=self.dispatcher,
-                bus=self.bus,
-                gateway=Gateway(self.io, cfg.retry),
-                executor=ToolExecutor(
-                    workers=cfg.runtime.tool_workers, cpus=allowed_cpus() if cpus is not None else None
-                ),
-                writer=writer,
-                directory=directory,
-                approvals=ApprovalBroker(self.bus.publish),
-            )
-            self.root = Supervisor.start_tree(
-                [], strategy="one_for_one", name="root", dispatcher=self.dispatcher
-            )
-            self._sessions = SessionRegistry()
-            self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
-            self.services.directory.ensure()
-            self._reaper: threading.Thread | None = None
-            self._stopping = threading.Event()
-            if cfg.persistence.hibernate_after is not None:
-                self._reaper = threading.Thread(target=self._reap, name="agentcell-hibernate", daemon=True)
-                self._reaper.start()
+            self._placement = place_runtime(self.config.runtime.cpu)  # first: a bad CPU makes nothing
+            try:
+                self._start(self.config, self._placement.cpus)
+            except BaseException:
+                self._placement.release()
+                raise
+            self.cpus = self._placement.cpus
             self._started = True
             return self
+
+    def _start(self, cfg: Config, cpus: frozenset[int] | None) -> None:
+        from actors.wiring import Services
+        from runtime.actor import Dispatcher
+        from runtime.affinity import allowed_cpus
+        from runtime.approval import ApprovalBroker
+        from runtime.bus import EventBus
+        from runtime.llm import Gateway, IoLoop
+        from runtime.registry import SessionRegistry
+        from runtime.store.sessions import SessionDirectory
+        from runtime.store.transcript import TranscriptWriter
+        from runtime.store.writer import LogWriter
+        from runtime.supervisor import Supervisor
+        from runtime.tools.executor import ToolExecutor
+
+        self.sessions_path = cfg.sessions_path
+        self.sessions_path.mkdir(parents=True, exist_ok=True)
+        self.dispatcher = Dispatcher(
+            threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size, cpus=cpus
+        )
+        self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
+        self.io = IoLoop(cpus=cpus)
+        writer = LogWriter(
+            lazy_delay=cfg.persistence.transcript_delay,
+            max_open_files=cfg.persistence.max_open_files,
+            cpus=cpus,
+        )
+        directory = SessionDirectory(self.sessions_path)
+        if cfg.persistence.transcript:
+            self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))
+        self.services = Services(
+            dispatcher=self.dispatcher,
+            bus=self.bus,
+            gateway=Gateway(self.io, cfg.retry),
+            executor=ToolExecutor(
+                workers=cfg.runtime.tool_workers, cpus=allowed_cpus() if cpus is not None else None
+            ),
+            writer=writer,
+            directory=directory,
+            approvals=ApprovalBroker(self.bus.publish),
+        )
+        self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
+        self._sessions = SessionRegistry()
+        self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
+        self.services.directory.ensure()
+        self._reaper: threading.Thread | None = None
+        self._stopping = threading.Event()
+        if cfg.persistence.hibernate_after is not None:
+            self._reaper = threading.Thread(target=self._reap, name="agentcell-hibernate", daemon=True)
+            self._reaper.start()
 
     def _transcript_failed(self, session_id: str, path: str, error: Exception) -> None:
         """A transcript write failed (e.g. a full disk): say so to subscribers (SPEC 9), not just the log."""
@@ -160,6 +167,7 @@ class Runtime:
             self.services.directory.close()
             self.bus.close()
             self.dispatcher.shutdown()
+            self._placement.release()
 
     def __enter__(self) -> Runtime:
         return self.start()

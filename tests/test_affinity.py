@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -21,46 +22,169 @@ needs_two_cpus = pytest.mark.skipif(not CAN_PLACE, reason="needs Linux and a pro
 
 
 def test_off_places_nothing() -> None:
-    assert affinity.runtime_cpus("off") is None
+    assert affinity.place_runtime("off").cpus is None
 
 
-def test_auto_chooses_one_allowed_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_tries_the_cpus_in_an_order_spread_by_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: frozenset({2, 5, 7}))
-    chosen = {}
-    for pid in range(6):  # processes that each host a runtime spread over the CPUs
+    orders = {}
+    for pid in range(6):
         monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
-        chosen[pid] = affinity.runtime_cpus("auto")
-    assert all(c is not None and len(c) == 1 and c <= {2, 5, 7} for c in chosen.values())
-    assert {next(iter(c)) for c in chosen.values() if c} == {2, 5, 7}
+        orders[pid] = affinity.auto_candidates()
+    assert all(sorted(order) == [2, 5, 7] for order in orders.values())
+    assert {order[0] for order in orders.values()} == {2, 5, 7}  # processes do not all start at the first
 
 
 def test_auto_stays_off_where_one_cpu_would_cost_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: frozenset({3}))
-    assert affinity.runtime_cpus("auto") is None  # one CPU anyway
+    assert affinity.place_runtime("auto").cpus is None  # one CPU anyway
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: None)
-    assert affinity.runtime_cpus("auto") is None  # a platform that cannot place threads
+    assert affinity.place_runtime("auto").cpus is None  # a platform that cannot place threads
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: frozenset({0, 1}))
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
-    assert affinity.runtime_cpus("auto") is None  # free-threaded: threads really run at once
+    assert affinity.place_runtime("auto").cpus is None  # free-threaded: threads really run at once
 
 
 def test_a_cpu_the_process_may_not_use_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: frozenset({0, 1}))
-    assert affinity.runtime_cpus(1) == frozenset({1})
+    assert affinity.place_runtime(1).cpus == frozenset({1})
     with pytest.raises(ValueError, match=r"runtime.cpu = 4: this process may only use CPUs \[0, 1\]"):
-        affinity.runtime_cpus(4)
+        affinity.place_runtime(4)
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: None)
     with pytest.raises(ValueError, match="cannot place threads"):
-        affinity.runtime_cpus(0)
+        affinity.place_runtime(0)
 
 
 def test_the_setting_is_checked_when_the_config_is_made() -> None:
-    assert Config().runtime.cpu == "off"
-    assert Config().with_overrides({"runtime.cpu": "auto"}).runtime.cpu == "auto"
+    assert Config().runtime.cpu == "auto"
+    assert Config().with_overrides({"runtime.cpu": "off"}).runtime.cpu == "off"
     assert load_config(environ={"AGENTCELL_RUNTIME__CPU": "1"}).runtime.cpu == 1
     for bad in ("fast", -1):
         with pytest.raises((msgspec.ValidationError, ValueError)):
             Config().with_overrides({"runtime.cpu": bad})
+
+
+# -- auto's claim: one CPU per process while there are free ones --------------------------------------
+
+_CLAIMER = """
+import sys
+from pathlib import Path
+from runtime import affinity
+affinity.LOCK_DIR = Path(sys.argv[1])
+affinity.auto_candidates = lambda: [int(c) for c in sys.argv[2:]]
+print(sorted(affinity.place_runtime("auto").cpus), flush=True)
+sys.stdin.read()  # hold the claim until the test closes stdin
+"""
+
+
+class Claimer:
+    """Another process that hosts a runtime with ``auto``: it claims a CPU and holds it until closed."""
+
+    def __init__(self, lock_dir: Path, candidates: list[int]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CLAIMER, str(lock_dir), *map(str, candidates)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.cpu = msgspec.json.decode(self.proc.stdout.readline())[0]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
+    """A fresh claim with its lock files in ``tmp_path``; auto tries CPUs 0 then 1."""
+    monkeypatch.setattr(affinity, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(affinity, "_claim", affinity._Claim())
+    monkeypatch.setattr(affinity, "auto_candidates", lambda: [0, 1])
+    return [0, 1]
+
+
+def test_auto_skips_a_cpu_another_process_holds_until_that_process_ends(
+    claims: list[int], tmp_path: Path
+) -> None:
+    other = Claimer(tmp_path, claims)
+    assert other.cpu == 0
+    mine = affinity.place_runtime("auto")
+    assert mine.cpus == frozenset({1})
+    mine.release()
+    other.close()  # its lock goes with it
+    assert affinity.place_runtime("auto").cpus == frozenset({0})
+
+
+def test_runtimes_of_one_process_share_the_claim_and_the_last_releases_it(
+    claims: list[int], tmp_path: Path
+) -> None:
+    first, second = affinity.place_runtime("auto"), affinity.place_runtime("auto")
+    assert first.cpus == second.cpus == frozenset({0})  # one GIL: one CPU
+    first.release()
+    first.release()  # idempotent: does not give up the second runtime's share
+    held = Claimer(tmp_path, claims)
+    assert held.cpu == 1  # CPU 0 is still claimed
+    held.close()
+    second.release()
+    free = Claimer(tmp_path, claims)
+    assert free.cpu == 0
+    free.close()
+
+
+def test_with_every_cpu_held_elsewhere_auto_still_places_the_runtime(
+    claims: list[int], tmp_path: Path
+) -> None:
+    others = [Claimer(tmp_path, claims), Claimer(tmp_path, claims)]
+    assert sorted(o.cpu for o in others) == [0, 1]
+    placement = affinity.place_runtime("auto")
+    assert placement.cpus == frozenset({0})  # shares the first in its order
+    placement.release()
+    for other in others:
+        other.close()
+
+
+def test_auto_places_without_lock_files_where_they_cannot_be_made(
+    claims: list[int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(affinity, "LOCK_DIR", tmp_path / "missing")
+    placement = affinity.place_runtime("auto")
+    assert placement.cpus == frozenset({0})
+    placement.release()
+
+
+def test_a_lock_file_planted_as_a_link_is_not_followed(claims: list[int], tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_text("not a lock")
+    (tmp_path / "agentcell-cpu-0.lock").symlink_to(target)
+    placement = affinity.place_runtime("auto")
+    assert placement.cpus == frozenset({1})
+    placement.release()
+    assert target.read_text() == "not a lock"
+
+
+_FORKER = """
+import os, sys
+from pathlib import Path
+from runtime import affinity
+affinity.LOCK_DIR = Path(sys.argv[1])
+affinity.auto_candidates = lambda: [0, 1]
+parent = affinity.place_runtime("auto")
+pid = os.fork()
+if pid == 0:  # a child does not inherit the parent's claim, and leaves the parent's lock held
+    child = affinity.place_runtime("auto")
+    os._exit(10 + min(child.cpus))
+_, status = os.waitpid(pid, 0)
+print(min(parent.cpus), os.waitstatus_to_exitcode(status) - 10, flush=True)
+"""
+
+
+def test_a_forked_child_claims_its_own_cpu(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _FORKER, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["0", "1"]
 
 
 def test_a_refused_placement_leaves_the_thread_where_it_was(
@@ -125,7 +249,7 @@ def test_the_runtimes_threads_run_on_the_chosen_cpu_and_tools_do_not(
 @needs_two_cpus
 def test_off_leaves_every_thread_to_the_os(sessions_dir: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
-    with Runtime(Config(), sessions_dir=sessions_dir) as rt:
+    with Runtime(Config().with_overrides({"runtime.cpu": "off"}), sessions_dir=sessions_dir) as rt:
         assert rt.cpus is None
         assert _cpus_of(_runtime_threads(rt)) == {allowed}
 
@@ -139,3 +263,32 @@ def test_a_bad_cpu_stops_the_start_before_anything_is_made(tmp_path: Path) -> No
         rt.start()
     assert not (tmp_path / "never-made").exists()
     assert not {t.name for t in threading.enumerate()} - before  # no dispatcher, loop or writer started
+
+
+@needs_two_cpus
+def test_by_default_a_runtime_claims_a_cpu_for_its_threads_until_it_stops(
+    sessions_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(affinity, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(affinity, "_claim", affinity._Claim())
+    order = affinity.auto_candidates()
+    with Runtime(Config(), sessions_dir=sessions_dir) as rt:
+        assert rt.cpus == frozenset(order[:1])
+        assert _cpus_of(_runtime_threads(rt)) == {rt.cpus}
+        while_running = Claimer(tmp_path, order)
+        assert while_running.cpu == order[1]  # another process hosting a runtime takes another CPU
+        while_running.close()
+    after = Claimer(tmp_path, order)
+    assert after.cpu == order[0]  # stopped: the CPU is free again
+    after.close()
+
+
+def test_a_start_that_fails_gives_the_cpu_back(claims: list[int], tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    rt = Runtime(Config(), sessions_dir=not_a_dir / "sessions")
+    with pytest.raises(OSError):
+        rt.start()
+    free = Claimer(tmp_path, claims)
+    assert free.cpu == 0
+    free.close()
