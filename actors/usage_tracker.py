@@ -8,8 +8,11 @@ estimates against actual input tokens, and the model's window. The rules live in
 
 Messages (tell or ask): :class:`RecordResponse` after every provider response, :class:`SetModel`,
 :class:`Reset` after a compaction, :class:`Restore` to rebuild the totals from the session's messages.
-Queries through a proxy: ``totals()``, ``current_context_tokens()``, ``context_window()``,
-``calibration_ratio()``, ``calibration_error()``, ``estimate(...)`` and ``stats(...)``.
+Asked: :class:`GetTotals` (the session's :class:`Usage`) and :class:`GetCalibration` (a
+:class:`Calibration`), which is how the runtime's queries reach it: no proxy to build (pykka inspects every
+attribute of the actor for one) or to keep. Queries through a proxy, for the tests and tools:
+``totals()``, ``current_context_tokens()``, ``context_window()``, ``calibration_ratio()``,
+``calibration_error()``, ``estimate(...)`` and ``stats(...)``.
 """
 
 from __future__ import annotations
@@ -71,6 +74,22 @@ class Restore(msgspec.Struct, frozen=True):
     messages: tuple[Message, ...]
 
 
+class GetTotals(msgspec.Struct, frozen=True):
+    """Ask: the session's cumulative :class:`Usage`."""
+
+
+class GetCalibration(msgspec.Struct, frozen=True):
+    """Ask: how the estimates have compared with actual input tokens, as a :class:`Calibration`."""
+
+
+class Calibration(msgspec.Struct, frozen=True):
+    """``ratio``: actual to estimated tokens over past calls; ``last_error``: the last estimate's relative
+    error. Both None before the first calibrated call."""
+
+    ratio: float | None
+    last_error: float | None
+
+
 # -- the actor --------------------------------------------------------------------------------------------
 
 
@@ -123,6 +142,10 @@ class UsageTracker(PooledActor):
                     self._publish_update(Usage())
             case Restore(messages=messages):
                 self._restore(messages)
+            case GetTotals():
+                return self._totals
+            case GetCalibration():
+                return Calibration(ratio=self.calibration_ratio(), last_error=self._last_error)
             case _:
                 raise TypeError(f"usage tracker: unexpected message {type(message).__name__}")
         return None

@@ -61,23 +61,9 @@ class SessionRefs:
     overflow: pykka.ActorRef[Any] | None = None
     compactor: pykka.ActorRef[Any] | None = None
     agent: pykka.ActorRef[Any] | None = None
-    _proxies: dict[str, tuple[pykka.ActorRef[Any], pykka.ActorProxy[Any]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def require(self, name: str) -> pykka.ActorRef[Any]:
         ref = getattr(self, name)
         if ref is None:
             raise pykka.ActorDeadError(f"the session's {name} actor is not running")
         return ref
-
-    def proxy(self, name: str) -> pykka.ActorProxy[Any]:
-        """A proxy to the named actor, made once for each incarnation of it: pykka builds a proxy by
-        inspecting every attribute of the actor, which costs more than the call made through it."""
-        ref = self.require(name)
-        cached = self._proxies.get(name)
-        if cached is not None and cached[0] is ref:
-            return cached[1]
-        proxy = ref.proxy()
-        self._proxies[name] = (ref, proxy)
-        return proxy

@@ -460,6 +460,7 @@ class Runtime:
     def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
         """The context breakdown of SPEC 4.6 (the same estimate the compaction trigger uses)."""
         from actors.session_store import GetContext
+        from actors.usage_tracker import GetCalibration
         from runtime.context.estimate import context_stats
 
         session = self._session(session_id)
@@ -467,7 +468,7 @@ class Runtime:
         view = refs.require("store").ask(GetContext(), timeout=timeout)
         spec = session.spec
         counter = session.counter
-        usage = refs.proxy("usage")
+        calibration = refs.require("usage").ask(GetCalibration(), timeout=timeout)
         return context_stats(
             view.messages,
             count=counter.count_message,
@@ -476,8 +477,8 @@ class Runtime:
             usage_floor=view.usage_floor,
             window=session.context_window,
             config=spec.config.compaction,
-            last_error=usage.calibration_error().get(timeout=timeout),
-            calibration_ratio=usage.calibration_ratio().get(timeout=timeout),
+            last_error=calibration.last_error,
+            calibration_ratio=calibration.ratio,
         )
 
     async def acontext_stats(self, session_id: str) -> Any:
@@ -500,8 +501,10 @@ class Runtime:
 
     def usage(self, session_id: str, timeout: float = 30.0) -> Any:
         """Session totals (input, output, reasoning, cache read/write, cost)."""
+        from actors.usage_tracker import GetTotals
+
         refs = self._session(session_id).ensure_running()
-        return refs.proxy("usage").totals().get(timeout=timeout)
+        return refs.require("usage").ask(GetTotals(), timeout=timeout)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
         """Switch the session's model; returns the new context window. A smaller window compacts on the

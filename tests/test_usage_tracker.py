@@ -9,7 +9,16 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.usage_tracker import RecordResponse, Reset, Restore, SetModel, UsageTracker
+from actors.usage_tracker import (
+    Calibration,
+    GetCalibration,
+    GetTotals,
+    RecordResponse,
+    Reset,
+    Restore,
+    SetModel,
+    UsageTracker,
+)
 from runtime import events as ev
 from runtime.config import Config
 from runtime.context.estimate import context_stats, estimate_context
@@ -127,6 +136,7 @@ def test_calibration_after_every_call(start: Any, published: Recorder) -> None:
     ref = start()
     proxy = ref.proxy()
     assert proxy.calibration_ratio().get() is None
+    assert ref.ask(GetCalibration()) == Calibration(ratio=None, last_error=None)
     # First call: the estimate was a full count (1,100), the prompt was 1,000 tokens.
     ref.ask(RecordResponse(reply(Usage(input_tokens=1_000, output_tokens=50)), estimated_input=1_100))
     assert proxy.calibration_error().get() == pytest.approx(0.1)
@@ -136,6 +146,9 @@ def test_calibration_after_every_call(start: Any, published: Recorder) -> None:
     ref.ask(RecordResponse(reply(Usage(input_tokens=1_120, output_tokens=30)), estimated_input=1_150))
     assert proxy.calibration_error().get() == pytest.approx(30 / 1_120)
     assert proxy.calibration_ratio().get() == pytest.approx((1_000 + 70) / (1_100 + 100))
+    asked = ref.ask(GetCalibration())  # what Runtime.context_stats asks
+    assert asked.ratio == pytest.approx(1_070 / 1_200) and asked.last_error == pytest.approx(30 / 1_120)
+    assert ref.ask(GetTotals()) == Usage(input_tokens=2_120, output_tokens=80)
     first, second = published.of(ev.Calibration)
     assert (first.estimated_tokens, first.actual_tokens) == (1_100, 1_000)
     assert first.error == pytest.approx(0.1)
