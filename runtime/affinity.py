@@ -76,13 +76,13 @@ class Placement:
     """Where one runtime's threads run (``cpus``; None: where the OS puts them). ``release`` when stopped."""
 
     cpus: frozenset[int] | None
-    _claimed: bool = field(default=False, repr=False)
+    _share: int | None = field(default=None, repr=False)  # the claim's generation, for ``auto``
 
     def release(self) -> None:
         """Give up this runtime's share of the ``auto`` claim. Idempotent."""
-        if self._claimed:
-            self._claimed = False
-            _claim.release()
+        if self._share is not None:
+            _claim.release(self._share)
+            self._share = None
 
 
 def place_runtime(setting: CpuSetting) -> Placement:
@@ -103,7 +103,8 @@ def place_runtime(setting: CpuSetting) -> Placement:
     candidates = auto_candidates()
     if not candidates:
         return Placement(None)
-    return Placement(frozenset((_claim.acquire(candidates),)), _claimed=True)
+    cpu, share = _claim.acquire(candidates)
+    return Placement(frozenset((cpu,)), share)
 
 
 class _Claim:
@@ -114,20 +115,24 @@ class _Claim:
         self._cpu: int | None = None
         self._fd: int | None = None
         self._users = 0
+        self._generation = 0  # a fork starts a new one: shares taken in the parent are not the child's
 
-    def acquire(self, candidates: list[int]) -> int:
+    def acquire(self, candidates: list[int]) -> tuple[int, int]:
+        """The CPU for one more runtime of this process, and the generation its share belongs to."""
         with self._lock:
             if self._users == 0:
                 self._cpu, self._fd = _claim_first_free(candidates)
             self._users += 1
             assert self._cpu is not None
             # The process's CPUs were narrowed since the claim: this runtime cannot join the others.
-            return self._cpu if self._cpu in candidates else candidates[0]
+            return (self._cpu if self._cpu in candidates else candidates[0]), self._generation
 
-    def release(self) -> None:
+    def release(self, generation: int) -> None:
         with self._lock:
+            if generation != self._generation:
+                return  # a share of the parent's claim, released in a forked child
             self._users -= 1
-            if self._users <= 0:
+            if self._users == 0:
                 self._drop()
 
     def _drop(self) -> None:
@@ -145,6 +150,7 @@ class _Claim:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._cpu, self._fd, self._users = None, None, 0
+        self._generation += 1
 
 
 _claim = _Claim()

@@ -165,18 +165,33 @@ def test_a_lock_file_planted_as_a_link_is_not_followed(claims: list[int], tmp_pa
 
 
 _FORKER = """
-import os, sys
+import fcntl, os, sys
 from pathlib import Path
 from runtime import affinity
 affinity.LOCK_DIR = Path(sys.argv[1])
 affinity.auto_candidates = lambda: [0, 1]
+
+def held(cpu):  # whether some claim holds the CPU's lock (another descriptor conflicts, in this process too)
+    fd = os.open(affinity.LOCK_DIR / f"agentcell-cpu-{cpu}.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
 parent = affinity.place_runtime("auto")
 pid = os.fork()
 if pid == 0:  # a child does not inherit the parent's claim, and leaves the parent's lock held
     child = affinity.place_runtime("auto")
-    os._exit(10 + min(child.cpus))
-_, status = os.waitpid(pid, 0)
-print(min(parent.cpus), os.waitstatus_to_exitcode(status) - 10, flush=True)
+    parent.release()  # the parent's share, copied into the child: must not give up the child's claim
+    print("child", min(child.cpus), held(1), flush=True)
+    child.release()
+    print("child released", held(1), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", min(parent.cpus), held(0), flush=True)
 """
 
 
@@ -184,7 +199,7 @@ def test_a_forked_child_claims_its_own_cpu(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", _FORKER, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
     )
-    assert out.stdout.split() == ["0", "1"]
+    assert out.stdout.splitlines() == ["child 1 True", "child released False", "parent 0 True"]
 
 
 def test_a_refused_placement_leaves_the_thread_where_it_was(
