@@ -136,9 +136,9 @@ class _Claim:
                 self._drop()
 
     def _drop(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor of the lock releases it
-        self._cpu, self._fd, self._users = None, None, 0
+        fd, self._cpu, self._fd, self._users = self._fd, None, None, 0
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the lock releases it
 
     def forget_after_fork(self) -> None:
         """In a forked child: the parent's claim is not the child's, and its lock is shared with the parent.
@@ -146,11 +146,9 @@ class _Claim:
         Closing the child's copy of the descriptor leaves the parent's lock held.
         """
         self._lock = threading.Lock()
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._cpu, self._fd, self._users = None, None, 0
         self._generation += 1
+        with contextlib.suppress(OSError):
+            self._drop()
 
 
 _claim = _Claim()
