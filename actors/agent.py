@@ -12,6 +12,7 @@ Each run carries a token, so a late answer from an aborted run is recognised and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ from actors import usage_tracker as ut
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
-from runtime.context.estimate import should_compact
+from runtime.context import working_set as ws
+from runtime.context.estimate import effective_limit
 from runtime.context.integrity import repair_tool_calls, request_view
 from runtime.context.recovery import (
     PROMPT_HIDDEN_NOTE,
@@ -41,6 +43,10 @@ from runtime.messages import Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
+
+# No tokenizer packs more characters than this into one token of real text: a prompt longer than this
+# many characters per token of the window is refused without counting it.
+_CHARS_PER_TOKEN_CEILING = 16
 
 
 class AgentState(StrEnum):
@@ -90,8 +96,8 @@ class _Run:
     turn_id: str = field(default_factory=new_id)
     step: int = 0
     usage: Usage = field(default_factory=Usage)
-    overflow_recoveries: int = 0
-    compaction_attempted: bool = False
+    overflow_recoveries: int = 0  # emergency compactions of this turn: after an overflow, or to prevent one
+    compacted: bool = False  # the turn had its automatic (threshold) compaction: no second one (SPEC 5.13)
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
@@ -260,10 +266,34 @@ class Agent(SessionActor):
         run = self.run = _Run(token=self._runs, prompt=prompt)
         self._enter(AgentState.RUNNING)
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
+        refusal = self._prompt_refusal(prompt.message)
+        if refusal is not None:
+            # Kept on record for the user, hidden from the model, never summarized, never sent (SPEC 5.13).
+            hidden = msgspec.structs.replace(prompt.message, agent_visible=False)
+            self.call(
+                self.refs.require("store"),
+                st.Append((hidden,)),
+                self._guard(run, lambda _: self._finish("error", refusal, code=ws.PROMPT_TOO_LARGE)),
+            )
+            return
         self.call(
             self.refs.require("store"),
             st.Append((prompt.message,), with_view=True),
             self._guard(run, lambda stored: self._before_request(stored.view if stored.ok else None)),
+        )
+
+    def _prompt_refusal(self, message: Message) -> str | None:
+        """Why a prompt cannot be sent at all, or None. A prompt many times the window is refused on its
+        length alone: counting 100 MB of text would hold the dispatcher for seconds."""
+        limit = effective_limit(self.context_window, self.spec.config.compaction) or self.context_window
+        fixed = self.estimate.fixed_tokens
+        chars = len(message.text)
+        if chars > _CHARS_PER_TOKEN_CEILING * (limit + 1):
+            tokens = chars // 4
+        else:
+            tokens = self.counter.count_message(message)
+        return ws.prompt_too_large(
+            prompt_tokens=tokens, fixed_tokens=fixed, window=self.context_window, limit=limit
         )
 
     def _guard(self, run: _Run, step: Any) -> Any:
@@ -279,44 +309,67 @@ class Agent(SessionActor):
 
         return cont
 
-    # -- running: compaction check, then the provider call ------------------------------------------------
+    # -- running: the rules of the next request, then the provider call ---------------------------------
     def _before_request(self, view: st.ContextView | None = None) -> None:
-        """Make the next provider call, compacting first when that is due (SPEC 5.1).
+        """Make the next provider call once the context passes the rules of SPEC 5.13 (:func:`decide_step`).
 
         ``view`` is the session's context as of the write this follows, when the store (or the compactor)
-        handed it over. Most requests are far below the threshold: then the request goes out from that
-        view at once, and the compactor is asked only when a compaction may be due, the session is dead,
-        a silent overflow asked for one, or there is no view to judge from.
+        handed it over; without one it is read first.
         """
         run = self.run
         assert run is not None
-        if view is not None and self._pending_trigger is None and view.dead is None:
-            estimate = self.estimate(view)
-            compaction = self.spec.config.compaction
-            if not should_compact(estimate, self.context_window, compaction, len(view.messages)):
-                self._request(view.messages, estimate.tokens)
-                return
-        trigger: CompactionTrigger = self._pending_trigger or "threshold"
-        self._pending_trigger = None
-        request = cp.MaybeCompact(trigger=trigger, attempted=run.compaction_attempted)
-        self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction_check))
+        if view is None:
+            self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._before_request))
+            return
+        if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
+            self.emit(ev.SessionDead, message=view.dead)
+            self._finish("error", view.dead, code="session_dead")
+            return
+        self._decide(view.messages, self.estimate(view).tokens)
 
-    def _after_compaction_check(self, outcome: cp.Outcome) -> None:
+    def _decide(self, context: tuple[Message, ...], estimate: int) -> None:
         run = self.run
         assert run is not None
-        if outcome.attempted and not outcome.compacted:
-            # A failed automatic compaction is not retried in this run (SPEC 5.11); a successful one
-            # leaves the next provider step free to compact again if the tool loop keeps growing.
-            run.compaction_attempted = True
-        if outcome.dead:
-            message = outcome.message or "context limit exceeded"
-            if self._prompt_caused_overflow(outcome.estimate):
-                self._fail_hiding_prompt(message, "context_overflow")
+        cfg = self.spec.config
+        decision = ws.decide_step(
+            estimate=estimate,
+            message_count=len(context),
+            window=self.context_window,
+            config=cfg.compaction,
+            pending=self._pending_trigger,
+            threshold_used=run.compacted,
+            overflow_used=run.overflow_recoveries > 0,
+            turn_input_tokens=run.usage.input_tokens,
+            turn_budget=ws.turn_input_budget(cfg.agent.max_turn_input_tokens, self.context_window),
+            tool_results_in_view=bool(context) and context[-1].role == "tool",
+        )
+        if decision.action == "send":
+            self._request(context, estimate)
+            return
+        if decision.action == "fail":
+            code, message = decision.code or "error", decision.message or "the request cannot be sent"
+            if code == ws.CONTEXT_OVERFLOW and self._prompt_caused_overflow(estimate):
+                self._fail_hiding_prompt(message, code)
                 return
+            self._finish("error", message, code=code)
+            return
+        request: cp.MaybeCompact | cp.Compact
+        if decision.trigger == "overflow":  # the request would overflow: the turn's emergency compaction
+            run.overflow_recoveries += 1
+            request = cp.Compact(trigger="overflow", emergency=True)
+        else:
+            request = cp.MaybeCompact(trigger=decision.trigger or "threshold")
+        run.compacted = True  # one automatic compaction before any emergency one, and only one
+        self._pending_trigger = None
+        self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction))
+
+    def _after_compaction(self, outcome: cp.Outcome) -> None:
+        if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
+            message = outcome.message or "context limit exceeded"
             self.emit(ev.SessionDead, message=message)
             self._finish("error", message, code="session_dead")
             return
-        self._request(outcome.messages, outcome.estimate)
+        self._decide(outcome.messages, outcome.estimate)
 
     def _request(self, context: tuple[Message, ...], estimate: int) -> None:
         run = self.run
@@ -475,7 +528,10 @@ class Agent(SessionActor):
                 return
             self._finish("error", failure.message, code=failure.code)
             return
-        self._request(outcome.messages, outcome.estimate)
+        run = self.run
+        assert run is not None
+        run.compacted = True
+        self._decide(outcome.messages, outcome.estimate)
 
     def _prompt_caused_overflow(self, request_tokens: int) -> bool:
         run = self.run
@@ -566,8 +622,49 @@ class Agent(SessionActor):
         assert run is not None
         run.tools = None
         self._enter(AgentState.RUNNING)
-        messages = tuple(r.message for r in results)
+        messages = self._fit_working_set(tuple(r.message for r in results))
         self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
+
+    def _fit_working_set(self, results: tuple[Message, ...]) -> tuple[Message, ...]:
+        """The step's results, the largest clipped head and tail when together they could not fit the
+        context beside the call that asked for them (SPEC 5.13). A clipped result's full text is saved
+        beside the session (or already is, in its spill file) and named in its notice with its SHA-256."""
+        run = self.run
+        assert run is not None and run.last_message is not None
+        count = self.counter.count_message
+        compaction = self.spec.config.compaction
+        budget = ws.working_set_budget(
+            limit=effective_limit(self.context_window, compaction) or self.context_window,
+            fixed_tokens=self.estimate.fixed_tokens,
+            call_tokens=count(run.last_message),
+            config=compaction,
+        )
+        clips = ws.plan_clips([(count(m), len(m.text)) for m in results], budget)
+        if not clips:
+            return results
+        fitted = list(results)
+        for clip in clips:
+            message = fitted[clip.index]
+            path, sha = message.metadata.get("spill_path"), message.metadata.get("spill_sha256")
+            if not (isinstance(path, str) and isinstance(sha, str)):
+                path, sha = self._save_full_output(message)
+            fitted[clip.index] = ws.clip_result(message, clip.max_chars, saved_path=path, sha256=sha)
+        return tuple(fitted)
+
+    def _save_full_output(self, message: Message) -> tuple[str, str]:
+        """Queue the full text of a tool result for the writer thread; its path and SHA-256."""
+        data = message.text.encode("utf-8", errors="replace")
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"{message.name or 'tool'}-{sha[:16]}.txt".replace("/", "_")
+        path = self.services.directory.spill_dir(self.session_id) / name
+        publish, sid = self.publish, self.session_id
+
+        def written(error: Exception | None) -> None:  # on the writer thread
+            if error is not None:
+                publish(ev.PersistenceError(session_id=sid, path=str(path), error=str(error)))
+
+        self.services.writer.write_file(path, data, written)
+        return str(path), sha
 
     def _after_tool_results(self, _: Any) -> None:
         run = self.run

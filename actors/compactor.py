@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from runtime import events as ev
 from runtime.context import compaction as comp
 from runtime.context import tool_summary as ts
 from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
+from runtime.context.working_set import working_set_start
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
@@ -84,6 +85,15 @@ class SessionEstimate:
         self._count = counter.count_message
         self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
         self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+
+    @property
+    def fixed_tokens(self) -> int:
+        """What every request costs before its messages: the system prompt and the tool schemas."""
+        return self._system_tokens + self._tools_tokens
+
+    def full(self, messages: Sequence[Message]) -> int:
+        """A full count of a request made from ``messages``: no provider usage to anchor on."""
+        return self.fixed_tokens + sum(self._count(m) for m in messages if m.agent_visible)
 
     def __call__(self, view: st.ContextView) -> ContextEstimate:
         return estimate_context(
@@ -283,6 +293,8 @@ class Compactor(SessionActor):
         assert job.estimate is not None
         messages = list(job.view.messages)
         tokens_before = job.estimate.tokens
+        # An automatic compaction never summarizes the working set away (SPEC 5.13).
+        keep_from = working_set_start(messages) if trigger != "manual" else None
         keep_tokens = comp.keep_recent_budget(
             self.context_window, self.cfg, emergency=emergency, override=keep
         )
@@ -297,6 +309,7 @@ class Compactor(SessionActor):
             summarizer_window=self.summarizer_window,
             count_text=self.counter.count_text,
             force=emergency or trigger == "manual",
+            keep_from=keep_from,
         )
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
@@ -367,20 +380,23 @@ class Compactor(SessionActor):
     def _finish(self, job: _Job, trigger: CompactionTrigger) -> None:
         assert job.estimate is not None
         tokens_before = job.estimate.tokens
+        # The progress guard compares counts of the same kind: a full count before and after. (The
+        # estimate that triggered may rest on a provider's usage that no count of ours can match.)
         outcome = comp.finish_compaction(
             job.plan,
             job.answers,
             count=self.counter.count_message,
-            tokens_before=tokens_before,
+            tokens_before=self.estimate.full(job.view.messages),
             limit=effective_limit(self.context_window, self.cfg),
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = tokens_before >= self.context_window
-            dead = outcome.context_exceeded or (self.cfg.mode == "hard_reset" and over)
+            # Only hard_reset kills a session (SPEC 5.8); otherwise the turn ends and the session goes on.
+            dead = self.cfg.mode == "hard_reset" and (outcome.context_exceeded or over)
             if outcome.reason == "no_progress":
                 self._no_progress_at = self._leaf(tuple(job.view.messages))
             message = outcome.message
-            if dead and self.cfg.mode == "hard_reset":  # SPEC 5.8: no fallback; the log marks it dead
+            if dead:  # SPEC 5.8: no fallback; the log marks it dead
                 message = (
                     f"{message.rstrip('.')}. The session is marked dead (its log is kept); a manual "
                     "compaction that succeeds revives it."
@@ -390,6 +406,9 @@ class Compactor(SessionActor):
             return
         summary = outcome.summary
         self._write_artifact(1, summary.text, job)
+        # Right after a compaction the estimate is a full count (SPEC 4.2): usage from before it, which
+        # may be a provider's inflated report (a silent overflow), no longer describes the context.
+        tokens_after = self.estimate.full(outcome.messages)
 
         def recorded(reply: Any) -> None:
             if isinstance(reply, CallFailed):
@@ -398,14 +417,14 @@ class Compactor(SessionActor):
             self._no_progress_at = None
             if job.view.dead is not None:  # a manual compaction brought a dead session back
                 self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, ""))
-            self.refs.require("usage").tell(ut.Reset(context_tokens=outcome.tokens_after))
+            self.refs.require("usage").tell(ut.Reset(context_tokens=tokens_after))
             self.emit(
                 ev.CompactionEnd,
                 trigger=trigger,
                 messages_before=len(job.view.messages),
                 messages_after=len(outcome.messages),
                 tokens_before=tokens_before,
-                tokens_after=outcome.tokens_after,
+                tokens_after=tokens_after,
                 summary_chars=len(summary.text),
                 mode=self.cfg.mode,
                 fallback=outcome.fallback,
@@ -414,7 +433,7 @@ class Compactor(SessionActor):
                 job,
                 Outcome(
                     messages=tuple(outcome.messages),
-                    estimate=outcome.tokens_after,
+                    estimate=tokens_after,
                     attempted=True,
                     compacted=True,
                 ),
@@ -424,7 +443,7 @@ class Compactor(SessionActor):
             summary=summary,
             first_kept_id=outcome.first_kept_id,
             tokens_before=tokens_before,
-            tokens_after=outcome.tokens_after,
+            tokens_after=tokens_after,
             mode=self.cfg.mode,
             trigger=trigger,
             artifacts=tuple(job.artifacts),

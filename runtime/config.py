@@ -108,6 +108,7 @@ class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_parallel_tools: PosInt = 8
     stream_stall_seconds: PosFloat = 10.0  # 3: stream_stalled after 10 s without chunks
     max_steps_per_turn: PosInt = 50
+    max_turn_input_tokens: PosInt | None = None  # 5.13: the turn's spend guard; None = 20 × the window
     shell_enabled: bool = False
     shell_timeout: PosFloat = 120.0
     send_reasoning: bool = True  # 3.3

@@ -9,6 +9,7 @@ import pytest
 from runtime import messages as m
 from runtime.config import CompactionConfig
 from runtime.context.compaction import (
+    OPEN_REQUEST_CHARS,
     CompactionFailure,
     CompactionPlan,
     CompactionResult,
@@ -20,7 +21,7 @@ from runtime.context.compaction import (
     plan_compaction,
 )
 from runtime.context.file_ops import FileOps
-from runtime.context.prompts import SPLIT_TURN_HEADING, SUMMARY_PREFIX
+from runtime.context.prompts import SPLIT_TURN_HEADING, SUMMARY_PREFIX, summary_body
 from runtime.tokens import TokenCounter
 
 CONFIG = CompactionConfig()
@@ -417,7 +418,11 @@ def test_repeated_fallbacks_stay_bounded() -> None:
         assert isinstance(result, CompactionResult) and result.fallback
         history = result.messages
         files = len(result.file_ops.render())
-        assert result.summary_chars <= len(SUMMARY_PREFIX) + 2 + 200 * 6 + 2 + files
+        # the request of a turn the cut fell inside is carried verbatim beside the summary, not in it
+        request = plan.open_request
+        carried = len(request.text) + len("\n\n<current-request>\n\n</current-request>") if request else 0
+        assert result.summary_chars <= len(SUMMARY_PREFIX) + 2 + 200 * 6 + 2 + files + carried
+        assert "<current-request>" not in summary_body(result.summary.text)  # never carried into the next
 
 
 def test_a_user_message_that_looks_like_a_summary_is_a_turn() -> None:
@@ -517,7 +522,8 @@ def test_a_huge_answer_is_clipped_not_fatal() -> None:
     plan = plan_of(msgs, 5_000)
     result = finish_compaction(plan, ["## Goal\n" + "z" * 10_000_000], count=count)
     assert isinstance(result, CompactionResult)
-    assert result.summary_chars < CONFIG.summary_max_output_tokens * 6 + 1_000
+    carried = OPEN_REQUEST_CHARS + 50  # the request of the turn the cut fell inside, clipped
+    assert result.summary_chars < CONFIG.summary_max_output_tokens * 6 + 1_000 + carried
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -115,9 +115,12 @@ def test_overflow_with_auto_compaction_disabled_is_an_error(
 def test_silent_overflow_in_usage_compacts_before_the_next_turn(
     rt: Any, recorder: Recorder, provider: Any
 ) -> None:
-    # The provider accepts 128k, but the runtime is told the window is 1,000 tokens: a response reporting
-    # more input tokens than that is a silent overflow (SPEC 6.2).
-    model = chatty(provider, words=30)
+    # The runtime is told the window is 1,000 tokens; a response reporting more input tokens than that (a
+    # provider that silently truncated, or counts differently) is a silent overflow (SPEC 6.2).
+    name = f"overflow-{next(_names)}"
+    answer = "Noted. " + " ".join(f"fact{i}" for i in range(30))
+    provider.add_script(name, [Turn(text=answer, prompt_tokens=1_500), Turn(text=answer)], loop=True)
+    model = f"openai/{name}"
     overrides = {
         "models.context_windows": {model: 1_000, "openai/summarizer": 32_000},
         "compaction.reserve_tokens": 100,
@@ -125,8 +128,7 @@ def test_silent_overflow_in_usage_compacts_before_the_next_turn(
         "compaction.summarizer_model": "openai/summarizer",
     }
     sid = str(rt.start_session(model=model, api_base=provider.url, api_key="sk-local", config=overrides))
-    big = "word " * 1_200
-    assert rt.prompt(sid, big).result(timeout=60).status == "ok"
+    assert rt.prompt(sid, "word " * 200).result(timeout=60).status == "ok"
     recorder.wait_type("usage_overflow")
     (flag,) = recorder.of("usage_overflow", sid)
     assert flag.input_tokens > flag.context_window == 1_000

@@ -59,6 +59,8 @@ WINDOW_MARGIN_TOKENS: Final = 32
 WINDOW_MARGIN_FRACTION: Final = 0.03
 # A deterministic (fallback) summary quotes the last user request and the previous summary, clipped.
 FALLBACK_REQUEST_CHARS: Final = 600
+# The request of a turn the cut falls inside is carried into the summary verbatim, up to this many chars.
+OPEN_REQUEST_CHARS: Final = 4_000
 
 _NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY})
 
@@ -112,6 +114,7 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     previous_summary: Message | None
     file_ops: FileOps
     config: CompactionConfig
+    open_request: Message | None = None  # the prompt of a turn the cut falls inside, carried verbatim
 
     @property
     def summarized(self) -> list[Message]:
@@ -239,6 +242,7 @@ def find_cut_point(
     force: bool = False,
     force_keep: int = 2,
     split_turn_min_messages: int = 5,
+    keep_from: int | None = None,
 ) -> CutPoint | None:
     """Where to cut ``messages`` so that the newest ``keep_tokens`` worth are kept, or ``None``.
 
@@ -256,7 +260,30 @@ def find_cut_point(
     ``None`` when everything fits in ``keep_tokens`` or no cut would summarize anything besides a previous
     summary; with ``force``, the fallback is to keep only the last ``force_keep`` messages, moved earlier
     (so more is kept) when that would split a call from its results, or later when no earlier cut exists.
+
+    ``keep_from`` (the working set's start, SPEC 5.13) is kept whatever the budget: a cut after it moves
+    back to it (or to the nearest valid cut before it), and when no such cut leaves anything to
+    summarize, the answer is ``None``.
     """
+    cut = _find_cut(messages, keep_tokens, count, force, force_keep, split_turn_min_messages)
+    if cut is None or keep_from is None or cut.index <= keep_from:
+        return cut
+    first = next((i for i, m in enumerate(messages) if not is_summary(m)), len(messages))
+    valid = _valid_cuts(messages)
+    index = next((i for i in range(min(keep_from, len(messages)), first, -1) if valid[i]), None)
+    if index is None:
+        return None
+    return _inside_turn(messages, index, split_turn_min_messages)
+
+
+def _find_cut(
+    messages: Sequence[Message],
+    keep_tokens: int,
+    count: CountTokens,
+    force: bool,
+    force_keep: int,
+    split_turn_min_messages: int,
+) -> CutPoint | None:
     n = len(messages)
     if n == 0:
         return None
@@ -277,15 +304,20 @@ def find_cut_point(
         if inside is None:
             inside = next((i for i in range(start - 1, lowest - 1, -1) if valid[i]), None)
         if inside is not None:
-            if is_turn_start(messages[inside]):
-                return CutPoint(inside)
-            turn = next((i for i in range(inside - 1, -1, -1) if is_turn_start(messages[i])), None)
-            if turn is not None and inside - turn >= split_turn_min_messages:
-                return CutPoint(inside, split_turn_start=turn)
-            return CutPoint(inside)
+            return _inside_turn(messages, inside, split_turn_min_messages)
     if not force:
         return None
     return _forced_cut(valid, n, lowest, force_keep)
+
+
+def _inside_turn(messages: Sequence[Message], index: int, split_turn_min_messages: int) -> CutPoint:
+    """A cut at ``index``, which may fall inside a turn: a split turn when enough of it is summarized."""
+    if index >= len(messages) or is_turn_start(messages[index]):
+        return CutPoint(index)
+    turn = next((i for i in range(index - 1, -1, -1) if is_turn_start(messages[i])), None)
+    if turn is not None and index - turn >= split_turn_min_messages:
+        return CutPoint(index, split_turn_start=turn)
+    return CutPoint(index)
 
 
 def _valid_cuts(messages: Sequence[Message]) -> list[bool]:
@@ -352,6 +384,7 @@ def plan_compaction(
     instructions: str | None = None,
     summarizer_window: int | None = None,
     count_text: CountText | None = None,
+    keep_from: int | None = None,
 ) -> CompactionPlan | NothingToCompact:
     """Plan a compaction of ``messages`` (see the module docstring for the three steps).
 
@@ -362,15 +395,18 @@ def plan_compaction(
     prompt, prompt and ``max_tokens`` fit in it, with a margin. Transcript blocks are valued with ``count``
     (plus their labels), so ``count`` must cover a message's text, reasoning and tool calls in the same
     tokenizer as ``count_text`` (the usage tracker's counter does); instructions and clipped blocks are
-    measured with ``count_text`` (default: a conservative character-based estimate).
+    measured with ``count_text`` (default: a conservative character-based estimate). ``keep_from`` is the
+    start of the working set, never summarized (SPEC 5.13): automatic compactions pass it, in every mode
+    (a ``hard_reset`` then summarizes everything before it).
     """
     mode = mode or config.mode
     msgs = list(messages)
     cut: CutPoint | None = None
     if mode == "hard_reset":
-        if all(is_summary(m) for m in msgs):
-            return NothingToCompact("nothing to summarize besides the previous summary")
-        history, prefix, kept = msgs, [], []
+        end = len(msgs) if keep_from is None else keep_from
+        if all(is_summary(m) for m in msgs[:end]):
+            return NothingToCompact("nothing to summarize besides the previous summary and the working set")
+        history, prefix, kept = msgs[:end], [], msgs[end:]
     else:
         cut = find_cut_point(
             msgs,
@@ -379,9 +415,11 @@ def plan_compaction(
             force=force,
             force_keep=config.force_keep_messages,
             split_turn_min_messages=config.split_turn_min_messages,
+            keep_from=keep_from,
         )
         if cut is None:
-            return NothingToCompact(f"nothing to compact outside the newest {keep_tokens} tokens")
+            what = "the working set" if keep_from is not None else f"the newest {keep_tokens} tokens"
+            return NothingToCompact(f"nothing to compact outside {what}")
         kept = msgs[cut.index :]
         if cut.split_turn_start is not None:
             history, prefix = msgs[: cut.split_turn_start], msgs[cut.split_turn_start : cut.index]
@@ -414,7 +452,17 @@ def plan_compaction(
         previous_summary=previous,
         file_ops=file_ops,
         config=config,
+        open_request=_open_request(history + prefix, kept),
     )
+
+
+def _open_request(summarized: list[Message], kept: list[Message]) -> Message | None:
+    """The prompt of the turn the kept part begins inside, when it is summarized: the model must still
+    read the request it is working on (a split turn's summary alone loses its wording)."""
+    if not kept or is_turn_start(kept[0]):
+        return None
+    prompt = next((m for m in reversed(summarized) if is_turn_start(m)), None)
+    return prompt if prompt is not None and prompt.agent_visible else None
 
 
 def approx_tokens(text: str) -> int:
@@ -557,7 +605,9 @@ def finish_compaction(
         reason: Literal["no_progress", "summarizer_failed"], why: str, after: int | None
     ) -> CompactionFailure:
         if over_limit:
-            why = f"Context limit exceeded and compaction failed: {why} Please start a new session."
+            # Only hard_reset ends a session (SPEC 5.8); otherwise the turn ends and the session goes on.
+            end = " Please start a new session." if plan.mode == "hard_reset" else " The session goes on."
+            why = f"Context limit exceeded and compaction failed: {why}{end}"
         return CompactionFailure(reason, why, over_limit, plan.mode, plan.trigger, tokens_before, after)
 
     by_kind: dict[str, str | None] = {r.kind: a for r, a in zip(plan.requests, answers)}
@@ -579,7 +629,9 @@ def finish_compaction(
         answer = clip_head_tail(answer, _part_chars(plan, kind))
         parts.append(f"{SPLIT_TURN_HEADING}\n\n{answer}" if kind == "turn_prefix" else answer)
 
-    text = summary_message_text("\n\n".join(parts), plan.file_ops.render())
+    request = plan.open_request
+    current = clip_head_tail(request.text.strip(), OPEN_REQUEST_CHARS) if request is not None else ""
+    text = summary_message_text("\n\n".join(parts), plan.file_ops.render(), current)
     summary = Message(
         role="user",
         parts=(TextPart(text),),

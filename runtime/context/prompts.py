@@ -197,15 +197,19 @@ def summary_request_prompt(
     return "\n\n".join(sections)
 
 
-def summary_message_text(body: str, files: str = "") -> str:
-    """The text of a compaction summary message: the fixed prefix, the summary, the file blocks."""
+def summary_message_text(body: str, files: str = "", current_request: str = "") -> str:
+    """The text of a compaction summary message: the fixed prefix, the summary, the file blocks, and the
+    request of a turn the compaction cut into, verbatim (SPEC 5.13: the thread of the work is kept)."""
     text = f"{SUMMARY_PREFIX}\n\n{body.strip()}"
     if files:
         text += f"\n\n{files}"
+    if current_request:
+        text += f"\n\n<{CURRENT_REQUEST_TAG}>\n{current_request.strip()}\n</{CURRENT_REQUEST_TAG}>"
     return text
 
 
-_FILE_BLOCK = re.compile(r"\s*<(read-files|modified-files)>.*?</\1>\s*", re.DOTALL)
+CURRENT_REQUEST_TAG: Final = "current-request"
+_FILE_BLOCK = re.compile(r"\s*<(read-files|modified-files|current-request)>.*?</\1>\s*", re.DOTALL)
 
 
 def summary_body(text: str) -> str:

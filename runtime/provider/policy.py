@@ -71,6 +71,7 @@ _BLOCK = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 _HEADING = re.compile(r"^##\s+(.+?)\s*$", re.MULTILINE)
+_CURRENT_REQUEST = re.compile(r"<current-request>\n?(.*?)\n?</current-request>", re.DOTALL)
 
 
 def respond(messages: Chat, tools: Sequence[dict[str, Any]] | None = None) -> Turn:
@@ -121,6 +122,9 @@ class _Done:
 def _agent_turn(messages: Chat, tools: Sequence[dict[str, Any]]) -> Turn:
     start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     user_text = text_of(messages[start].get("content")) if start >= 0 else ""
+    request = _CURRENT_REQUEST.search(user_text)
+    if request:  # a compaction summary that cut into the turn carries the turn's request verbatim
+        user_text = request.group(1)
     schemas = _tool_schemas(tools)
     done = _turn_progress(messages[start + 1 :])
     files = _mentioned_files(user_text)

@@ -73,6 +73,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     """Seconds to wait before answering; None = the provider's default latency."""
     finish_reason: str | None = None
     """None = ``tool_calls`` when the turn has tool calls, else ``stop``."""
+    prompt_tokens: int | None = None
+    """Report this many prompt tokens instead of the exact count: a provider that miscounts, or silently
+    truncates an input larger than its window."""
 
     @property
     def effective_finish_reason(self) -> str:

@@ -472,10 +472,11 @@ class _Reply:
         completion, reasoning = counter.completion(
             turn.text, turn.reasoning, [(spec.name, spec.arguments) for spec in turn.tool_calls]
         )
+        prompt_tokens = count.prompt_tokens if turn.prompt_tokens is None else turn.prompt_tokens
         self.usage = {
-            "prompt_tokens": count.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": completion,
-            "total_tokens": count.prompt_tokens + completion,
+            "total_tokens": prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": count.cached_tokens, "audio_tokens": 0},
             "completion_tokens_details": {
                 "reasoning_tokens": reasoning,
