@@ -20,6 +20,14 @@ PosInt = Annotated[int, msgspec.Meta(ge=1)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest duration any setting accepts (a week): beyond it, a value is a mistake or an attack (a
+timeout of 1e308 s overflows the waits that honour it)."""
+Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)]
+NonNegSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
+MAX_DEPTH = 8
+"""How deeply config tables may nest (the deepest real key, ``models.context_windows.<model>``, is 3)."""
+
 ENV_PREFIX = "AGENTCELL_"
 
 
@@ -46,7 +54,7 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     emergency_keep_divisor: PosInt = 5  # 6.3: keep window / 5
     split_turn_min_messages: PosInt = 5  # 5.3
     summarizer_model: str | None = None  # 5.4: None = the session's model
-    summarizer_timeout: PosFloat = 120.0
+    summarizer_timeout: Seconds = 120.0
     summary_tool_result_chars: PosInt = 2_000  # 5.4: tool results clipped head and tail
     summary_max_output_tokens: PosInt = 4_096
     fallback: bool = True  # 5.5 (hard_reset never falls back)
@@ -76,10 +84,10 @@ class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 3.7."""
 
     max_attempts: PosInt = 3
-    base_delay: NonNegFloat = 1.0
-    max_delay: NonNegFloat = 30.0
+    base_delay: NonNegSeconds = 1.0
+    max_delay: NonNegSeconds = 30.0
     jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.25
-    request_timeout: PosFloat = 600.0
+    request_timeout: Seconds = 600.0
 
 
 class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -104,13 +112,15 @@ class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 3."""
 
     model: str = "agentcell-local"
-    tool_timeout: PosFloat = 60.0
+    tool_timeout: Seconds = 60.0
     max_parallel_tools: PosInt = 8
-    stream_stall_seconds: PosFloat = 10.0  # 3: stream_stalled after 10 s without chunks
+    stream_stall_seconds: Seconds = 10.0  # 3: stream_stalled after 10 s without chunks
     max_steps_per_turn: PosInt = 50
     max_turn_input_tokens: PosInt | None = None  # 5.13: the turn's spend guard; None = 20 × the window
     shell_enabled: bool = False
-    shell_timeout: PosFloat = 120.0
+    shell_timeout: Seconds = 120.0
+    # Environment variables shell passes beyond its allow-list (names, or patterns such as "MYAPP_*").
+    shell_env: list[str] = msgspec.field(default_factory=list)
     send_reasoning: bool = True  # 3.3
     max_output_tokens: PosInt | None = None
     mock_response: str | None = None  # litellm's in-process fake reply (tests, benchmarks)
@@ -122,9 +132,9 @@ class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
     sessions_dir: str = "~/.agentcell/sessions"
     fsync: Literal["always", "turn", "never"] = "turn"
     transcript: bool = True
-    transcript_delay: PosFloat = 0.1  # seconds transcript lines may wait for a write that is due anyway
+    transcript_delay: Seconds = 0.1  # seconds transcript lines may wait for a write that is due anyway
     max_open_files: PosInt | None = None  # log and transcript files kept open; None: ulimit -n / 4, ≤ 4,096
-    hibernate_after: NonNegFloat | None = None  # seconds idle before a session parks its actors
+    hibernate_after: NonNegSeconds | None = None  # seconds idle before a session parks its actors
 
 
 class BusConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -138,7 +148,13 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
-    token: str | None = None  # None = generated and printed at start
+    token: str | None = None  # None = generated and printed at start (or read from token_file)
+    token_file: str | None = None  # a file holding the token (keeps it out of `ps` and the config)
+    max_body_bytes: PosInt = 4 * 1024 * 1024  # larger request bodies are refused with 413
+    # Policy for clients (SPEC 9): session workspaces must lie under workspace_root (None: no session may
+    # have one), and a session may enable the shell tool only if allow_shell.
+    workspace_root: str | None = None
+    allow_shell: bool = False
 
 
 class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -148,7 +164,7 @@ class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     tool_workers: PosInt = 16
     batch_size: PosInt = 64  # messages an actor handles before yielding its thread
     max_restarts: NonNegInt = 3  # 1.2: restart intensity of a session's supervisor ...
-    max_restart_seconds: PosFloat = 5.0  # ... within this many seconds, then it escalates
+    max_restart_seconds: Seconds = 5.0  # ... within this many seconds, then it escalates
     # Where the runtime's own threads run: "auto" (one CPU, claimed among the processes of the host, on
     # Linux with a GIL and two CPUs or more), "off" (the OS decides) or a CPU number. See runtime.affinity.
     cpu: Literal["off", "auto"] | NonNegInt = "auto"
@@ -178,20 +194,76 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
         _deep_merge(base, _expand_dotted(overrides))
         return _convert(base)
 
+    def for_session(self, overrides: Mapping[str, Any] | None) -> Config:
+        """:meth:`with_overrides` for one session: refuses keys that only the runtime reads (a
+        :class:`ConfigError` naming the key), since a session could not honour them."""
+        if not overrides:
+            return self
+        expanded = _expand_dotted(overrides)
+        for key in _setting_keys(expanded):
+            if not _session_scoped(key):
+                raise ConfigError(
+                    f"invalid config: {key} is not a per-session setting (the runtime reads it once, for every "
+                    f"session: set it in the runtime's config); per-session config takes "
+                    f"{', '.join(sorted(k if '.' in k else k + '.*' for k in SESSION_KEYS))}"
+                )
+        return self.with_overrides(expanded)
 
-def _expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:
+
+SESSION_KEYS = frozenset(
+    {
+        "agent",
+        "compaction",
+        "models",
+        "tokens",
+        "tool_output.max_lines",
+        "tool_output.max_bytes",
+        "tool_output.max_chars",
+        "tool_output.spill_threshold_chars",
+        "tool_output.mode",
+        "retry.request_timeout",
+        "persistence.fsync",
+        "runtime.max_restarts",
+        "runtime.max_restart_seconds",
+    }
+)
+"""What a session's own config may set: whole sections, or single keys. Everything else (the sessions
+directory, the server, the bus, the runtime's threads, the gateway's retries...) is read once by the runtime."""
+
+
+def _session_scoped(key: str) -> bool:
+    return key in SESSION_KEYS or key.partition(".")[0] in SESSION_KEYS
+
+
+def _setting_keys(data: Mapping[str, Any]) -> list[str]:
+    """``section.key`` of every setting in nested ``data`` (a section given a plain value: its name)."""
+    keys: list[str] = []
+    for section, value in data.items():
+        if isinstance(value, Mapping):
+            keys.extend(f"{section}.{key}" for key in value)
+        else:
+            keys.append(section)
+    return keys
+
+
+def _expand_dotted(data: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    if depth >= MAX_DEPTH:
+        raise ConfigError(f"invalid config: tables nested more than {MAX_DEPTH} levels deep")
     out: dict[str, Any] = {}
     for key, value in data.items():
         if not isinstance(key, str):
             raise ConfigError(f"invalid config: keys must be strings, not {type(key).__name__} ({key!r})")
         target = out
-        *head, last = key.split(".")
+        # Dots separate a section from its key; below that, a table's keys are names (a model's may hold dots).
+        *head, last = key.split(".", max(0, 2 - depth))
+        if depth + len(head) >= MAX_DEPTH:
+            raise ConfigError(f"invalid config: {key[:100]}: nested more than {MAX_DEPTH} levels deep")
         for part in head:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
                 raise ConfigError(f"invalid config: {key}: {part!r} is set to a value and a table at once")
         if isinstance(value, Mapping):
-            value = _expand_dotted(value)
+            value = _expand_dotted(value, depth + len(head) + 1)
             if isinstance(target.get(last), dict):
                 _deep_merge(target[last], value)
                 continue

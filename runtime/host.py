@@ -66,7 +66,7 @@ class Runtime:
         self._started = False
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
-        self._counters: dict[str, Any] = {}
+        self._counters: dict[tuple[str, Any], Any] = {}
         self._windows: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ class Runtime:
             sid = validate_session_id(session_id)
             if sid in self._sessions or self.services.directory.exists(sid):
                 raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
-        cfg = self.config.with_overrides(config)
+        cfg = self.config.for_session(config)
         spec = self._spec(
             sid,
             model=model or cfg.agent.model,
@@ -333,7 +333,7 @@ class Runtime:
     def _counter(self, model: str, cfg: Config) -> Any:
         from runtime.tokens import TokenCounter
 
-        key = f"{model}|{cfg.tokens.encoding}|{cfg.tokens.exact}"
+        key = (model, cfg.tokens)  # every token setting: a session's own must not meet another's counter
         with self._lock:
             counter = self._counters.get(key)
             if counter is None:
