@@ -293,4 +293,6 @@ def test_shell_does_not_pass_credentials(ctx: ToolContext, monkeypatch: pytest.M
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
     monkeypatch.setenv("AGENTCELL_PLAIN", "visible")
     out = run("shell", replace(ctx, shell_enabled=True), command="env")
+    assert "sk-should-not-leak" not in out and "AGENTCELL_PLAIN" not in out  # an allow-list: not named
+    out = run("shell", replace(ctx, shell_enabled=True, shell_env=("AGENTCELL_PLAIN",)), command="env")
     assert "sk-should-not-leak" not in out and "AGENTCELL_PLAIN=visible" in out

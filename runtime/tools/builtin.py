@@ -6,8 +6,14 @@ results are relative to it. Their docstrings are what the model reads as the too
 ``shell`` is off unless the session enables it (``agent.shell_enabled``): it runs ``/bin/sh -c`` in the
 workspace in its own process group, streams output as it comes, keeps the tail of the output in the
 result and the whole of it in a log file under the session's logs directory, and kills the whole
-process group on timeout or abort. Environment variables that look like credentials (``*_API_KEY``,
-``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``) are not passed to the command.
+process group on timeout or abort. The command gets an allow-list of the runtime's environment variables
+(:data:`SHELL_ENV`: the path, home, user, locale, terminal and temporary directory) plus the names or
+patterns of the session's ``agent.shell_env``: never the credentials a host keeps in its environment.
+Its log files are readable by their owner only.
+
+File tools refuse a regular file with more than one hard link: a hard link made inside the workspace to a
+file outside it looks like any other file there, and no path check can tell (see
+:mod:`runtime.tools.workspace`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ import os
 import re
 import selectors
 import signal
+import stat
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
+
+import re2  # google-re2: linear-time matching that releases the GIL
 
 from runtime.context.tool_output import decode_output
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry, tool
@@ -31,6 +41,8 @@ from runtime.tools.registry import ToolContext, ToolError, ToolRegistry, tool
 MAX_LINE_CHARS: Final = 2_000  # read_file: longer lines are cut
 GREP_LINE_CHARS: Final = 300
 GREP_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
+GREP_CHUNK_BYTES: Final = 64 * 1024  # grep checks for cancellation (timeout, abort) after each chunk
+GREP_MAX_PROGRAM: Final = 2_000  # RE2 instructions; bigger programs can match very slowly (still linearly)
 LIST_MAX_ENTRIES: Final = 1_000
 SHELL_TAIL_BYTES: Final = 64 * 1024
 # shell enforces ctx.shell_timeout itself (and kills its process group); the executor's per-tool timeout
@@ -38,7 +50,13 @@ SHELL_TAIL_BYTES: Final = 64 * 1024
 SHELL_EXECUTOR_TIMEOUT: Final = 24 * 3600.0
 SKIPPED_DIRS: Final = frozenset({".git", ".hg", ".svn", "__pycache__"})
 _SNIFF: Final = 8 * 1024
-_SECRET_ENV = re.compile(r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+SHELL_ENV: Final = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "TMPDIR", "TMP", "TEMP",
+)  # fmt: skip
+"""Environment variables the shell tool passes on (names, or shell-style patterns); a session adds its own
+with ``agent.shell_env``. ``PWD`` is set to the workspace."""
+# Patterns that must see a line as the whole text: \A, \z, or a flag group that turns multi-line mode off.
+_LINE_ONLY = re.compile(r"\\[Az]|\(\?[A-Za-z]*-[A-Za-z]*m")
 
 
 @tool
@@ -179,11 +197,12 @@ def list_dir(path: str = ".", *, ctx: ToolContext) -> str:
 def grep(
     pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100, *, ctx: ToolContext
 ) -> str:
-    """Search file contents with a Python regular expression. Prints matches as path:line: text.
+    """Search file contents with a regular expression (RE2 syntax: Python's re without backreferences or
+    lookaround). Each line is matched on its own. Prints matches as path:line: text.
     Binary files and .git directories are skipped.
 
     Args:
-        pattern: Python regular expression (re module syntax).
+        pattern: Regular expression (RE2 syntax, e.g. 'def \\w+\\(' or '(?i)error|warning').
         path: File or directory to search, relative to the workspace root.
         glob: Only search files whose name (or relative path, if the glob contains '/') matches, e.g. '*.py'.
         max_results: Stop after this many matching lines.
@@ -192,10 +211,9 @@ def grep(
     real = ws.resolve(path)
     if not real.exists():
         raise ToolError(f"{ws.relative(real)}: no such file or directory")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
+    if real.is_file():
+        _require_regular(real, ws.relative(real))
+    matcher = LineMatcher(pattern)
     if max_results < 1:
         raise ToolError("max_results must be at least 1")
     matches: list[str] = []
@@ -209,20 +227,93 @@ def grep(
         if not ws.contains(file) or not _searchable(file):
             continue
         files += 1
-        with file.open(encoding="utf-8", errors="replace") as fh:
-            for number, line in enumerate(fh, start=1):
-                if regex.search(line):
-                    text = line.rstrip("\r\n")
-                    if len(text) > GREP_LINE_CHARS:
-                        text = text[:GREP_LINE_CHARS] + "…"
-                    matches.append(f"{rel}:{number}: {text}")
-                    if len(matches) >= max_results:
-                        break
+        try:
+            data = file.read_bytes()
+        except OSError:
+            continue
+        for number, line in matcher.lines(data, ctx.cancelled):
+            text = line.decode("utf-8", errors="replace")
+            if len(text) > GREP_LINE_CHARS:
+                text = text[:GREP_LINE_CHARS] + "…"
+            matches.append(f"{rel}:{number}: {text}")
+            if len(matches) >= max_results:
+                break
     if not matches:
         return f"No matches for {pattern!r} ({files:,} files searched)"
     if len(matches) >= max_results:
         matches.append(f"[stopped at max_results={max_results}; narrow the pattern, path or glob for more]")
     return "\n".join(matches)
+
+
+class LineMatcher:
+    """A grep pattern, matched against each line of a file on its own, in time linear in the file's size.
+
+    The pattern runs on RE2 (``google-re2``): no backtracking, so no pattern makes matching take more than
+    linear time, and the GIL is released while it runs, so a search never stops the rest of the process.
+    A file is searched in chunks of whole lines (:data:`GREP_CHUNK_BYTES`), with the pattern in multi-line
+    mode, and ``cancelled`` is checked between chunks: a timed-out or aborted grep stops within one chunk.
+    Each hit of the multi-line search is confirmed on its own line, so the result is exactly what matching
+    every line separately gives. Patterns whose meaning depends on the line being the whole text (``\\A``,
+    ``\\z``, a flag group turning ``m`` off) are matched line by line instead.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        options = re2.Options()
+        options.log_errors = False  # a bad pattern is reported to the model, not written to stderr
+        try:
+            self._line = re2.compile(pattern, options)
+            self._scan = None if _LINE_ONLY.search(pattern) else re2.compile(f"(?m){pattern}", options)
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", errors="replace")
+            raise ToolError(
+                f"invalid regular expression {pattern!r}: {reason}. grep uses RE2 syntax: Python's re "
+                "without backreferences (\\1), lookahead or lookbehind ((?=...), (?!...), (?<=...), (?<!...)), "
+                "possessive quantifiers or atomic groups"
+            ) from None
+        size = _program_size(self._line)
+        if size > GREP_MAX_PROGRAM:
+            raise ToolError(
+                f"regular expression {pattern[:200]!r} is too complex ({size:,} RE2 instructions, at most "
+                f"{GREP_MAX_PROGRAM:,}): use a simpler pattern, e.g. fewer or smaller counted repetitions"
+            )
+
+    def lines(self, data: bytes, cancelled: threading.Event) -> Iterator[tuple[int, bytes]]:
+        """The (1-based number, text without its line ending) of each line of ``data`` that matches.
+
+        ``\\r\\n`` counts as a line ending, and invalid UTF-8 is matched as U+FFFD, as text mode read it.
+        """
+        data = _as_utf8(data).replace(b"\r\n", b"\n")
+        size, pos, number = len(data), 0, 1  # ``number``: the number of the line that starts at ``pos``
+        while pos < size and not cancelled.is_set():
+            end = data.find(b"\n", min(size, pos + GREP_CHUNK_BYTES))  # a chunk ends at the end of a line
+            end = size if end < 0 else end + 1
+            if self._scan is None:
+                lines = data[pos:end].split(b"\n")
+                if data.endswith(b"\n", pos, end):
+                    lines.pop()  # the nothing after the chunk's last newline
+                for line in lines:
+                    if self._line.search(line) is not None:
+                        yield number, line
+                    number += 1
+                pos = end
+                continue
+            while pos < end and not cancelled.is_set():
+                hit = self._scan.search(data, pos, end)
+                if hit is None or hit.start() >= size:  # (an empty match after the last newline: no line)
+                    number += data.count(b"\n", pos, end)
+                    pos = end
+                    break
+                start = max(pos, data.rfind(b"\n", pos, hit.start()) + 1)
+                stop = data.find(b"\n", hit.start(), end)
+                stop = end if stop < 0 else stop
+                number += data.count(b"\n", pos, start)
+                line = data[start:stop]
+                if self._line.search(line) is not None:
+                    yield number, line
+                number += 1
+                pos = stop + 1
 
 
 @tool(name="shell", timeout=SHELL_EXECUTOR_TIMEOUT)
@@ -238,7 +329,7 @@ def shell_tool(command: str, timeout: float | None = None, *, ctx: ToolContext) 
         raise ToolError("the shell tool is disabled for this session (set agent.shell_enabled to enable it)")
     ws = ctx.require_workspace()
     limit = ctx.shell_timeout if timeout is None else max(0.1, min(float(timeout), ctx.shell_timeout))
-    ctx.logs_dir.mkdir(parents=True, exist_ok=True)
+    ctx.logs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = ctx.logs_dir / f"shell-{_safe(ctx.call_id) or os.urandom(6).hex()}.log"
     run = _ShellRun(command, ws.root, log_path, ctx)
     status = run.wait(limit)
@@ -254,6 +345,16 @@ def shell_tool(command: str, timeout: float | None = None, *, ctx: ToolContext) 
         raise ToolError(f"command aborted; its process group was killed\n{tail}\n{shown}")
     body = tail if tail else "(no output)"
     return f"{body}\n[exit code {run.returncode}] {shown}"
+
+
+def shell_environment(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """The variables of ``environ`` that :data:`SHELL_ENV` or ``extra`` name (exactly, or by pattern)."""
+    allowed = (*SHELL_ENV, *extra)
+    names = {p for p in allowed if not any(c in p for c in "*?[")}
+    patterns = [p for p in allowed if p not in names]
+    return {
+        k: v for k, v in environ.items() if k in names or any(fnmatch.fnmatchcase(k, p) for p in patterns)
+    }
 
 
 def builtin_registry(shell: bool = False) -> ToolRegistry:
@@ -276,8 +377,12 @@ class _ShellRun:
         self.total = 0
         self.returncode: int | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
-        self._log = log_path.open("wb")
+        env = shell_environment(os.environ, ctx.shell_env)
+        env["PWD"] = str(cwd)
+        self._log = os.fdopen(
+            os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600),
+            "wb",
+        )
         try:
             self.proc = subprocess.Popen(
                 ["/bin/sh", "-c", command],
@@ -371,10 +476,17 @@ def _require_file(real: Path, rel: str) -> None:
 
 
 def _require_regular(real: Path, rel: str) -> None:
-    """Refuse a FIFO, socket or device: opening one can block forever (and strand the tool's worker)."""
+    """Refuse a FIFO, socket or device (opening one can block forever, and strand the tool's worker), and
+    a file with more than one hard link (it may be a file from outside the workspace)."""
     if not real.is_file():
         raise ToolError(
             f"{rel} is not a regular file (a pipe, socket or device); file tools read and write regular files only"
+        )
+    links = real.stat().st_nlink
+    if links > 1:
+        raise ToolError(
+            f"{rel} has {links} hard links; file tools refuse such files, since a hard link can make a file "
+            "from outside the workspace appear inside it"
         )
 
 
@@ -384,10 +496,32 @@ def _is_binary(path: Path) -> bool:
 
 
 def _searchable(path: Path) -> bool:
+    """A regular text file of one hard link (see :func:`_require_regular`), small enough to search."""
     try:
-        return path.is_file() and path.stat().st_size <= GREP_MAX_FILE_BYTES and not _is_binary(path)
+        info = path.stat()
+        return (
+            stat.S_ISREG(info.st_mode)
+            and info.st_nlink == 1
+            and info.st_size <= GREP_MAX_FILE_BYTES
+            and not _is_binary(path)
+        )
     except OSError:
         return False
+
+
+def _program_size(regex: object) -> int:
+    """How many instructions RE2 compiled ``regex`` to (0 if this binding does not say)."""
+    size = getattr(getattr(regex, "_regexp", None), "ProgramSize", None)
+    return int(size()) if callable(size) else 0
+
+
+def _as_utf8(data: bytes) -> bytes:
+    """``data`` if it is valid UTF-8, else with each invalid sequence replaced by U+FFFD."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").encode("utf-8")
+    return data
 
 
 def _walk(root: Path) -> Iterator[Path]:

@@ -49,6 +49,7 @@ Approve = Callable[[ToolCallPart], "bool | str | None"]
 ContextFactory = Callable[[ToolCallPart], ToolContext]
 
 NO_OUTPUT: Final = "(no output)"
+_MAX_WAIT: Final = 3600.0  # the watchdog's longest single wait, in seconds
 
 # Per-call states. A call moves forward only; whoever moves it to _DONE delivers its one result.
 _PENDING, _PREPARING, _RUNNING, _FINISHING, _DONE = range(5)
@@ -87,6 +88,7 @@ def context_factory(
             call_id=call.id,
             shell_enabled=config.agent.shell_enabled,
             shell_timeout=config.agent.shell_timeout,
+            shell_env=tuple(config.agent.shell_env),
             logs_dir=logs,
         )
 
@@ -139,6 +141,8 @@ class ToolExecutor:
         """
         if self._closed:
             raise RuntimeError("the tool executor is shut down")
+        if timeout is not None and not timeout > 0:  # (NaN too)
+            raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
         self._start()
         batch = _Batch(
             self,
@@ -563,18 +567,28 @@ class _Watchdog:
             self._cond.notify()
 
     def _loop(self) -> None:
+        """Fire deadlines until stopped. Nothing a call or its batch does may end this thread: every
+        session's timeouts depend on it."""
         while True:
-            with self._cond:
-                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(wait)
-                if self._stopped:
-                    return
-                _, _, deadline = heapq.heappop(self._heap)
-            batch = deadline.batch
-            if batch is None:
-                continue
             try:
-                batch.expire(deadline.index, deadline.timeout)
-            except Exception:
-                log.exception("tool watchdog failed")
+                if self._fire_next():
+                    return
+            except BaseException:  # (an OverflowError from a wait, a bug in a batch): log, keep watching
+                log.exception("tool watchdog failed; it keeps running")
+                time.sleep(0.01)  # a failure that repeats at once must not spin a CPU
+
+    def _fire_next(self) -> bool:
+        """Wait for the earliest deadline and fire it; True once the watchdog is stopped."""
+        with self._cond:
+            while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                # Sleep at most an hour at a time: a deadline years away (a huge timeout) must not overflow
+                # the wait, and a new earlier deadline notifies anyway.
+                self._cond.wait(None if wait is None else min(wait, _MAX_WAIT))
+            if self._stopped:
+                return True
+            _, _, deadline = heapq.heappop(self._heap)
+        batch = deadline.batch
+        if batch is not None:
+            batch.expire(deadline.index, deadline.timeout)
+        return False

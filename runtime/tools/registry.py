@@ -48,6 +48,7 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     shell_enabled: bool = False
     shell_timeout: float = 120.0
+    shell_env: tuple[str, ...] = ()  # names (or shell-style patterns) passed to shell beyond its allow-list
     logs_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "agentcell_logs")
 
     def require_workspace(self) -> Workspace:
