@@ -121,6 +121,18 @@ class Overlay(msgspec.Struct, frozen=True):
     reply_to: ReplyTo = None
 
 
+class SetVisibility(msgspec.Struct, frozen=True, kw_only=True):
+    """Show or hide messages of the path, by id, to the model (``agent_visible``) or the user
+    (``user_visible``); ``None`` leaves a flag as it is. The log records the ids only, not the messages:
+    ``SetVisibility(message_ids=(prompt.id,), agent_visible=False)`` hides a prompt of any size for the
+    cost of a line."""
+
+    message_ids: tuple[str, ...]
+    agent_visible: bool | None = None
+    user_visible: bool | None = None
+    reply_to: ReplyTo = None
+
+
 class Branch(msgspec.Struct, frozen=True):
     """Move the leaf to ``leaf_id`` (``None``: before the first message)."""
 
@@ -351,6 +363,11 @@ class SessionStore(PooledActor):
                 self._write((entry,), message.reply_to)
             case Overlay(replacements=replacements, reply_to=reply_to):
                 self._write((tree.overlay(replacements),), reply_to)
+            case SetVisibility(message_ids=ids, reply_to=reply_to):
+                change = tree.set_visibility(
+                    ids, agent_visible=message.agent_visible, user_visible=message.user_visible
+                )
+                self._write((change,), reply_to)
             case Branch(leaf_id=leaf_id, reply_to=reply_to):
                 self._write((tree.branch(leaf_id),), reply_to)
             case SetMetadata(key=key, value=value, reply_to=reply_to):

@@ -254,8 +254,14 @@ class SubscriberLagged(Event, frozen=True, tag="subscriber_lagged"):
 
 
 class LogRecovered(Event, frozen=True, tag="log_recovered"):
+    """A session log or event transcript was repaired on opening: ``torn_bytes`` cut from its end (a line a
+    crash cut short; or, for ``resume_session(repair="truncate")``, everything from the corrupt ``line`` on,
+    kept in the file ``kept_in``)."""
+
     path: str
     torn_bytes: int
+    line: int | None = None
+    kept_in: str | None = None
 
 
 class PersistenceError(Event, frozen=True, tag="persistence_error"):

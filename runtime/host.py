@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime import events as ev
 from runtime.config import Config, load_config
@@ -255,10 +255,20 @@ class Runtime:
         api_base: str | None = None,
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
+        repair: Literal["truncate"] | None = None,
     ) -> str:
-        """Continue a stored session: its actors rebuild the tree from the log."""
+        """Continue a stored session: its actors rebuild the tree from the log.
+
+        A log with a line that is not a valid entry (not a torn last line, which is always repaired) raises
+        :class:`~runtime.store.log.CorruptLogError` naming the file and the line, and nothing is hosted.
+        ``repair="truncate"`` opens such a session up to its last good entry instead: the log is cut before
+        the bad line, everything from it on is kept in ``<id>.artifacts/log-cut-<time>.jsonl``, and a
+        ``log_recovered`` event says where.
+        """
         self._require_started()
         sid = validate_session_id(session_id)
+        if repair not in (None, "truncate"):
+            raise ValueError(f"repair must be None or 'truncate', not {repair!r}")
         if sid in self._sessions:
             return sid
         header = self.services.directory.read_header(sid)
@@ -268,7 +278,8 @@ class Runtime:
         # A store of this runtime that stopped a moment ago lets go of the lock once its last writes are
         # done: wait for those first, or resuming right after stop_session would find the lock still held.
         self.services.writer.flush()
-        self.services.directory.lock(sid).release()
+        with self.services.directory.lock(sid):
+            self._check_log(sid, repair)  # a corrupt log is an error here, not a session that dies later
         overrides = dict(header.config or {})
         cfg = self.config.with_overrides(overrides)
         spec = self._spec(
@@ -285,20 +296,68 @@ class Runtime:
             require_approval=require_approval,
             resume=True,
         )
-        from runtime.store.transcript import read_transcript
-
-        if self.config.persistence.transcript:  # continue the event numbering where the transcript ends
-            past = read_transcript(self.services.directory.transcript_path(sid))
-            if past:
-                self.bus.set_last_seq(sid, past[-1].seq)
+        self._continue_numbering(sid)
         session = self._host(spec)
-        session.ensure_running()  # replay the log now: a corrupt log is an error here, not at the first prompt
+        session.ensure_running()
         self.bus.publish(
             ev.SessionStarted(
                 session_id=sid, model=spec.model, context_window=session.context_window, resumed=True
             )
         )
         return sid
+
+    def _check_log(self, sid: str, repair: str | None) -> None:
+        """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
+        it before its first bad line instead (what is cut is kept in the session's artifacts)."""
+        from runtime.store.log import CorruptLogError, cut_log, load_tree
+
+        directory = self.services.directory
+        path = directory.log_path(sid)
+        try:
+            load_tree(path, repair=False)  # (a torn last line is left for the store to cut and report)
+        except CorruptLogError as exc:
+            if repair != "truncate" or exc.line < 2:
+                hint = (
+                    "; resume_session(..., repair='truncate') opens the session up to the last good entry"
+                    if exc.line >= 2
+                    else ""
+                )
+                raise CorruptLogError(exc.path, exc.line, exc.reason + hint) from None
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            keep = directory.artifact_path(sid, f"log-cut-{stamp}-line-{exc.line}.jsonl")
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            cut = cut_log(path, exc.line, keep)
+            log.warning(
+                "session %s: cut its log at line %d (%s); kept in %s", sid, exc.line, exc.reason, keep
+            )
+            self.bus.publish(
+                ev.LogRecovered(
+                    session_id=sid, path=str(path), torn_bytes=cut, line=exc.line, kept_in=str(keep)
+                )
+            )
+            load_tree(path, repair=False)  # what is left must replay (an error now is not a line we can cut)
+
+    def _continue_numbering(self, sid: str) -> None:
+        """Make the resumed session's event numbers go on after every number it was ever given.
+
+        A transcript that ends with an orderly stop holds every event: numbering goes on after its last.
+        Otherwise (a crash, a torn line, no transcript) events may have reached subscribers without reaching
+        the disk, and nobody knows how far their numbers went: numbering jumps to the clock, in microseconds
+        since 1970, which no session reaches by counting (it would take a million events a second). A torn
+        transcript line is reported with ``log_recovered``, like a torn log line.
+        """
+        from runtime.store.transcript import transcript_end
+
+        if self.bus.last_seq(sid):  # numbered in this process already: from a floor above all before it
+            return
+        path = self.services.directory.transcript_path(sid)
+        end = transcript_end(path) if self.config.persistence.transcript else None
+        floor = end.last_seq if end is not None else 0
+        if end is None or not end.clean:
+            floor = max(floor, time.time_ns() // 1_000)
+        self.bus.set_last_seq(sid, floor)
+        if end is not None and end.torn_bytes:
+            self.bus.publish(ev.LogRecovered(session_id=sid, path=str(path), torn_bytes=end.torn_bytes))
 
     def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> Any:
         from actors.wiring import SessionSpec

@@ -18,7 +18,7 @@ from runtime.messages import (
     tool_result,
     user,
 )
-from runtime.store.entries import CompactionEntry, MessageEntry, OverlayEntry, new_header
+from runtime.store.entries import CompactionEntry, MessageEntry, OverlayEntry, VisibilityEntry, new_header
 from runtime.store.log import SessionLog, load_tree
 from runtime.store.tree import SessionTree
 from runtime.store.writer import LogWriter
@@ -181,7 +181,9 @@ def _apply_random_change(data: st.DataObject, tree: SessionTree, model: dict[str
     current = model[tree.leaf_id]
     nodes = list(model)  # insertion order: deterministic for hypothesis
     kind = data.draw(
-        st.sampled_from(["append", "append", "append", "hidden", "branch", "compact", "overlay"])
+        st.sampled_from(
+            ["append", "append", "append", "hidden", "branch", "compact", "overlay", "visibility"]
+        )
     )
     if kind in ("append", "hidden"):
         message = user(f"m{len(tree)}", id=f"m{len(tree)}", agent_visible=kind == "append")
@@ -205,12 +207,16 @@ def _apply_random_change(data: st.DataObject, tree: SessionTree, model: dict[str
         targets = data.draw(
             st.lists(st.sampled_from(visible), min_size=1, max_size=3, unique_by=lambda m: m.id)
         )
-        hide = data.draw(st.booleans())
-        replacements = {
-            m.id: msgspec.structs.replace(m, agent_visible=not hide, parts=user(m.text + "'").parts)
-            for m in targets
-        }
-        entry = tree.overlay(replacements.values())
+        if kind == "visibility":  # hide by id: the same message, its flag changed
+            replacements = {m.id: msgspec.structs.replace(m, agent_visible=False) for m in targets}
+            entry: OverlayEntry | VisibilityEntry = tree.set_visibility(replacements, agent_visible=False)
+        else:
+            hide = data.draw(st.booleans())
+            replacements = {
+                m.id: msgspec.structs.replace(m, agent_visible=not hide, parts=user(m.text + "'").parts)
+                for m in targets
+            }
+            entry = tree.overlay(replacements.values())
         remaining: list[Message] = []
         floor = current.floor
         for i, m in enumerate(current.context):
@@ -252,6 +258,21 @@ def test_any_changes_replay_from_the_log_to_the_same_tree_and_views(
     assert replayed.messages() == tree.messages()
     assert replayed.usage_floor == tree.usage_floor
     assert replayed.latest_compaction == tree.latest_compaction
+
+
+def test_visibility_hides_by_id_over_an_overlay_on_paths_through_it_only() -> None:
+    tree = SessionTree()
+    prompt = tree.append(user("a very long prompt"))
+    tree.overlay([msgspec.structs.replace(prompt.message, parts=user("rewritten").parts)])
+    change = tree.set_visibility([prompt.id], agent_visible=False)
+    assert change.message_ids == [prompt.id] and b"prompt" not in msgspec.json.encode(change)
+    tree.append(user("next"))
+    assert texts(tree.context()) == ["next"]
+    assert texts(tree.messages()) == ["rewritten", "next"] and not tree.messages()[0].agent_visible
+    tree.branch(prompt.id)  # a path that does not pass through it sees the message as it was
+    assert texts(tree.context()) == ["a very long prompt"]
+    with pytest.raises(ValueError, match="not a message on the path"):
+        tree.set_visibility(["nope"], agent_visible=False)
 
 
 def test_nodes_of_every_kind_are_on_the_path() -> None:

@@ -18,6 +18,7 @@ from runtime.store.entries import (
     MetadataEntry,
     NodeEntry,
     OverlayEntry,
+    VisibilityEntry,
     new_header,
 )
 from runtime.store.log import CorruptLogError, RecoveryInfo, SessionLog, load_tree, read_log
@@ -55,6 +56,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionTree",
     "TranscriptWriter",
+    "VisibilityEntry",
     "WriterClosedError",
     "load_tree",
     "new_header",

@@ -1,8 +1,8 @@
 """The records of a session log (SPEC 2.3): one msgspec tagged union, one JSON line each.
 
 A log starts with a :class:`Header` and then holds, in the order they happened, the entries that build
-the session tree: messages, compactions and overlays (the tree's nodes), branch moves and metadata
-changes. Nothing is ever rewritten: a compaction or an overlay is a new entry, and the views a model or
+the session tree: messages, compactions, overlays and visibility changes (the tree's nodes), branch moves
+and metadata changes. Nothing is ever rewritten: a compaction or an overlay is a new entry, and the views a model or
 a user sees are computed from the entries (:mod:`runtime.store.tree`).
 
 Every entry carries ``v``, the format version. A reader refuses a version it does not know rather than
@@ -80,6 +80,20 @@ class OverlayEntry(_Entry, frozen=True, tag="overlay"):
     replacements: list[Message] = msgspec.field(default_factory=list)
 
 
+class VisibilityEntry(_Entry, frozen=True, tag="visibility"):
+    """A node that changes who sees earlier messages, by id, in the views of every path through it.
+
+    An overlay that only flips ``agent_visible`` or ``user_visible``, without a copy of the message: hiding
+    a 50 MB prompt from the model costs a line of ids, not another 50 MB. ``None`` leaves a flag as it is.
+    """
+
+    id: str = msgspec.field(default_factory=new_id)
+    parent_id: str | None = None
+    message_ids: list[str] = msgspec.field(default_factory=list)
+    agent_visible: bool | None = None
+    user_visible: bool | None = None
+
+
 class BranchEntry(_Entry, frozen=True, tag="branch"):
     """The current leaf moved to ``leaf_id`` (``None``: before the first message)."""
 
@@ -93,8 +107,8 @@ class MetadataEntry(_Entry, frozen=True, tag="metadata"):
     value: Any
 
 
-Entry = Header | MessageEntry | CompactionEntry | OverlayEntry | BranchEntry | MetadataEntry
-NodeEntry = MessageEntry | CompactionEntry | OverlayEntry
+Entry = Header | MessageEntry | CompactionEntry | OverlayEntry | VisibilityEntry | BranchEntry | MetadataEntry
+NodeEntry = MessageEntry | CompactionEntry | OverlayEntry | VisibilityEntry
 """Entries that are nodes of the tree: they have an ``id`` and a ``parent_id``."""
 
 _encoder = msgspec.json.Encoder()

@@ -8,9 +8,12 @@ Server-Sent-Events stream after a given ``seq``.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
+import re
+import stat
 import threading
 from collections.abc import Callable, Iterable
 
@@ -123,6 +126,57 @@ class TranscriptWriter:
             self.on_error(session_id, path, error)
         else:
             log.error("transcript of session %s: %s", session_id, error)
+
+
+class TranscriptEnd(msgspec.Struct, frozen=True):
+    """How a transcript ends: what a resumed session's event numbering must go on from.
+
+    ``clean``: its last line is the ``session_stopped`` of an orderly stop, so every event issued before it
+    was written. Otherwise events delivered to subscribers may have been lost in a crash (the transcript is
+    written behind the bus), and their numbers are unknown.
+    """
+
+    last_seq: int = 0  # the seq of the last complete line (0: none that decodes)
+    clean: bool = False
+    torn_bytes: int = 0  # bytes after the last newline: a line a crash cut short
+
+
+_SEQ = re.compile(rb'"seq":(\d+)')
+_TAIL_BLOCK = 64 * 1024
+
+
+def transcript_end(path: StrPath) -> TranscriptEnd | None:
+    """How the transcript at ``path`` ends (None: there is none). Reads only its last lines."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; `with` would hide the early return)
+    except FileNotFoundError:
+        return None
+    with f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        pos = f.seek(0, os.SEEK_END)
+        tail = b""
+        while pos > 0:  # back until the tail holds the last complete line whole
+            step = min(_TAIL_BLOCK, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            last = tail.rfind(b"\n")
+            if last >= 0 and (pos == 0 or tail.rfind(b"\n", 0, last) >= 0):
+                break
+    last = tail.rfind(b"\n")
+    torn = len(tail) - last - 1
+    if last < 0:
+        return TranscriptEnd(torn_bytes=torn)
+    line = tail[tail.rfind(b"\n", 0, last) + 1 : last]
+    try:
+        event: Event = _decoder.decode(line)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        found = _SEQ.search(line)
+        return TranscriptEnd(last_seq=int(found.group(1)) if found else 0, torn_bytes=torn)
+    return TranscriptEnd(
+        last_seq=event.seq, clean=event.type == "session_stopped" and not torn, torn_bytes=torn
+    )
 
 
 def read_transcript(path: StrPath, after_seq: int = 0) -> list[Event]:

@@ -1,6 +1,6 @@
 """The session tree (SPEC 2.2, 2.3): pure state, no I/O.
 
-Messages, compactions and overlays are nodes linked to their parent; the *leaf* is where the next
+Messages, compactions, overlays and visibility changes are nodes linked to their parent; the *leaf* is where the next
 message goes, and the nodes from the root to the leaf are the *path*: the conversation. ``branch`` moves
 the leaf to any node, so a new message starts a sibling branch; nothing is ever removed.
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.messages import Message
 from runtime.store.entries import (
@@ -34,6 +36,7 @@ from runtime.store.entries import (
     MetadataEntry,
     NodeEntry,
     OverlayEntry,
+    VisibilityEntry,
 )
 
 DEAD_KEY = "dead"
@@ -119,6 +122,24 @@ class SessionTree:
         self.apply(entry)
         return entry
 
+    def set_visibility(
+        self,
+        message_ids: Iterable[str],
+        *,
+        agent_visible: bool | None = None,
+        user_visible: bool | None = None,
+    ) -> VisibilityEntry:
+        """Show or hide messages of the current path, by id, to the model or the user (the originals are
+        kept, and the entry holds only their ids)."""
+        entry = VisibilityEntry(
+            parent_id=self._leaf,
+            message_ids=list(message_ids),
+            agent_visible=agent_visible,
+            user_visible=user_visible,
+        )
+        self.apply(entry)
+        return entry
+
     def branch(self, leaf_id: str | None) -> BranchEntry:
         """Move the leaf to the node ``leaf_id`` (``None``: before the first message)."""
         entry = BranchEntry(leaf_id=leaf_id)
@@ -148,7 +169,7 @@ class SessionTree:
             case CompactionEntry():
                 self._attach(entry)
                 self._compaction_count += 1
-            case OverlayEntry():
+            case OverlayEntry() | VisibilityEntry():
                 self._attach(entry)
             case BranchEntry():
                 self._move_leaf(entry.leaf_id)
@@ -235,7 +256,9 @@ class SessionTree:
         self._ensure_path()
         if self._messages is None:
             self._messages = [
-                self._user_message(node) for node in self._path if not isinstance(node, OverlayEntry)
+                self._user_message(node)
+                for node in self._path
+                if isinstance(node, MessageEntry | CompactionEntry)
             ]
         return list(self._messages)
 
@@ -280,6 +303,10 @@ class SessionTree:
             for message in node.replacements:
                 if not isinstance(self._on_path(parent, message.id), MessageEntry):
                     raise ValueError(f"overlay replaces {message.id!r}, which is not a message on the path")
+        elif isinstance(node, VisibilityEntry):
+            for message_id in node.message_ids:
+                if not isinstance(self._on_path(parent, message_id), MessageEntry):
+                    raise ValueError(f"visibility of {message_id!r}, which is not a message on the path")
         if parent != self._leaf:
             self._leaf = parent
             self._invalidate_path()
@@ -301,7 +328,7 @@ class SessionTree:
             if self._messages is not None:
                 self._messages.append(node.summary)
         else:
-            self._overlays.update((m.id, m) for m in node.replacements)
+            self._apply_overlay(node)
             self._context = None
             self._messages = None
 
@@ -345,11 +372,27 @@ class SessionTree:
         self._overlays = {}
         self._compaction_pos = None
         for i, node in enumerate(path):
-            if isinstance(node, OverlayEntry):
-                self._overlays.update((m.id, m) for m in node.replacements)
+            if isinstance(node, OverlayEntry | VisibilityEntry):
+                self._apply_overlay(node)
             elif isinstance(node, CompactionEntry):
                 self._compaction_pos = i
         self._path_valid = True
+
+    def _apply_overlay(self, node: OverlayEntry | VisibilityEntry) -> None:
+        """Record what ``node`` replaces on the path, over what earlier overlays replaced."""
+        if isinstance(node, OverlayEntry):
+            self._overlays.update((m.id, m) for m in node.replacements)
+            return
+        changes: dict[str, Any] = {}
+        if node.agent_visible is not None:
+            changes["agent_visible"] = node.agent_visible
+        if node.user_visible is not None:
+            changes["user_visible"] = node.user_visible
+        for message_id in node.message_ids:
+            original = self._nodes[message_id]
+            assert isinstance(original, MessageEntry)
+            current = self._overlays.get(message_id, original.message)
+            self._overlays[message_id] = msgspec.structs.replace(current, **changes)
 
     def _ensure_context(self) -> list[Message]:
         self._ensure_path()
