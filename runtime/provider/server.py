@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -39,6 +39,9 @@ from runtime.provider.usage import PromptCount, TokenCounter
 
 DEFAULT_MODEL: Final = "agentcell-local"
 _SSE_DONE: Final = b"data: [DONE]\n\n"
+
+Responder = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Turn]
+"""A reply computed from a request's messages and tools (see :meth:`LocalProvider.add_responder`)."""
 _log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 _decode_body = msgspec.json.Decoder(dict[str, Any])
@@ -56,7 +59,7 @@ class LoggedRequest(msgspec.Struct, frozen=True, kw_only=True):
     outcome: str
     """``ok``, ``overflow``, a fault kind (``rate_limit``, ``hang``, ...), or ``error``."""
     source: str
-    """``script`` or ``policy`` (or ``-`` when no reply was chosen)."""
+    """``script``, ``responder`` or ``policy`` (or ``-`` when no reply was chosen)."""
     authorized: bool
     received_at: float
 
@@ -116,6 +119,8 @@ class LocalProvider:
         self._api_key = api_key
         self._counter = TokenCounter(encoding)
         self._scripts: dict[str, _Script] = {}
+        self._responders: dict[str, Responder] = {}
+        self._windows: dict[str, int] = {}
         self._faults: deque[Fault] = deque()
         self._lock = threading.Lock()
         self._log: deque[LoggedRequest] = deque(maxlen=log_size)
@@ -225,6 +230,18 @@ class LocalProvider:
         with self._lock:
             self._scripts[name] = _Script(turns, loop)
 
+    def add_responder(self, name: str, respond: Responder, *, context_window: int | None = None) -> None:
+        """Requests for model ``name`` are answered by ``respond(messages, tools)``: a reply computed from
+        the request itself, as a real model's is (a script, by contrast, replies in a fixed order).
+        ``context_window`` gives this model a window of its own (default: the provider's). An exception in
+        ``respond`` is answered with a 400 naming it."""
+        with self._lock:
+            self._responders[name] = respond
+            if context_window is None:
+                self._windows.pop(name, None)
+            else:
+                self._windows[name] = context_window
+
     def remaining_turns(self, name: str) -> int:
         """How many turns of script ``name`` have not been used yet."""
         with self._lock:
@@ -309,11 +326,10 @@ class LocalProvider:
             fault = self._faults.popleft() if self._faults else None
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         count = self._counter.prompt(messages, tools)
-        if fault is None and count.prompt_tokens > self.context_window:
+        window = self._windows.get(model, self.context_window)
+        if fault is None and count.prompt_tokens > window:
             completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-            error = errors.overflow_error(
-                self.overflow_format, count.prompt_tokens, self.context_window, int(completion)
-            )
+            error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, int(completion))
             log(error.status, "overflow", count)
             return _error_response(error)
         source = "policy"
@@ -353,6 +369,12 @@ class LocalProvider:
         with self._lock:
             script = self._scripts.get(model)
             turn = script.next_turn() if script is not None else None
+            respond = self._responders.get(model) if script is None else None
+        if respond is not None:
+            try:
+                return respond(messages, tools), "responder", None
+            except Exception as exc:
+                return Turn(), "responder", errors.bad_request(f"The responder of {model!r} failed: {exc!r}")
         if script is None:
             return policy.respond(messages, tools), "policy", None
         if turn is None:
