@@ -61,12 +61,16 @@ def _deliver(caller: pykka.ActorRef[Any], token: int, future: PooledFuture[Any])
     try:
         value = future.get(timeout=0)
     except BaseException as exc:  # the callee's failure becomes a value for the caller
-        caller.tell(Reply(token, error=exc))
-        return
-    if isinstance(value, PooledFuture):  # the callee replies later: wait for that one too
-        value.add_done_callback(functools.partial(_deliver, caller, token))
+        reply = Reply(token, error=exc)
     else:
-        caller.tell(Reply(token, value))
+        if isinstance(value, PooledFuture):  # the callee replies later: wait for that one too
+            value.add_done_callback(functools.partial(_deliver, caller, token))
+            return
+        reply = Reply(token, value)
+    try:
+        caller.tell(reply)
+    except pykka.ActorDeadError:  # the caller stopped meanwhile (its session was stopped or deleted)
+        pass
 
 
 class CallFailed(RuntimeError):

@@ -467,6 +467,8 @@ class Runtime:
 
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
+        if not text.strip() and not images:  # the one rule, for Python and HTTP alike
+            raise ValueError("prompt text must not be empty (or send an image)")
         _require_unicode(text, "prompt text")
         session = self._session(session_id)
         handle = PromptHandle(new_id())

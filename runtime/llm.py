@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Final, Literal, TypeVar
 
 import msgspec
+import pykka
 
 from runtime.affinity import place_thread
 from runtime.config import RetryConfig
@@ -1082,6 +1083,8 @@ class Gateway:
 def _safely(fn: Callable[[T], object], value: T) -> None:
     try:
         fn(value)
+    except pykka.ActorDeadError:  # e.g. the result of a call cancelled as its session was deleted
+        _log.debug("gateway callback %r: its actor has stopped; the value is dropped", fn)
     except Exception:
         _log.exception("gateway callback %r raised", fn)
 

@@ -309,8 +309,6 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
     async def prompt(request: Request) -> Any:
         session_id = await hosted(request)
         body: PromptBody = _decode(await request.body(), PromptBody)
-        if not body.text.strip():
-            raise HttpError(400, "field 'text' must not be empty")
         handle = runtime.prompt(session_id, body.text, images=body.images)
         if not body.wait:
             return JSONResponse({"prompt_id": handle.id}, status_code=202)

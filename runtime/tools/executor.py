@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+import pykka
 
 from runtime.affinity import place_thread
 from runtime.config import Config, ToolOutputConfig
@@ -521,6 +522,8 @@ def _safely(callback: Callable[..., Any] | None, *args: Any) -> None:
         return
     try:
         callback(*args)
+    except pykka.ActorDeadError:  # e.g. the results of calls aborted as their session was deleted
+        log.debug("tool callback %r: its actor has stopped; the value is dropped", callback)
     except Exception:
         log.exception("tool callback %r failed", callback)
 
