@@ -98,6 +98,9 @@ class _Run:
     usage: Usage = field(default_factory=Usage)
     overflow_recoveries: int = 0  # emergency compactions of this turn: after an overflow, or to prevent one
     compacted: bool = False  # the turn had its automatic (threshold) compaction: no second one (SPEC 5.13)
+    step_results: tuple[Message, ...] = ()  # the newest step's tool results, as the tools returned them
+    saved: dict[str, tuple[str, str]] = field(default_factory=dict)  # result id -> full text's path, SHA-256
+    reclipped: bool = False  # the newest step's results were clipped again to fit after compaction
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
@@ -341,13 +344,16 @@ class Agent(SessionActor):
             overflow_used=run.overflow_recoveries > 0,
             turn_input_tokens=run.usage.input_tokens,
             turn_budget=ws.turn_input_budget(cfg.agent.max_turn_input_tokens, self.context_window),
-            tool_results_in_view=bool(context) and context[-1].role == "tool",
+            tool_results_in_view=self._working_set_has_results(context),
+            compactable=lambda: ws.compactable_tokens(context, self.counter.count_message),
         )
         if decision.action == "send":
             self._request(context, estimate)
             return
         if decision.action == "fail":
             code, message = decision.code or "error", decision.message or "the request cannot be sent"
+            if code == ws.WORKING_SET_TOO_LARGE and self._clip_again(context, estimate):
+                return
             if code == ws.CONTEXT_OVERFLOW and self._prompt_caused_overflow(estimate):
                 self._fail_hiding_prompt(message, code)
                 return
@@ -622,37 +628,73 @@ class Agent(SessionActor):
         assert run is not None
         run.tools = None
         self._enter(AgentState.RUNNING)
-        messages = self._fit_working_set(tuple(r.message for r in results))
-        self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
-
-    def _fit_working_set(self, results: tuple[Message, ...]) -> tuple[Message, ...]:
-        """The step's results, the largest clipped head and tail when together they could not fit the
-        context beside the call that asked for them (SPEC 5.13). A clipped result's full text is saved
-        beside the session (or already is, in its spill file) and named in its notice with its SHA-256."""
-        run = self.run
-        assert run is not None and run.last_message is not None
-        count = self.counter.count_message
+        run.step_results, run.reclipped = tuple(r.message for r in results), False
         compaction = self.spec.config.compaction
         budget = ws.working_set_budget(
             limit=effective_limit(self.context_window, compaction) or self.context_window,
             fixed_tokens=self.estimate.fixed_tokens,
-            call_tokens=count(run.last_message),
+            call_tokens=self.counter.count_message(run.last_message) if run.last_message else 0,
             config=compaction,
         )
-        clips = ws.plan_clips([(count(m), len(m.text)) for m in results], budget)
-        if not clips:
-            return results
+        messages = self._clip_results(budget)
+        self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
+
+    # -- the working set: a step's results clipped to fit (SPEC 5.13) --------------------------------
+    def _clip_results(self, budget: int) -> tuple[Message, ...]:
+        """The newest step's results, the largest clipped head and tail (from the tools' own text) so that
+        together they take at most ``budget`` tokens. A clipped result's full text is saved beside the
+        session (or already is, in its spill file) and named in its notice with its SHA-256."""
+        run = self.run
+        assert run is not None
+        results = run.step_results
+        clips = ws.plan_clips([(self.counter.count_message(m), len(m.text)) for m in results], budget)
         fitted = list(results)
         for clip in clips:
-            message = fitted[clip.index]
-            path, sha = message.metadata.get("spill_path"), message.metadata.get("spill_sha256")
-            if not (isinstance(path, str) and isinstance(sha, str)):
-                path, sha = self._save_full_output(message)
+            message = results[clip.index]
+            path, sha = run.saved.get(message.id) or self._save_full_output(message)
+            run.saved[message.id] = (path, sha)
             fitted[clip.index] = ws.clip_result(message, clip.max_chars, saved_path=path, sha256=sha)
         return tuple(fitted)
 
+    def _clip_again(self, context: tuple[Message, ...], estimate: int) -> bool:
+        """Once a step: when the request is still over the limit after compaction (the summary took more
+        room than the first clipping left for it), clip the step's results harder and decide again.
+        False when that cannot help."""
+        run = self.run
+        assert run is not None
+        ids = {m.id for m in run.step_results}
+        if run.reclipped or not ids:
+            return False
+        run.reclipped = True
+        count = self.counter.count_message
+        current = {m.id: m for m in context if m.id in ids}
+        now = sum(count(m) for m in current.values())
+        limit = effective_limit(self.context_window, self.spec.config.compaction) or self.context_window
+        margin = 16 + limit // 50
+        fitted = [m for m in self._clip_results(now - (estimate - limit) - margin) if m.id in current]
+        changed = tuple(m for m in fitted if m.text != current[m.id].text)
+        saved = now - sum(count(m) for m in fitted)
+        if not changed or saved <= 0:
+            return False
+        replaced = {m.id: m for m in changed}
+        clipped = tuple(replaced.get(m.id, m) for m in context)
+        self.call(
+            self.refs.require("store"),
+            st.Overlay(changed),
+            self._guard(run, lambda _: self._decide(clipped, estimate - saved)),
+        )
+        return True
+
+    @staticmethod
+    def _working_set_has_results(context: tuple[Message, ...]) -> bool:
+        start = ws.working_set_start(context)
+        return start is not None and context[start].role == "assistant"
+
     def _save_full_output(self, message: Message) -> tuple[str, str]:
         """Queue the full text of a tool result for the writer thread; its path and SHA-256."""
+        spilled = message.metadata.get("spill_path"), message.metadata.get("spill_sha256")
+        if isinstance(spilled[0], str) and isinstance(spilled[1], str):
+            return spilled[0], spilled[1]  # a spilled output's notice: the spill file holds the whole
         data = message.text.encode("utf-8", errors="replace")
         sha = hashlib.sha256(data).hexdigest()
         name = f"{message.name or 'tool'}-{sha[:16]}.txt".replace("/", "_")

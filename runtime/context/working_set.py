@@ -37,6 +37,8 @@ CONTEXT_OVERFLOW: Final = "context_overflow"
 
 # What a clipped tool result keeps at least (chars of head + tail), however many results share the room.
 MIN_CLIP_CHARS: Final = 400
+# What a clip's notice and marker cost, in tokens (a path, a SHA-256 and two sentences).
+CLIP_NOTICE_TOKENS: Final = 110
 # Turn budget default: this many context windows of input tokens per turn.
 TURN_BUDGET_WINDOWS: Final = 20
 
@@ -45,6 +47,17 @@ _NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY}
 
 # ---------------------------------------------------------------------------------------------------
 # Where the working set begins
+
+
+def compactable_tokens(messages: Sequence[Message], count: CountTokens) -> int:
+    """Tokens an automatic compaction could take out of ``messages``: the agent-visible messages before
+    the working set, previous summaries aside (a summary is rewritten into the next, not removed)."""
+    end = working_set_start(messages)
+    return sum(
+        count(m)
+        for m in messages[: len(messages) if end is None else end]
+        if m.agent_visible and m.kind != KIND_COMPACTION_SUMMARY
+    )
 
 
 def working_set_start(messages: Sequence[Message]) -> int | None:
@@ -95,7 +108,11 @@ def plan_clips(sizes: Sequence[tuple[int, int]], budget: int) -> list[Clip]:
     total = sum(tokens for tokens, _ in sizes)
     if total <= budget or not sizes:
         return []
-    cap = _common_cap([tokens for tokens, _ in sizes], max(0, budget))
+    tokens_of = [tokens for tokens, _ in sizes]
+    cap = _common_cap(tokens_of, max(0, budget))
+    for _ in range(3):  # each clipped result also carries a notice: leave room for those
+        clipped = sum(t > cap for t in tokens_of)
+        cap = _common_cap(tokens_of, max(0, budget - clipped * CLIP_NOTICE_TOKENS))
     clips: list[Clip] = []
     for index, (tokens, chars) in enumerate(sizes):
         if tokens <= cap or tokens <= 0:
@@ -174,6 +191,7 @@ def decide_step(
     turn_input_tokens: int,
     turn_budget: int,
     tool_results_in_view: bool,
+    compactable: Callable[[], int] | None = None,
 ) -> StepDecision:
     """The rules of SPEC 5.13 for one request of a turn whose context is ``estimate`` tokens.
 
@@ -187,12 +205,22 @@ def decide_step(
        (``turn_budget``) before it is sent.
 
     ``tool_results_in_view`` says the working set is a step's tool results (the error then names them).
+    ``compactable`` gives the tokens a compaction could remove (the messages before the working set, a
+    previous summary aside: it is rewritten, not removed); a compaction is only tried when they are at
+    least the progress guard's share of the estimate (SPEC 5.6), else it could only fail and cost a
+    summarizer call. It is asked only when a compaction is due.
     """
     limit = effective_limit(window, config) or window
     due = pending is not None or should_compact(estimate, window, config, message_count)
-    if config.auto and due and not threshold_used:
+    over = estimate > limit
+    worth = (
+        config.auto
+        and (due or over)
+        and (compactable is None or compactable() >= config.min_reduction * estimate)
+    )
+    if worth and due and not threshold_used:
         return StepDecision(action="compact", trigger=pending or "threshold")
-    if config.auto and estimate > limit and not overflow_used:
+    if worth and over and not overflow_used:
         return StepDecision(action="compact", trigger="overflow")
     # Without automatic compaction the provider judges what fits its window; a request over the window
     # is never sent.
