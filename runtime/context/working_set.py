@@ -117,8 +117,9 @@ def plan_clips(sizes: Sequence[tuple[int, int]], budget: int) -> list[Clip]:
     for index, (tokens, chars) in enumerate(sizes):
         if tokens <= cap or tokens <= 0:
             continue
-        keep = int(chars * cap / tokens * 0.9)
-        clips.append(Clip(index, max(MIN_CLIP_CHARS, keep)))
+        keep = max(MIN_CLIP_CHARS, int(chars * cap / tokens * 0.9))
+        if keep < chars:
+            clips.append(Clip(index, keep))
     return clips
 
 

@@ -1,0 +1,244 @@
+"""The working set and the rules of each request of a turn (SPEC 5.13), the pure part.
+
+Where the working set begins; that automatic compactions never cut into it (over random histories); how a
+step's results are clipped to a budget; and the decision before each request: at most one threshold and one
+emergency compaction per turn, only when they can pass the progress guard, nothing sent that cannot fit,
+and the turn's input budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime import messages as m
+from runtime.config import CompactionConfig
+from runtime.context import working_set as ws
+from runtime.context.compaction import CompactionResult, NothingToCompact, finish_compaction, plan_compaction
+from runtime.context.prompts import summary_body
+
+CONFIG = CompactionConfig(reserve_tokens=1_000)  # window 10,000: limit 9,000, threshold 7,200
+
+
+def count(msg: m.Message) -> int:
+    return (len(msg.text) + sum(len(c.arguments) for c in msg.tool_calls)) // 4 + 4
+
+
+def step(tag: str, sizes: list[int]) -> list[m.Message]:
+    calls = [
+        m.ToolCallPart(f"{tag}-{i}", "read_file", f'{{"path": "{tag}{i}.py"}}') for i in range(len(sizes))
+    ]
+    return [
+        m.assistant("", tool_calls=calls),
+        *(m.tool_result(c.id, c.name, "x" * size) for c, size in zip(calls, sizes, strict=True)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where the working set begins
+
+
+def test_the_working_set_is_the_newest_step_of_the_turn() -> None:
+    history = [m.user("one"), m.assistant("done"), m.user("two"), *step("a", [10]), *step("b", [10, 20])]
+    assert ws.working_set_start(history) == 5
+    assert history[5].tool_calls[0].id == "b-0"
+
+
+def test_before_the_first_step_the_working_set_is_the_prompt() -> None:
+    history = [m.user("one"), *step("a", [10]), m.assistant("done"), m.user("two")]
+    assert ws.working_set_start(history) == 4
+
+
+def test_a_tool_digest_or_hidden_prompt_after_the_step_does_not_move_it() -> None:
+    digest = m.user("[Archived tool results summary] ...", kind=m.KIND_TOOL_SUMMARY)
+    hidden = m.user("too big", agent_visible=False)
+    history = [m.user("one"), *step("a", [10]), digest, hidden]
+    assert ws.working_set_start(history) == 1
+
+
+def test_no_working_set_without_a_prompt_or_a_step() -> None:
+    assert ws.working_set_start([]) is None
+    assert ws.working_set_start([m.user("s", kind=m.KIND_COMPACTION_SUMMARY)]) is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Automatic compactions keep it
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[m.Message]:
+    msgs: list[m.Message] = []
+    if draw(st.booleans()):
+        msgs.append(m.user("[Previous conversation summary] earlier", kind=m.KIND_COMPACTION_SUMMARY))
+    for t in range(draw(st.integers(1, 5))):
+        msgs.append(m.user(f"turn {t} " + "w" * draw(st.integers(0, 2_000))))
+        for s in range(draw(st.integers(0, 4))):
+            sizes = draw(st.lists(st.integers(0, 8_000), min_size=1, max_size=6))
+            msgs.extend(step(f"t{t}s{s}", sizes))
+        if draw(st.booleans()):
+            msgs.append(m.assistant("answer " + "w" * draw(st.integers(0, 800))))
+    return msgs
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    msgs=conversations(),
+    keep=st.integers(1, 5_000),
+    force=st.booleans(),
+    mode=st.sampled_from(["summarize", "truncate", "hard_reset"]),
+)
+def test_an_automatic_compaction_never_summarizes_the_working_set(
+    msgs: list[m.Message], keep: int, force: bool, mode: str
+) -> None:
+    start = ws.working_set_start(msgs)
+    plan = plan_compaction(
+        msgs,
+        trigger="threshold",
+        keep_tokens=keep,
+        count=count,
+        config=CONFIG,
+        mode=mode,  # type: ignore[arg-type]
+        force=force,
+        keep_from=start,
+    )
+    if isinstance(plan, NothingToCompact):
+        return
+    assert start is not None
+    working_set = msgs[start:]
+    assert plan.kept[-len(working_set) :] == working_set
+    assert plan.summarized + plan.kept == msgs
+    # the request being worked on is carried verbatim when the cut falls inside its turn
+    if plan.kept and plan.kept[0].role != "user":
+        prompt = next(x for x in reversed(plan.summarized) if x.role == "user" and x.kind is None)
+        assert plan.open_request == prompt
+        answers = [None] * len(plan.requests)
+        result = finish_compaction(plan, answers, count=count)
+        if isinstance(result, CompactionResult):
+            assert "<current-request>" in result.summary.text
+            assert "<current-request>" not in summary_body(result.summary.text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clipping a step's results
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50_000), min_size=1, max_size=6), budget=st.integers(0, 20_000))
+def test_clips_cut_the_largest_first_to_fit_the_budget(sizes: list[int], budget: int) -> None:
+    tokens = [(chars // 4, chars) for chars in sizes]
+    clips = {c.index: c.max_chars for c in ws.plan_clips(tokens, budget)}
+    if sum(t for t, _ in tokens) <= budget:
+        assert clips == {}
+        return
+    kept = [clips.get(i, chars) for i, chars in enumerate(sizes)]
+    for i, max_chars in clips.items():  # the largest are cut, to less than they were
+        assert max_chars < sizes[i] and all(sizes[j] <= sizes[i] for j in range(len(sizes)) if j not in clips)
+    total = sum(k // 4 for k in kept) + len(clips) * ws.CLIP_NOTICE_TOKENS
+    # they fit, unless the budget is below what every result clipped to the minimum would take
+    least = sum(
+        min(c, ws.MIN_CLIP_CHARS) // 4 + (ws.CLIP_NOTICE_TOKENS if c > ws.MIN_CLIP_CHARS else 0)
+        for c in sizes
+    )
+    assert total <= budget or budget < least
+
+
+def test_a_clipped_result_keeps_head_and_tail_and_names_the_full_text() -> None:
+    text = "HEAD" + "m" * 10_000 + "TAIL"
+    result = m.tool_result("c1", "read_file", text, metadata={"duration": 0.1})
+    clipped = ws.clip_result(result, 1_000, saved_path="/s/read_file-ab.txt", sha256="ab" * 32)
+    assert clipped.id == result.id and clipped.tool_call_id == "c1"
+    assert "HEAD" in clipped.text and "TAIL" in clipped.text and len(clipped.text) < 1_400
+    assert "/s/read_file-ab.txt" in clipped.text and "ab" * 32 in clipped.text
+    assert clipped.metadata == {
+        "duration": 0.1,
+        "clipped": True,
+        "clipped_from_chars": len(text),
+        "clip_path": "/s/read_file-ab.txt",
+        "clip_sha256": "ab" * 32,
+    }
+    assert ws.clip_result(result, 20_000, saved_path="-", sha256="-") is result
+
+
+def test_the_budget_leaves_room_for_the_call_and_a_summary() -> None:
+    budget = ws.working_set_budget(limit=9_000, fixed_tokens=500, call_tokens=100, config=CONFIG)
+    assert budget == 9_000 - 500 - 100 - 1_800  # a fifth of the limit for the summary
+
+
+# ---------------------------------------------------------------------------------------------------
+# Before each request
+
+
+def decide(estimate: int, **kw: object) -> ws.StepDecision:
+    args: dict[str, object] = {
+        "estimate": estimate,
+        "message_count": 10,
+        "window": 10_000,
+        "config": CONFIG,
+        "pending": None,
+        "threshold_used": False,
+        "overflow_used": False,
+        "turn_input_tokens": 0,
+        "turn_budget": 200_000,
+        "tool_results_in_view": True,
+    }
+    args.update(kw)
+    return ws.decide_step(**args)  # type: ignore[arg-type]
+
+
+def test_under_the_threshold_the_request_goes_out() -> None:
+    assert decide(7_199).action == "send"
+
+
+def test_one_threshold_compaction_a_turn_then_send_while_it_fits() -> None:
+    assert decide(7_200) == ws.StepDecision(action="compact", trigger="threshold")
+    assert decide(8_900, threshold_used=True).action == "send"  # over the threshold, under the limit
+
+
+def test_over_the_limit_one_emergency_compaction_then_a_clear_error() -> None:
+    assert decide(9_500, threshold_used=True) == ws.StepDecision(action="compact", trigger="overflow")
+    failed = decide(9_500, threshold_used=True, overflow_used=True)
+    assert failed.action == "fail" and failed.code == ws.WORKING_SET_TOO_LARGE
+    assert "9,500" in (failed.message or "") and "10,000" in (failed.message or "")
+    plain = decide(9_500, threshold_used=True, overflow_used=True, tool_results_in_view=False)
+    assert plain.code == ws.CONTEXT_OVERFLOW
+
+
+def test_a_silent_overflow_asks_for_the_turns_compaction() -> None:
+    assert decide(100, pending="usage_overflow") == ws.StepDecision(
+        action="compact", trigger="usage_overflow"
+    )
+
+
+def test_no_compaction_that_could_only_fail_the_progress_guard() -> None:
+    assert decide(7_500, compactable=lambda: 700).action == "send"  # under 10% of 7,500
+    assert decide(7_500, compactable=lambda: 800).action == "compact"
+    over = decide(9_500, compactable=lambda: 10)
+    assert over.action == "fail" and over.code == ws.WORKING_SET_TOO_LARGE
+
+
+def test_without_auto_compaction_the_provider_judges_up_to_the_window() -> None:
+    off = CompactionConfig(reserve_tokens=1_000, auto=False)
+    assert decide(9_999, config=off).action == "send"
+    assert decide(10_001, config=off).action == "fail"
+
+
+@pytest.mark.parametrize(
+    ("sent", "estimate", "action"), [(0, 5_000, "send"), (15_000, 5_000, "send"), (15_001, 5_000, "fail")]
+)
+def test_the_turn_budget(sent: int, estimate: int, action: str) -> None:
+    decision = decide(estimate, turn_input_tokens=sent, turn_budget=20_000)
+    assert decision.action == action
+    if action == "fail":
+        assert decision.code == ws.TURN_BUDGET and "20,000" in (decision.message or "")
+
+
+def test_the_default_turn_budget_is_twenty_windows() -> None:
+    assert ws.turn_input_budget(None, 8_000) == 160_000
+    assert ws.turn_input_budget(5_000, 8_000) == 5_000
+
+
+def test_a_prompt_that_cannot_fit_on_its_own() -> None:
+    assert ws.prompt_too_large(prompt_tokens=8_000, fixed_tokens=1_000, window=10_000, limit=9_000) is None
+    refusal = ws.prompt_too_large(prompt_tokens=8_001, fixed_tokens=1_000, window=10_000, limit=9_000)
+    assert refusal is not None and "8,001" in refusal and "10,000" in refusal
