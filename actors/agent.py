@@ -552,10 +552,10 @@ class Agent(SessionActor):
         """End the run; hide its prompt from the model (it stays on record) so later turns can fit."""
         run = self.run
         assert run is not None
-        hidden = msgspec.structs.replace(run.prompt.message, agent_visible=False)
+        hide = st.SetVisibility(message_ids=(run.prompt.message.id,), agent_visible=False)  # the ids only
         self.call(
             self.refs.require("store"),
-            st.Overlay((hidden,)),
+            hide,
             self._guard(run, lambda _: self._finish("error", message + PROMPT_HIDDEN_NOTE, code=code)),
         )
 

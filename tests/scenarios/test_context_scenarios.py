@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.provider.script import ToolCallSpec, Turn
+from runtime.store.sessions import SessionDirectory
 from runtime.tokens import TokenCounter
 from tests.conftest import Recorder
 from tests.scenarios.workload import pairing_problem
@@ -130,7 +131,7 @@ def test_parallel_results_twice_the_window_are_clipped_and_kept_on_disk(
 
 
 def test_a_prompt_larger_than_the_window_is_refused_before_any_call(
-    rt: Any, provider: Any, session: Any, recorder: Recorder, script: Any
+    rt: Any, provider: Any, session: Any, recorder: Recorder, script: Any, sessions_dir: Path
 ) -> None:
     """A prompt that cannot fit on its own is not sent, not summarized: refused with a clear error naming
     its size and the window, kept in the record (hidden from the model), and the session goes on."""
@@ -148,6 +149,9 @@ def test_a_prompt_larger_than_the_window_is_refused_before_any_call(
     assert [m.text for m in rt.messages(sid) if m.role == "user"] == [huge]
     assert rt.messages(sid, view="model") == [] or all(m.text != huge for m in rt.messages(sid, view="model"))
     assert rt.prompt(sid, "A short one.").result(timeout=60).status == "ok"
+    rt.stop_session(sid)  # its log flushed
+    log = SessionDirectory(sessions_dir).log_path(sid)
+    assert len(huge) < log.stat().st_size < 1.5 * len(huge)  # stored once
 
 
 def test_a_runaway_turn_stops_at_its_input_budget(
