@@ -182,6 +182,7 @@ def test_workloads_keep_the_context_invariants(fuzz_runtime: Any, provider: Any,
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(0)  # many examples in one test: each turn has its own timeouts
 @settings(
     max_examples=max(10, int(int(os.environ.get("AGENTCELL_FUZZ_EXAMPLES", "300")) * soak_scale())),
     deadline=None,
