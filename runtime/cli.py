@@ -43,7 +43,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from runtime.server import run_server
 
     return run_server(
-        host=args.host, port=args.port, token=args.token, config_path=args.config, sessions_dir=args.dir
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        token_file=args.token_file,
+        config_path=args.config,
+        sessions_dir=args.dir,
+        workspace_root=args.workspace_root,
+        allow_shell=True if args.allow_shell else None,
     )
 
 
@@ -146,7 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8765; 0 = any free port)")
-    serve.add_argument("--token", default=None, help="bearer token (default: server.token, else generated)")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (visible in ps: prefer --token-file or AGENTCELL_SERVER__TOKEN; default: "
+        "server.token, else generated)",
+    )
+    serve.add_argument("--token-file", default=None, help="read the bearer token from this file")
+    serve.add_argument(
+        "--workspace-root",
+        default=None,
+        help="session workspaces must lie under this directory (default: server.workspace_root; "
+        "unset: sessions get no workspace)",
+    )
+    serve.add_argument(
+        "--allow-shell", action="store_true", help="let sessions enable the shell tool (server.allow_shell)"
+    )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")
     serve.set_defaults(handler=_cmd_serve)

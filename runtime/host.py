@@ -217,6 +217,10 @@ class Runtime:
             if sid in self._sessions or self.services.directory.exists(sid):
                 raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.for_session(config)
+        if model is not None:
+            from runtime.models import validate_model_name
+
+            validate_model_name(model)
         spec = self._spec(
             sid,
             model=model or cfg.agent.model,
@@ -571,10 +575,10 @@ class Runtime:
         """Switch the session's model; returns the new context window. A smaller window compacts on the
         next turn if the context no longer fits."""
         from actors import agent, compactor, overflow_detector, usage_tracker
-        from runtime.models import model_info
+        from runtime.models import model_info, validate_model_name
 
         session = self._session(session_id)
-        window = model_info(model, session.spec.config.models).context_window
+        window = model_info(validate_model_name(model), session.spec.config.models).context_window
         session.spec.model = model
         session.context_window = window
         refs = session.ensure_running()

@@ -27,6 +27,23 @@ from runtime.config import ModelsConfig
 Source = Literal["override", "litellm", "builtin", "fallback"]
 
 
+MAX_MODEL_NAME: Final = 256
+
+
+def validate_model_name(model: object) -> str:
+    """``model`` if it can name a model (1-256 characters, no whitespace or control characters); else a
+    ``ValueError`` saying why (``TypeError`` for a non-string)."""
+    if not isinstance(model, str):
+        raise TypeError(f"a model name is a string, not {type(model).__name__}")
+    if not model:
+        raise ValueError("the model name must not be empty")
+    if len(model) > MAX_MODEL_NAME:
+        raise ValueError(f"the model name is {len(model):,} characters long; at most {MAX_MODEL_NAME}")
+    if not model.isprintable() or any(c.isspace() for c in model):
+        raise ValueError(f"the model name {model[:80]!r} holds whitespace or control characters")
+    return model
+
+
 class ModelInfo(msgspec.Struct, frozen=True):
     """What the runtime needs to know about a model's limits, and where the window came from."""
 

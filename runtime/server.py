@@ -1,8 +1,16 @@
 """``agentcell serve``: the Runtime over HTTP, and its events as Server-Sent Events (SPEC 7.2).
 
-Every request needs ``Authorization: Bearer <token>``. The server binds 127.0.0.1 unless told otherwise.
-Bodies are JSON objects; unknown fields, wrong types and malformed JSON are answered with 400 and a
-message naming the problem; an unknown session with 404; errors always as ``{"error": "..."}``.
+Every request needs ``Authorization: Bearer <token>`` (the scheme in any case). The server binds 127.0.0.1
+unless told otherwise. Bodies are JSON objects of at most ``server.max_body_bytes`` (4 MiB; 413 beyond,
+judged from ``Content-Length`` before anything is read, or while the body streams in); unknown fields,
+wrong types, malformed or too deeply nested JSON are answered with 400 and a message naming the problem; an
+unknown session with 404; what the server's policy forbids with 403; errors always as ``{"error": "..."}``.
+
+The policy (:class:`ServerPolicy`, from ``server.*``): a session's workspace must lie under
+``server.workspace_root`` (a relative one is taken relative to it; without a root, sessions get no
+workspace), a session may turn the shell tool on only when ``server.allow_shell`` is set, and a session's
+``config`` holds per-session keys only (see :data:`runtime.config.SESSION_KEYS`). A stored session is
+resumed only if its workspace and config pass the same policy.
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
                                           "workspace", "config", "api_base", "api_key"} → 201
@@ -25,8 +33,9 @@ A stored session that this server does not host yet is resumed on first use. Eac
 ``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
 every session of the stream (``a:12,b:7``). Reconnecting with it in ``Last-Event-ID`` (or the
 ``last_event_id`` query parameter) first replays, from each session's transcript, what came after it.
-In a stream of all sessions (no ``session`` filter) the cursor covers the sessions the stream has
-delivered events of.
+In a stream of all sessions (no ``session`` filter) the cursor covers the sessions the stream has most
+recently delivered events of, at most :data:`MAX_CURSOR_SESSIONS`; a ``Last-Event-ID`` may name at most as
+many, and its sessions that do not exist or that the stream does not cover are ignored.
 """
 
 from __future__ import annotations
@@ -41,19 +50,85 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from runtime import events as ev
-from runtime.config import ConfigError
+from runtime.config import Config, ConfigError, ServerConfig
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
+from runtime.store.log import CorruptLogError
 
 log = logging.getLogger("agentcell.server")
 
 HEARTBEAT_SECONDS = 15.0
 """An SSE comment is sent after this long without events, so proxies and clients keep the stream."""
+MAX_CURSOR_SESSIONS = 256
+"""The most sessions an event stream covers in its cursor (and a ``session`` filter may name)."""
+
+
+class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """What the clients of a server may ask for (SPEC 9): it is the host's, not theirs.
+
+    ``workspace_root``: session workspaces must lie under it (None: sessions get no workspace).
+    ``allow_shell``: a session's config may turn the shell tool on (``agent.shell_enabled``); with the
+    shell on in the server's own config, every session has it anyway.
+    """
+
+    workspace_root: str | None = None
+    allow_shell: bool = False
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> ServerPolicy:
+        root = server.workspace_root
+        if root is not None:
+            resolved = Path(root).expanduser().resolve()
+            if not resolved.is_dir():
+                raise ConfigError(f"invalid config: server.workspace_root: {resolved} is not a directory")
+            root = str(resolved)
+        return cls(workspace_root=root, allow_shell=server.allow_shell)
+
+    def workspace(self, requested: str | None) -> str | None:
+        """The real workspace for a requested one (relative: under the root); 403 if the policy forbids it."""
+        if requested is None:
+            return None
+        if self.workspace_root is None:
+            raise HttpError(
+                403,
+                "this server gives sessions no workspace (its operator can allow workspaces under a "
+                "directory with server.workspace_root or --workspace-root)",
+            )
+        root = Path(self.workspace_root)
+        if "\x00" in requested:
+            raise HttpError(400, "workspace: the path contains a NUL byte")
+        real = (root / Path(requested).expanduser()).resolve()
+        if real != root and not real.is_relative_to(root):
+            raise HttpError(403, f"workspace {requested!r} is outside this server's workspace root ({root})")
+        return str(real)
+
+    def check_config(self, config: Config, runtime: Config) -> None:
+        """403 when a session's effective ``config`` asks for more than the ``runtime``'s and the policy allow."""
+        if config.agent.shell_enabled and not runtime.agent.shell_enabled and not self.allow_shell:
+            raise HttpError(
+                403,
+                "agent.shell_enabled: this server does not let sessions run shell commands "
+                "(its operator can allow it with server.allow_shell or --allow-shell)",
+            )
+
+    def check_stored(self, runtime: Runtime, session_id: str, workspace: str | None) -> str | None:
+        """Check a stored session against the policy before it is resumed; the workspace to resume it with
+        (``workspace`` if the request names one, else the one it was stored with)."""
+        header = runtime.services.directory.read_header(session_id)
+        if header is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        self.check_config(runtime.config.with_overrides(header.config), runtime.config)
+        if workspace is not None:
+            return self.workspace(workspace)
+        if header.workspace is not None:
+            self.workspace(header.workspace)
+        return None
 
 
 # -- request bodies ---------------------------------------------------------------------------------------
@@ -90,6 +165,7 @@ class ResumeBody(_Body, frozen=True):
     api_base: str | None = None
     tools: Literal["builtin"] | list[str] | None = None
     workspace: str | None = None
+    repair: Literal["truncate"] | None = None  # open a corrupt log up to its last good entry
 
 
 class BranchBody(_Body, frozen=True):
@@ -97,7 +173,7 @@ class BranchBody(_Body, frozen=True):
 
 
 class ModelBody(_Body, frozen=True):
-    model: str
+    model: str  # checked by Runtime.set_model (runtime.models.validate_model_name)
 
 
 class HttpError(Exception):
@@ -116,6 +192,8 @@ def _decode(raw: bytes, kind: type[Any]) -> Any:
         raise HttpError(400, f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(400, "the request body is nested too deeply") from None
 
 
 # -- SSE cursors ------------------------------------------------------------------------------------------
@@ -124,6 +202,8 @@ def _decode(raw: bytes, kind: type[Any]) -> Any:
 def parse_cursor(value: str) -> dict[str, int]:
     """``"a:12,b:7"`` → ``{"a": 12, "b": 7}``; raises :class:`HttpError` (400) for anything else."""
     cursor: dict[str, int] = {}
+    if value.count(",") >= MAX_CURSOR_SESSIONS:
+        raise HttpError(400, f"Last-Event-ID names more than {MAX_CURSOR_SESSIONS} sessions")
     for part in value.split(","):
         session_id, _, seq = part.strip().rpartition(":")
         try:
@@ -146,6 +226,15 @@ def _frame(event: ev.Event, cursor: dict[str, int]) -> bytes:
     return f"id: {format_cursor(cursor)}\nevent: {event.type}\ndata: {data}\n\n".encode()
 
 
+def _advance(cursor: dict[str, int], session_id: str, seq: int) -> None:
+    """Move the session's place in ``cursor`` to ``seq``; the cursor keeps the sessions most recently
+    moved, at most :data:`MAX_CURSOR_SESSIONS` (an event id names every session of it)."""
+    cursor.pop(session_id, None)
+    cursor[session_id] = seq
+    if len(cursor) > MAX_CURSOR_SESSIONS:
+        del cursor[next(iter(cursor))]
+
+
 async def _event_stream(
     subscription: Any,
     backlog: list[ev.Event],
@@ -156,7 +245,7 @@ async def _event_stream(
     try:
         yield (f"id: {format_cursor(cursor)}\n" if cursor else "").encode() + b": connected\n\n"
         for event in backlog:
-            cursor[event.session_id] = event.seq
+            _advance(cursor, event.session_id, event.seq)
             yield _frame(event, cursor)
         iterator = subscription.__aiter__()
         idle = 0.0
@@ -175,7 +264,7 @@ async def _event_stream(
             if event.seq and event.seq <= cursor.get(event.session_id, 0):
                 continue  # replayed from the transcript already
             if event.seq:
-                cursor[event.session_id] = event.seq
+                _advance(cursor, event.session_id, event.seq)
             yield _frame(event, cursor)
     finally:
         subscription.close()
@@ -184,20 +273,30 @@ async def _event_stream(
 # -- the application --------------------------------------------------------------------------------------
 
 
-def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | None = None) -> Any:
+def create_app(
+    runtime: Runtime,
+    token: str,
+    *,
+    stopping: Callable[[], bool] | None = None,
+    policy: ServerPolicy | None = None,
+    max_body_bytes: int | None = None,
+) -> Any:
     """The Starlette application serving ``runtime``; every route requires ``token``.
 
-    ``stopping`` tells open event streams to end (the server is shutting down).
+    ``stopping`` tells open event streams to end (the server is shutting down). ``policy`` and
+    ``max_body_bytes`` default to the runtime's ``server.*`` settings.
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     if not token:
         raise ValueError("the server needs a bearer token")
     is_stopping = stopping or (lambda: False)
+    policy = policy if policy is not None else ServerPolicy.from_config(runtime.config.server)
+    limit = max_body_bytes if max_body_bytes is not None else runtime.config.server.max_body_bytes
     Handler = Callable[[Request], Awaitable[Any]]
 
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -209,10 +308,15 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
                 result = await fn(request)
             except HttpError as exc:
                 return error(exc.status, exc.message)
+            except ClientDisconnect:  # it went away while we read its body: nobody is left to answer
+                log.debug("%s %s: the client disconnected", request.method, request.url.path)
+                return Response(status_code=499)
             except SessionNotFound as exc:
                 return error(404, str(exc))
             except (InvalidSessionId, ConfigError) as exc:
                 return error(400, str(exc))
+            except CorruptLogError as exc:
+                return error(409, f"the session's log is corrupt: {exc}")
             except RuntimeStopped as exc:
                 return error(503, str(exc))
             except TimeoutError as exc:
@@ -244,7 +348,8 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
                 return session_id
             if not runtime.services.directory.exists(session_id):
                 raise SessionNotFound(f"no session {session_id!r}")
-            await asyncio.to_thread(runtime.resume_session, session_id)
+            workspace = policy.check_stored(runtime, session_id, None)
+            await asyncio.to_thread(runtime.resume_session, session_id, workspace=workspace)
         return session_id
 
     async def create_session(request: Request) -> Response:
@@ -253,13 +358,14 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
             validate_session_id(body.session_id)
             if _is_hosted(runtime, body.session_id) or runtime.services.directory.exists(body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
+        policy.check_config(runtime.config.for_session(body.config), runtime.config)
         new = await asyncio.to_thread(
             runtime.start_session,
             body.session_id,
             model=body.model,
             system_prompt=body.system_prompt,
             tools=_tools(body.tools, runtime),
-            workspace=body.workspace,
+            workspace=policy.workspace(body.workspace),
             config=body.config,
             api_base=body.api_base,
             api_key=body.api_key,
@@ -295,13 +401,15 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
         body: ResumeBody = _decode(await request.body(), ResumeBody)
         if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
+        workspace = policy.check_stored(runtime, session_id, body.workspace)
         await asyncio.to_thread(
             runtime.resume_session,
             session_id,
             tools=_tools(body.tools, runtime),
-            workspace=body.workspace,
+            workspace=workspace,
             api_key=body.api_key,
             api_base=body.api_base,
+            repair=body.repair,
         )
         session = runtime._session(session_id)
         return {"id": session_id, "model": session.spec.model, "context_window": session.context_window}
@@ -359,6 +467,10 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
         sessions: list[str] | None = None
         if params.get("session"):
             sessions = [validate_session_id(s.strip()) for s in params["session"].split(",") if s.strip()]
+            if len(sessions) > MAX_CURSOR_SESSIONS:
+                raise HttpError(
+                    400, f"a stream covers at most {MAX_CURSOR_SESSIONS} sessions; omit 'session' for all"
+                )
             directory = runtime.services.directory
             unknown = [s for s in sessions if not _is_hosted(runtime, s) and not directory.exists(s)]
             if unknown:
@@ -402,7 +514,7 @@ def create_app(runtime: Runtime, token: str, *, stopping: Callable[[], bool] | N
         return error(exc.status_code, message, dict(exc.headers or {}))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    return _BearerAuth(app, token)
+    return _BearerAuth(_BodyLimit(app, limit), token)
 
 
 class _BearerAuth:
@@ -410,12 +522,14 @@ class _BearerAuth:
 
     def __init__(self, app: Any, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self._expected):
+            scheme, _, credentials = given.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
+            valid = hmac.compare_digest(credentials, self._expected)  # (compared whatever the scheme)
+            if not (valid and scheme.lower() == b"bearer"):
                 body = msgspec.json.encode({"error": "missing or wrong bearer token"})
                 headers = [
                     (b"content-type", b"application/json"),
@@ -426,6 +540,59 @@ class _BearerAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+class _BodyTooLarge(HttpError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than this server accepts ({limit:,} bytes)")
+
+
+class _BodyLimit:
+    """ASGI middleware: request bodies of at most ``limit`` bytes (SPEC 9).
+
+    A ``Content-Length`` over the limit is answered with 413 before anything is read; a body without one
+    is counted as it streams in, and the route reading it gets the 413 (an :class:`HttpError`) as soon as
+    it passes the limit.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None:
+            if not declared.isdigit():
+                await _send_error(send, 400, "Content-Length must be a number of bytes")
+                return
+            if int(declared) > self.limit:
+                await _send_error(send, 413, _BodyTooLarge(self.limit).message, close=True)
+                return
+        received = 0
+        limit = self.limit
+
+        async def counted() -> Any:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _send_error(send: Any, status: int, message: str, *, close: bool = False) -> None:
+    body = msgspec.json.encode({"error": message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:  # the unread body stays behind: this connection cannot carry another request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _is_hosted(runtime: Runtime, session_id: str) -> bool:
@@ -463,7 +630,12 @@ def _replay(
     from runtime.store.transcript import read_transcript
 
     wanted = set(types) if types is not None else None
-    cursor = {sid: seq for sid, seq in resume.items() if sessions is None or sid in sessions}
+    directory = runtime.services.directory
+    cursor = {  # sessions of the cursor that exist and that the stream covers; made-up ones are dropped
+        sid: seq
+        for sid, seq in resume.items()
+        if (sessions is None or sid in sessions) and (_is_hosted(runtime, sid) or directory.exists(sid))
+    }
     for sid in sessions or ():
         cursor.setdefault(sid, 0)
     runtime.services.writer.flush(timeout=10)  # events published before we subscribed reach the disk
@@ -484,7 +656,16 @@ class ApiServer:
     thread until SIGINT/SIGTERM (the ``serve`` command).
     """
 
-    def __init__(self, runtime: Runtime, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        policy: ServerPolicy | None = None,
+        max_body_bytes: int | None = None,
+    ) -> None:
         import uvicorn
 
         self.token = token
@@ -499,7 +680,13 @@ class ApiServer:
             raise
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            create_app(runtime, token, stopping=lambda: self._server.should_exit),
+            create_app(
+                runtime,
+                token,
+                stopping=lambda: self._server.should_exit,
+                policy=policy,
+                max_body_bytes=max_body_bytes,
+            ),
             log_config=None,
             log_level="warning",
             access_log=False,
@@ -553,35 +740,63 @@ def run_server(
     host: str | None = None,
     port: int | None = None,
     token: str | None = None,
+    token_file: str | None = None,
     config_path: str | None = None,
     sessions_dir: str | None = None,
+    workspace_root: str | None = None,
+    allow_shell: bool | None = None,
 ) -> int:
-    """The ``serve`` command: serve until interrupted; returns the exit status."""
+    """The ``serve`` command: serve until interrupted; returns the exit status.
+
+    The token comes from ``token``, else the file ``token_file``, else ``server.token`` (which
+    ``AGENTCELL_SERVER__TOKEN`` sets), else the file ``server.token_file``; else one is generated.
+    """
     from runtime.config import load_config
 
+    overrides: dict[str, Any] = {}
+    if sessions_dir is not None:
+        overrides["persistence.sessions_dir"] = sessions_dir
+    if workspace_root is not None:
+        overrides["server.workspace_root"] = workspace_root
+    if allow_shell is not None:
+        overrides["server.allow_shell"] = allow_shell
     try:
-        cfg = load_config(config_path)
-        if sessions_dir is not None:
-            cfg = cfg.with_overrides({"persistence.sessions_dir": sessions_dir})
-    except ConfigError as exc:
+        cfg = load_config(config_path).with_overrides(overrides)
+        policy = ServerPolicy.from_config(cfg.server)
+        token = token or _read_token(token_file) or cfg.server.token or _read_token(cfg.server.token_file)
+    except (ConfigError, ValueError) as exc:
         print(f"agentcell serve: {exc}", file=sys.stderr)
         return 2
-    token = token or cfg.server.token
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"agentcell serve: generated bearer token: {token}", file=sys.stderr, flush=True)
     bind_host = host or cfg.server.host
     with Runtime(cfg) as rt:
         try:
-            server = ApiServer(rt, token, bind_host, cfg.server.port if port is None else port)
+            server = ApiServer(rt, token, bind_host, cfg.server.port if port is None else port, policy=policy)
         except OSError as exc:
             print(f"agentcell serve: cannot listen on {bind_host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1
+        where = f"workspaces under {policy.workspace_root}" if policy.workspace_root else "no workspaces"
         print(
-            f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path})",
+            f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
+            f"shell {'allowed' if policy.allow_shell else 'off'})",
             file=sys.stderr,
             flush=True,
         )
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
             server.run()
     return 0
+
+
+def _read_token(path: str | None) -> str | None:
+    """The token held in the file ``path`` (surrounding whitespace dropped); None without a path."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc}") from None
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token

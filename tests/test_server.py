@@ -18,15 +18,15 @@ import httpx
 import pytest
 
 from runtime.provider.script import Fault, Turn
-from runtime.server import ApiServer, parse_cursor
+from runtime.server import ApiServer, ServerPolicy, parse_cursor
 from tests.conftest import Recorder
 
 TOKEN = "test-token-123"
 
 
 @pytest.fixture
-def server(rt: Any) -> Iterator[ApiServer]:
-    with ApiServer(rt, TOKEN) as s:
+def server(rt: Any, workspace: Path) -> Iterator[ApiServer]:
+    with ApiServer(rt, TOKEN, policy=ServerPolicy(workspace_root=str(workspace))) as s:
         yield s
 
 
