@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Config",
     "ConfigError",
+    "CorruptLogError",
     "InvalidSessionId",
     "Runtime",
     "__version__",
@@ -29,6 +30,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from runtime.host import Runtime
+    from runtime.store.log import CorruptLogError
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from runtime.host import Runtime
 
         return Runtime
+    if name == "CorruptLogError":  # what resume_session raises for a damaged log
+        from runtime.store.log import CorruptLogError
+
+        return CorruptLogError
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from runtime import Runtime
+from runtime import CorruptLogError, Runtime
 from runtime.provider.script import Turn
-from runtime.store.log import CorruptLogError, read_log, replay
+from runtime.store.log import read_log, replay
 from runtime.store.transcript import read_transcript
 from tests.conftest import Recorder
 
