@@ -27,7 +27,7 @@ Publish = Callable[[Event], Any]
 def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[Any], None]:
     """A gateway ``on_retry`` callback that broadcasts each retry as a ``provider_retry`` event."""
 
-    def on_retry(info: Any) -> None:  # runtime.llm.RetryInfo
+    def on_retry(info: Any) -> None:  # runtime.gateway.RetryInfo
         publish(
             ProviderRetry(
                 session_id=session_id,

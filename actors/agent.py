@@ -79,7 +79,7 @@ class GetState(msgspec.Struct, frozen=True):
 
 class _ProviderDone(msgspec.Struct, frozen=True):
     run: int
-    result: Any  # runtime.llm.CompletionResult
+    result: Any  # runtime.gateway.CompletionResult
 
 
 class _ToolsDone(msgspec.Struct, frozen=True):
@@ -104,7 +104,7 @@ class _Run:
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
-    call: Any = None  # runtime.llm.CallHandle
+    call: Any = None  # runtime.gateway.CallHandle
     tools: Any = None  # runtime.tools.executor.ToolBatchHandle
     started: float = field(default_factory=time.monotonic)
 
@@ -389,7 +389,7 @@ class Agent(SessionActor):
                 self._guard(run, lambda _: self._request((*context, *repairs), estimate + extra)),
             )
             return
-        from runtime.llm import CompletionRequest
+        from runtime.gateway import CompletionRequest
 
         spec, cfg = self.spec, self.spec.config
         messages: list[Message] = []

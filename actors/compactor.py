@@ -112,7 +112,7 @@ class CompactionInterrupted(RuntimeError):
 class _SummaryDone(msgspec.Struct, frozen=True):
     job: int
     index: int
-    result: Any  # runtime.llm.CompletionResult
+    result: Any  # runtime.gateway.CompletionResult
 
 
 @dataclass
@@ -338,7 +338,7 @@ class Compactor(SessionActor):
     def _summarize(
         self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int
     ) -> None:
-        from runtime.llm import CompletionRequest
+        from runtime.gateway import CompletionRequest
         from runtime.messages import system as system_message
         from runtime.messages import user
 

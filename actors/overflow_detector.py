@@ -20,7 +20,7 @@ RETRYABLE_KINDS = frozenset({"rate_limit", "transient", "timeout"})
 
 
 class ClassifyError(msgspec.Struct, frozen=True):
-    error: Any  # runtime.llm.ProviderError
+    error: Any  # runtime.gateway.ProviderError
     recoveries_this_turn: int = 0
     estimated_tokens: int | None = None
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from runtime.actor import Dispatcher
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
-    from runtime.llm import Gateway
+    from runtime.gateway import Gateway
     from runtime.store.sessions import SessionDirectory
     from runtime.store.writer import LogWriter
     from runtime.tools.executor import ToolExecutor

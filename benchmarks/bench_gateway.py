@@ -34,7 +34,14 @@ from typing import Any
 
 import runtime  # noqa: F401  (offline environment before litellm and tiktoken load)
 from runtime.config import RetryConfig
-from runtime.llm import CompletionRequest, CompletionResult, Gateway, IoLoop, build_call_kwargs, load_litellm
+from runtime.gateway import (
+    CompletionRequest,
+    CompletionResult,
+    Gateway,
+    IoLoop,
+    build_call_kwargs,
+    load_litellm,
+)
 from runtime.messages import Message, system, user
 
 NAME = "gateway"

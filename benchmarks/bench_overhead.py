@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     warmup = 5
 
-    from runtime.llm import load_litellm
+    from runtime.gateway import load_litellm
 
     litellm = load_litellm()
     loop = asyncio.new_event_loop()

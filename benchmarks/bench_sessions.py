@@ -120,7 +120,7 @@ def measure_bare(n: int, folder: str) -> dict[str, Any]:
 def _runtime(folder: str) -> Any:
     from runtime import Runtime
     from runtime.config import Config
-    from runtime.llm import load_litellm
+    from runtime.gateway import load_litellm
 
     load_litellm()  # imported now, so the runtime's background import does not run during the timing
     config = Config().with_overrides({"agent.mock_response": MOCK_REPLY})

@@ -260,7 +260,7 @@ class Bare:
         self.histories: list[list[dict[str, Any]]] = []
 
     def _kwargs(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        # The arguments runtime.llm.build_call_kwargs gives the same request.
+        # The arguments runtime.gateway.build_call_kwargs gives the same request.
         kwargs: dict[str, Any] = {
             "model": self.work.model(index),
             "messages": messages,
@@ -318,7 +318,7 @@ class Bare:
         return calls
 
     async def open(self, warmup: int) -> None:
-        from runtime.llm import load_litellm
+        from runtime.gateway import load_litellm
 
         self.litellm = load_litellm()
         warm = [[{"role": "system", "content": SYSTEM}] for _ in range(min(warmup, self.work.sessions))]
@@ -802,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
 
-    from runtime.llm import load_litellm
+    from runtime.gateway import load_litellm
 
     load_litellm()
     tools = _registry().schemas()

@@ -93,7 +93,7 @@ class Runtime:
         from runtime.affinity import allowed_cpus
         from runtime.approval import ApprovalBroker
         from runtime.bus import EventBus
-        from runtime.llm import Gateway, IoLoop
+        from runtime.gateway import Gateway, IoLoop
         from runtime.registry import SessionRegistry
         from runtime.store.sessions import SessionDirectory
         from runtime.store.transcript import TranscriptWriter

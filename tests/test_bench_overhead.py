@@ -13,7 +13,7 @@ from benchmarks.bench_throughput import ANSWER, API_KEY, MOCK_MODEL, MOCK_REPLY,
 
 
 def test_the_replayed_stream_answers_every_turn_and_litellm_is_restored_afterwards(rt: Any) -> None:
-    from runtime.llm import load_litellm
+    from runtime.gateway import load_litellm
 
     litellm = load_litellm()
     real = litellm.acompletion
@@ -31,7 +31,7 @@ def test_the_replayed_stream_answers_every_turn_and_litellm_is_restored_afterwar
 
 
 def test_the_replayed_tool_turn_runs_the_tool_and_answers_turn_after_turn(rt: Any) -> None:
-    from runtime.llm import load_litellm
+    from runtime.gateway import load_litellm
 
     litellm = load_litellm()
     tool_call, answer = asyncio.run(record_tool_turn(litellm))

@@ -15,7 +15,7 @@ import tiktoken
 import runtime  # noqa: F401  (offline environment)
 from runtime import messages as m
 from runtime.config import RetryConfig
-from runtime.llm import (
+from runtime.gateway import (
     CompletionRequest,
     CompletionResult,
     Delta,
@@ -538,7 +538,7 @@ def test_fields_are_read_from_litellm_objects_dicts_and_plain_objects() -> None:
     import litellm
     import pydantic
 
-    from runtime.llm import _field
+    from runtime.gateway._usage import field as _field
 
     usage = litellm.Usage(prompt_tokens=7, completion_tokens=3)
     assert _field(usage, "prompt_tokens") == 7
@@ -579,10 +579,12 @@ def test_fields_are_read_from_litellm_objects_dicts_and_plain_objects() -> None:
     assert _field({"a": 1}, "a") == 1 and _field({"a": 1}, "b") is None and _field(None, "a") is None
 
 
-def test_a_cost_stamped_on_the_usage_is_taken_as_it_is(io: IoLoop) -> None:
+def test_a_cost_stamped_on_the_usage_is_taken_as_it_is() -> None:
     import litellm
 
-    gateway = Gateway(io)
+    from runtime.gateway.transports.litellm import LitellmTransport
+
+    gateway = LitellmTransport()
     stamped = litellm.Usage(prompt_tokens=1000, completion_tokens=100)
     stamped.cost = 0.25  # what litellm (or the provider) reported for this call
     assert gateway._cost(litellm, "gpt-4o-mini", stamped) == 0.25

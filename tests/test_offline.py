@@ -95,7 +95,7 @@ def test_litellms_import_is_left_out_of_full_collections() -> None:
     proc = _run(
         """
         import gc, time, runtime
-        from runtime.llm import load_litellm
+        from runtime.gateway import load_litellm
         litellm = load_litellm()
         print(gc.get_freeze_count() > 100_000)
         print(any(o is litellm.model_cost for o in gc.get_objects()))

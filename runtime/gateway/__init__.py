@@ -1,0 +1,69 @@
+"""The gateway: every provider call of the runtime, on one asyncio loop thread (SPEC 3.2, 3.3, 3.7).
+
+Actors hand a :class:`CompletionRequest` to :meth:`Gateway.complete`, which returns at once with a
+:class:`CallHandle`; the call runs on the :class:`IoLoop` over a transport, and its :class:`CompletionResult`
+(the assistant message with normalized usage, or a classified :class:`ProviderError`) comes back through a
+callback, exactly once.
+
+Layout, one concern a module::
+
+    _loop.py        IoLoop: the asyncio thread every call runs on
+    _models.py      CompletionRequest, CompletionResult, ProviderError, Delta, RetryInfo
+    _errors.py      classify_error: provider failures into error kinds (one classifier for all transports)
+    _retry.py       backoff with jitter, honouring retry-after
+    _usage.py       usage of any response shape, normalized
+    _stream.py      StreamAssembler: the assistant message from streamed pieces; stop reasons
+    _convert.py     our messages in the OpenAI chat format
+    _routing.py     which transport serves a call
+    _gateway.py     Gateway, CallHandle, complete_sync: routing, retries, cancel, stall watch, delivery
+    transports/     base.py (the interface), litellm.py
+"""
+
+from runtime.gateway._convert import accepts_reasoning, to_provider_messages
+from runtime.gateway._errors import classify_error, clean_error_message, retry_after_seconds
+from runtime.gateway._gateway import CallHandle, Gateway, complete_sync
+from runtime.gateway._loop import IoLoop
+from runtime.gateway._models import (
+    RETRYABLE_KINDS,
+    CompletionRequest,
+    CompletionResult,
+    Delta,
+    ErrorKind,
+    ProviderError,
+    RetryInfo,
+    TransportMode,
+)
+from runtime.gateway._retry import MAX_HONOURED_RETRY_AFTER, backoff_delay
+from runtime.gateway._routing import Route
+from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
+from runtime.gateway._usage import normalize_usage
+from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
+
+__all__ = [
+    "MAX_HONOURED_RETRY_AFTER",
+    "RETRYABLE_KINDS",
+    "CallHandle",
+    "CompletionRequest",
+    "CompletionResult",
+    "Delta",
+    "ErrorKind",
+    "Gateway",
+    "IoLoop",
+    "ProviderError",
+    "RetryInfo",
+    "Route",
+    "StreamAssembler",
+    "TransportMode",
+    "accepts_reasoning",
+    "backoff_delay",
+    "build_call_kwargs",
+    "classify_error",
+    "clean_error_message",
+    "complete_sync",
+    "load_litellm",
+    "message_from_response",
+    "normalize_usage",
+    "retry_after_seconds",
+    "stop_reason",
+    "to_provider_messages",
+]

@@ -1,0 +1,38 @@
+"""Our messages in the OpenAI chat format every transport sends (SPEC 3.3 for reasoning)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from runtime.gateway._models import CompletionRequest
+from runtime.messages import Message, message_to_openai
+
+_NO_REASONING_PREFIXES: Final = ("deepseek/",)
+
+
+def accepts_reasoning(model: str, api_base: str | None) -> bool:
+    """Whether reasoning may be sent back to this provider (reference 004, SPEC 3.3).
+
+    litellm carries it as ``reasoning_content`` / ``thinking_blocks`` and translates it for providers that
+    take it back (Anthropic's signed thinking, Gemini's thought signatures, Bedrock). OpenAI's own API
+    rejects unknown message fields and DeepSeek rejects ``reasoning_content`` in input, so neither gets
+    it; an OpenAI-compatible server at a custom ``api_base`` (vLLM, llama.cpp, the local provider) does.
+    """
+    if model.startswith(_NO_REASONING_PREFIXES):
+        return False
+    if "/" not in model or model.startswith(("openai/", "text-completion-openai/")):
+        return api_base is not None
+    return True
+
+
+def to_provider_messages(request: CompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages in the OpenAI chat format; hidden messages are left out."""
+    include = request.include_reasoning and accepts_reasoning(request.model, request.api_base)
+    out: list[dict[str, Any]] = []
+    for message in request.messages:
+        if isinstance(message, Message):
+            if message.agent_visible:
+                out.append(message_to_openai(message, include_reasoning=include))
+        else:
+            out.append(message)
+    return out

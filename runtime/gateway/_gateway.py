@@ -1,0 +1,370 @@
+"""The gateway: every provider call of the runtime, on one asyncio loop thread (SPEC 3.2, 3.3, 3.7).
+
+Actors never wait for the network. They hand a :class:`CompletionRequest` to :meth:`Gateway.complete`, which
+returns at once with a :class:`CallHandle`; the call runs on the :class:`IoLoop` over a transport, and its
+:class:`CompletionResult` -- the assistant message with normalized usage, or a classified
+:class:`ProviderError` -- comes back through ``on_result`` exactly once, from the loop thread (pass e.g.
+``actor_ref.tell``). Streaming deltas, retries and stalls are reported through their own callbacks as they
+happen.
+
+Transient failures (429, 5xx, "overloaded", timeouts, connection resets) are retried with exponential
+backoff and jitter, honouring ``retry-after``; overflow, auth and invalid requests never are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+import pykka
+
+from runtime.config import RetryConfig
+from runtime.gateway._loop import IoLoop
+from runtime.gateway._models import CompletionRequest, CompletionResult, Delta, ProviderError, RetryInfo
+from runtime.gateway._retry import backoff_delay
+from runtime.gateway._routing import Router
+from runtime.gateway.transports.base import Transport
+from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
+from runtime.messages import Usage
+
+_log = logging.getLogger("runtime.gateway")
+T = TypeVar("T")
+
+
+class CallHandle:
+    """A call in flight. :meth:`cancel` is safe from any thread; the result then reports ``cancelled``."""
+
+    __slots__ = ("_call", "_loop")
+
+    def __init__(self, loop: IoLoop, call: _Call) -> None:
+        self._loop = loop
+        self._call = call
+
+    @property
+    def done(self) -> bool:
+        return self._call.finished.is_set()
+
+    @property
+    def attempts(self) -> int:
+        return self._call.attempts
+
+    def cancel(self) -> None:
+        """Stop the call; ``on_result`` still fires once, with a ``cancelled`` error (unless already done)."""
+        if not self._call.finished.is_set():
+            with contextlib.suppress(RuntimeError):  # loop already closed: nothing left to cancel
+                self._loop.call_soon(self._call.cancel)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the result was delivered; True if it was."""
+        return self._call.finished.wait(timeout)
+
+
+class _Call:
+    """The state of one call, owned by the loop thread (the :class:`~transports.base.Attempt` a transport
+    sees)."""
+
+    def __init__(
+        self,
+        request: CompletionRequest,
+        on_result: Callable[[CompletionResult], object],
+        on_delta: Callable[[Delta], object] | None,
+        on_retry: Callable[[RetryInfo], object] | None,
+        on_stall: Callable[[float], object] | None,
+        stall_after: float,
+    ) -> None:
+        self.request = request
+        self.on_result = on_result
+        self.on_delta = _safe(on_delta) if on_delta is not None else None
+        self.on_retry = on_retry
+        self.on_stall = on_stall
+        self.stall_after = stall_after
+        self.attempts = 0
+        self.transport = ""
+        self.started = time.monotonic()
+        self.task: asyncio.Task[CompletionResult] | None = None
+        self.cancel_requested = False
+        self.finished = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_activity = 0.0
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_reported = False
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self.task is not None:
+            self.task.cancel()
+
+    # Stall watch: one timer per stall period, re-armed lazily (not per chunk).
+
+    def activity(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        self._last_activity = loop.time()
+        if self._stall_reported:
+            self._stall_reported = False
+            self._arm_stall()
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._last_activity = loop.time()
+        self._stall_reported = False
+        if self.on_stall is not None and self._stall_timer is None:
+            self._arm_stall()
+
+    def _arm_stall(self) -> None:
+        if self._loop is not None and self.on_stall is not None:
+            self._stall_timer = self._loop.call_at(self._last_activity + self.stall_after, self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall_timer = None
+        if self._loop is None or self.finished.is_set() or self.on_stall is None:
+            return
+        idle = self._loop.time() - self._last_activity
+        if idle + 1e-3 < self.stall_after:
+            self._arm_stall()
+            return
+        self._stall_reported = True
+        _safely(self.on_stall, round(idle, 3))
+
+    def unwatch(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self._loop = None
+
+
+class Gateway:
+    """Runs provider calls on the :class:`IoLoop` over its transports, and delivers their results as
+    callbacks (messages)."""
+
+    def __init__(
+        self, loop: IoLoop, retry: RetryConfig | None = None, *, rng: random.Random | None = None
+    ) -> None:
+        self._io = loop
+        self._retry = retry or RetryConfig()
+        self._rng = rng or random.Random()
+        self._in_flight: set[_Call] = set()
+        self._router = Router()
+        self._transports: dict[str, Transport] = {LitellmTransport.name: LitellmTransport()}
+        loop.add_closer(self.aclose)
+
+    @property
+    def retry_config(self) -> RetryConfig:
+        return self._retry
+
+    @property
+    def in_flight(self) -> int:
+        """Calls started and not yet delivered."""
+        return len(self._in_flight)
+
+    def preload(self) -> concurrent.futures.Future[Any]:
+        """Import litellm in a background thread now, so that the first call does not wait for it."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def load() -> None:
+            try:
+                future.set_result(load_litellm())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        # Not a daemon: a program that exits while litellm is still importing must wait for the import.
+        # A daemon thread would be frozen mid-import holding a module lock, and the first finalizer that
+        # imports (litellm's HTTP handlers do, in __del__) would then hang the exit forever.
+        threading.Thread(target=load, name="agentcell-litellm-import").start()
+        return future
+
+    def complete(
+        self,
+        request: CompletionRequest,
+        on_result: Callable[[CompletionResult], object],
+        *,
+        on_delta: Callable[[Delta], object] | None = None,
+        on_retry: Callable[[RetryInfo], object] | None = None,
+        on_stall: Callable[[float], object] | None = None,
+        stall_after: float = 10.0,
+    ) -> CallHandle:
+        """Start ``request`` on the loop and return at once.
+
+        ``on_result`` fires exactly once (from the loop thread) with the result, a classified error, or a
+        ``cancelled`` error after :meth:`CallHandle.cancel`. ``on_delta`` gets each streamed piece,
+        ``on_retry`` each retry before its backoff, ``on_stall`` the idle seconds once per stall (no chunk
+        for ``stall_after`` seconds). Callbacks must not block: hand the value on (e.g. ``ref.tell``).
+        """
+        call = _Call(request, on_result, on_delta, on_retry, on_stall, stall_after)
+        try:
+            self._io.call_soon(self._start, call)
+        except RuntimeError:  # the loop is closed
+            raise RuntimeError("the gateway's I/O loop is stopped; no call can start") from None
+        return CallHandle(self._io, call)
+
+    async def acomplete(
+        self,
+        request: CompletionRequest,
+        *,
+        on_delta: Callable[[Delta], object] | None = None,
+        on_retry: Callable[[RetryInfo], object] | None = None,
+        on_stall: Callable[[float], object] | None = None,
+        stall_after: float = 10.0,
+    ) -> CompletionResult:
+        """The same call, awaited from code already running on the gateway's loop."""
+        future: asyncio.Future[CompletionResult] = asyncio.get_running_loop().create_future()
+
+        def deliver(result: CompletionResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        call = _Call(request, deliver, on_delta, on_retry, on_stall, stall_after)
+        self._start(call)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    async def aclose(self) -> None:
+        """Close every transport's connections (run on the loop as it stops)."""
+        for transport in self._transports.values():
+            try:
+                await transport.aclose()
+            except Exception:
+                _log.warning("closing the %s transport failed", transport.name, exc_info=True)
+
+    # -- on the loop thread -------------------------------------------------------------------------
+
+    def _start(self, call: _Call) -> None:
+        self._in_flight.add(call)
+        if call.cancel_requested:  # cancelled before it started
+            self._deliver(call, self._cancelled(call))
+            return
+        call.task = asyncio.get_running_loop().create_task(self._run(call))
+        call.task.add_done_callback(lambda task: self._finish(call, task))
+
+    def _finish(self, call: _Call, task: asyncio.Task[CompletionResult]) -> None:
+        if task.cancelled():
+            result = self._cancelled(call)
+        elif (exc := task.exception()) is not None:
+            _log.error("provider call failed unexpectedly", exc_info=exc)
+            error = ProviderError(kind="unknown", message=f"{type(exc).__name__}: {exc}")
+            result = self._result(call, error=error)
+        else:
+            result = task.result()
+        self._deliver(call, result)
+
+    def _deliver(self, call: _Call, result: CompletionResult) -> None:
+        call.unwatch()
+        self._in_flight.discard(call)
+        call.finished.set()
+        _safely(call.on_result, result)
+
+    def _cancelled(self, call: _Call) -> CompletionResult:
+        return self._result(call, error=ProviderError(kind="cancelled", message="the call was cancelled"))
+
+    @staticmethod
+    def _result(call: _Call, error: ProviderError) -> CompletionResult:
+        return CompletionResult(
+            message=None,
+            error=error,
+            attempts=call.attempts,
+            latency=time.monotonic() - call.started,
+            transport=call.transport,
+        )
+
+    async def _run(self, call: _Call) -> CompletionResult:
+        request = call.request
+        route = self._router.route(request)
+        transport = self._transports[route.transport]
+        call.transport = transport.name
+        max_attempts = self._retry.max_attempts
+        while True:
+            call.attempts += 1
+            call.watch(asyncio.get_running_loop())
+            try:
+                message = await transport.attempt(call, route)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = transport.classify(exc, route)
+                if request.api_key and request.api_key in error.message:  # keys never reach events or logs
+                    error = msgspec.structs.replace(
+                        error, message=error.message.replace(request.api_key, "***")
+                    )
+                if not error.retryable or call.attempts >= max_attempts:
+                    return self._result(call, error)
+                delay = backoff_delay(
+                    call.attempts, self._retry, retry_after=error.retry_after, rng=self._rng
+                )
+                info = RetryInfo(
+                    attempt=call.attempts,
+                    max_attempts=max_attempts,
+                    delay=delay,
+                    error=error.message,
+                    status_code=error.status_code,
+                    kind=error.kind,
+                )
+                call.unwatch()
+                if call.on_retry is not None:
+                    _safely(call.on_retry, info)
+                await asyncio.sleep(delay)
+                continue
+            finally:
+                call.unwatch()
+            usage = message.usage or Usage()
+            return CompletionResult(
+                message=message,
+                usage=usage,
+                attempts=call.attempts,
+                latency=time.monotonic() - call.started,
+                transport=call.transport,
+            )
+
+
+def _safely(fn: Callable[[T], object], value: T) -> None:
+    try:
+        fn(value)
+    except pykka.ActorDeadError:  # e.g. the result of a call cancelled as its session was deleted
+        _log.debug("gateway callback %r: its actor has stopped; the value is dropped", fn)
+    except Exception:
+        _log.exception("gateway callback %r raised", fn)
+
+
+def _safe(fn: Callable[[T], object]) -> Callable[[T], None]:
+    """``fn`` that never raises into the transport calling it (a subscriber's bug never breaks a call)."""
+
+    def call(value: T) -> None:
+        _safely(fn, value)
+
+    return call
+
+
+def complete_sync(
+    gateway: Gateway, request: CompletionRequest, timeout: float | None = None
+) -> CompletionResult:
+    """Run one call and wait for its result (for tests and the CLI; never from the gateway's loop thread).
+
+    When ``timeout`` passes first, the call is cancelled and its ``cancelled`` result returned.
+    """
+    if gateway._io.in_loop_thread():
+        raise RuntimeError("complete_sync() would deadlock on the gateway's own loop thread; use acomplete()")
+    box: list[CompletionResult] = []
+    done = threading.Event()
+
+    def deliver(result: CompletionResult) -> None:
+        box.append(result)
+        done.set()
+
+    handle = gateway.complete(request, deliver)
+    if not done.wait(timeout):
+        handle.cancel()
+        done.wait(5.0)
+    if not box:
+        raise TimeoutError("the gateway did not deliver a result")
+    return box[0]

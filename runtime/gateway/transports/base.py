@@ -1,0 +1,51 @@
+"""The transport interface: how the gateway makes one attempt of a call, whatever speaks to the provider.
+
+The gateway owns everything around an attempt (the route, retries with backoff, cancellation, stall
+watch, delivering the result); a transport makes one attempt and either returns the assistant message
+(with its usage) or raises. It reports each streamed piece through ``call.on_delta`` and each sign of
+life through ``call.activity()``, and maps its own failures into the shared error kinds in
+:meth:`Transport.classify` (the same classifier on every transport). A new transport is one module here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from runtime.gateway._errors import classify_error
+from runtime.gateway._models import CompletionRequest, Delta, ProviderError
+
+if TYPE_CHECKING:
+    from runtime.gateway._routing import Route
+    from runtime.messages import Message
+
+
+class Attempt(Protocol):
+    """What a transport sees of the call it makes an attempt of."""
+
+    @property
+    def request(self) -> CompletionRequest: ...
+
+    @property
+    def on_delta(self) -> Callable[[Delta], object] | None: ...
+
+    def activity(self) -> None:
+        """Something arrived from the provider (resets the stall watch)."""
+
+
+class Transport(abc.ABC):
+    """One way of talking to providers. Lives on the gateway's I/O loop; not thread-safe."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    async def attempt(self, call: Attempt, route: Route) -> Message:
+        """Make one attempt of ``call`` over ``route``; the assistant message, or an exception."""
+
+    def classify(self, exc: BaseException, route: Route) -> ProviderError:
+        """The kind of failure ``exc`` is (overflow, rate limit, transient, auth, ...)."""
+        return classify_error(exc, provider=route.provider)
+
+    async def aclose(self) -> None:  # noqa: B027 - optional: a transport without connections has none to close
+        """Close what the transport keeps open (connections); called on the I/O loop as it stops."""

@@ -1,0 +1,211 @@
+"""The litellm transport: ``litellm.acompletion``, for every provider litellm knows.
+
+litellm and the OpenAI client are told not to retry on their own (the gateway does). litellm is imported
+lazily (it costs seconds), off the loop thread (:func:`load_litellm`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from runtime.gateway._convert import to_provider_messages
+from runtime.gateway._models import CompletionRequest
+from runtime.gateway._stream import StreamAssembler, message_from_response
+from runtime.gateway._usage import field, normalize_usage, stamped_cost
+from runtime.gateway.transports.base import Attempt, Transport
+
+if TYPE_CHECKING:
+    from runtime.gateway._routing import Route
+    from runtime.messages import Message
+
+_log = logging.getLogger("runtime.gateway")
+
+_FIRST_CALL_MODULES: Final = (
+    # What litellm's first OpenAI-compatible call imports lazily (~500 modules, seconds): imported here, off
+    # the loop thread, so that the first call does not stall every other coroutine of the I/O loop.
+    "openai.resources",
+    "litellm.proxy._types",
+    "litellm.llms.litellm_proxy.chat.transformation",
+    "litellm.llms.openai_like.dynamic_config",
+    "litellm.llms.openai.chat.gpt_audio_transformation",
+    "litellm._service_logger",
+    "anyio._backends._asyncio",
+    "litellm.litellm_core_utils.default_encoding",
+    "litellm.llms.vertex_ai.vertex_ai_partner_models.anthropic.transformation",
+    "litellm.proxy.openai_files_endpoints.common_utils",
+    "litellm.types.litellm_core_utils.streaming_chunk_builder_utils",
+)
+_litellm_lock = threading.Lock()
+_litellm_module: Any = None
+
+
+def load_litellm() -> Any:
+    """Import and configure litellm once: quiet, no telemetry, no retries of its own, and its import's
+    objects kept out of the cycle collector's full passes (``gc.freeze()``)."""
+    global _litellm_module
+    if _litellm_module is not None:
+        return _litellm_module
+    with _litellm_lock:
+        if _litellm_module is None:
+            import litellm
+
+            litellm.suppress_debug_info = True
+            litellm.set_verbose = False
+            if hasattr(litellm, "telemetry"):
+                litellm.telemetry = False
+            logging.getLogger("LiteLLM").setLevel(logging.WARNING)
+            for module in _FIRST_CALL_MODULES:
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(module)
+            # litellm's import leaves ~360,000 objects that live as long as the process. The cycle collector
+            # would walk them all in every full collection (~0.25 s on a small machine, while every session
+            # waits); frozen, they are left out. Garbage from the import is collected first.
+            gc.collect()
+            gc.freeze()
+            _litellm_module = litellm
+    return _litellm_module
+
+
+def litellm_loaded() -> Any:
+    """litellm if :func:`load_litellm` has run, else None (never imports)."""
+    return _litellm_module
+
+
+def build_call_kwargs(request: CompletionRequest) -> dict[str, Any]:
+    """The keyword arguments of ``litellm.acompletion`` for ``request`` (no retries inside litellm)."""
+    kwargs: dict[str, Any] = {
+        "model": request.model,
+        "messages": to_provider_messages(request),
+        "stream": request.stream,
+        "timeout": request.timeout,
+        "num_retries": 0,
+        "max_retries": 0,
+    }
+    if request.stream:
+        kwargs["stream_options"] = {"include_usage": True}
+    if request.tools:
+        kwargs["tools"] = list(request.tools)
+        if all(tool.get("type", "function") == "function" for tool in request.tools):
+            # litellm checks every call with tools for its MCP gateway, importing the optional `mcp` package
+            # (ModuleNotFoundError without it). Plain function tools never need that path: skip it.
+            kwargs["_skip_mcp_handler"] = True
+    optional = {
+        "api_base": request.api_base,
+        "api_key": request.api_key,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "mock_response": request.mock_response,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    kwargs.update(request.extra)
+    return kwargs
+
+
+class LitellmTransport(Transport):
+    """Every call through ``litellm.acompletion`` (streamed with ``stream_options.include_usage``)."""
+
+    name: ClassVar[str] = "litellm"
+
+    def __init__(self) -> None:
+        self._priced: dict[str, bool] = {}
+
+    async def attempt(self, call: Attempt, route: Route) -> Message:
+        litellm = _litellm_module
+        if litellm is None:
+            litellm = await asyncio.get_running_loop().run_in_executor(None, load_litellm)
+        request = call.request
+        response = await litellm.acompletion(**build_call_kwargs(request))
+        call.activity()
+        model = request.model
+        if not request.stream:
+            raw_usage = field(response, "usage")
+            usage = normalize_usage(raw_usage, cost=self._cost(litellm, model, raw_usage))
+            return message_from_response(response, model=model, usage=usage)
+        assembler = StreamAssembler()
+        on_delta = call.on_delta
+        finished = False
+        try:
+            async for chunk in response:
+                call.activity()
+                deltas = assembler.add(chunk)
+                if on_delta is not None:
+                    for delta in deltas:
+                        on_delta(delta)
+            finished = True
+        finally:
+            # A stream abandoned midway (error, cancel) must give its connection back to the pool.
+            aclose: Callable[[], Awaitable[object]] | None = getattr(response, "aclose", None)
+            if not finished and aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        usage = normalize_usage(assembler.usage, cost=self._cost(litellm, model, assembler.usage))
+        return assembler.message(model=model, usage=usage)
+
+    def _cost(self, litellm: Any, model: str, raw_usage: Any) -> float | None:
+        """The call's cost in USD: what the provider or litellm stamped on the usage (litellm's own
+        figure for a streamed call), else litellm's prices for the model; None when neither knows."""
+        if raw_usage is None:
+            return None
+        stamped = stamped_cost(raw_usage)
+        if stamped is not None:
+            return stamped
+        if self._priced.get(model) is False:
+            return None
+        try:
+            prompt_cost, completion_cost = litellm.cost_per_token(model=model, usage_object=raw_usage)
+        except Exception:
+            self._priced[model] = False
+            return None
+        self._priced[model] = True
+        return float(prompt_cost + completion_cost)
+
+    async def aclose(self) -> None:
+        await close_loop_clients(asyncio.get_running_loop())
+
+
+async def close_loop_clients(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the HTTP clients litellm cached for ``loop`` and take them out of its cache.
+
+    litellm keeps one client (and its pool of open connections) per event loop, its key suffixed with
+    a mark of the loop, for as long as the process lives. Without this, every runtime that stops leaves
+    its connections open (and, where the mark is ``id(loop)``, a later loop that happens to get the same
+    ``id`` is handed clients bound to a closed loop). The mark is ``id(loop)`` up to litellm 1.106 and a
+    per-loop counter after it; litellm's own ``update_cache_key_with_event_loop``, called on ``loop``,
+    gives it in either case.
+    """
+    cache = getattr(_litellm_module, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return
+    suffix = _loop_key_suffix(cache, loop)
+    for key in [k for k in list(entries) if isinstance(k, str) and k.endswith(suffix)]:
+        client = entries.pop(key, None)
+        ttl = getattr(cache, "ttl_dict", None)
+        if isinstance(ttl, dict):
+            ttl.pop(key, None)
+        close = getattr(client, "close", None) or getattr(client, "aclose", None)
+        if close is None:
+            continue
+        try:
+            closing = close()
+            if asyncio.iscoroutine(closing) or isinstance(closing, asyncio.Future):
+                await closing
+        except Exception:  # a client that fails to close must not keep the others open
+            _log.warning("closing a cached provider client failed", exc_info=True)
+
+
+def _loop_key_suffix(cache: object, loop: asyncio.AbstractEventLoop) -> str:
+    """What litellm appends to a client's cache key for ``loop`` (the running loop, as it is here)."""
+    scoped = getattr(cache, "update_cache_key_with_event_loop", None)
+    if callable(scoped) and asyncio.get_running_loop() is loop:
+        suffix = scoped("")
+        if isinstance(suffix, str) and suffix:
+            return suffix
+    return f"-{id(loop)}"
