@@ -31,7 +31,12 @@ from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import working_set as ws
 from runtime.context.estimate import effective_limit
-from runtime.context.integrity import repair_tool_calls, request_view
+from runtime.context.integrity import (
+    interrupted_turn_note,
+    repair_tool_calls,
+    request_view,
+    unfinished_turn,
+)
 from runtime.context.recovery import (
     PROMPT_HIDDEN_NOTE,
     compaction_did_not_help,
@@ -101,12 +106,22 @@ class _Run:
     step_results: tuple[Message, ...] = ()  # the newest step's tool results, as the tools returned them
     saved: dict[str, tuple[str, str]] = field(default_factory=dict)  # result id -> full text's path, SHA-256
     reclipped: bool = False  # the newest step's results were clipped again to fit after compaction
+    continued: bool = False  # the run was cut off by a crash of the agent and taken up by its successor
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
     call: Any = None  # runtime.gateway.CallHandle
     tools: Any = None  # runtime.tools.executor.ToolBatchHandle
     started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Handover:
+    """What a crashed agent leaves its successor (in :attr:`SessionRefs.handover`): the run it was in
+    and the prompts queued behind it, so the turn goes on from the log instead of failing."""
+
+    run: _Run | None
+    queue: list[Prompt]
 
 
 class Agent(SessionActor):
@@ -147,25 +162,64 @@ class Agent(SessionActor):
             self.call(self.refs.require("store"), st.GetContext(), self._recover)
 
     def _recover(self, view: Any) -> None:
+        handover, self.refs.handover = self.refs.handover, None
         if isinstance(view, CallFailed):
             self.emit(ev.Error, message=f"agent recovery could not read the session: {view}", code="recovery")
+            if handover is not None:
+                abandon(handover, f"the session could not be read after an agent crash: {view}")
             self._dequeue()
             return
         self.refs.require("usage").tell(ut.Restore(tuple(view.messages)))
         repairs = repair_tool_calls(view.messages)
+        interrupted = unfinished_turn(view.messages, view.turn_ended_at)
+        run = handover.run if handover is not None else None
+        continuing = run is not None and interrupted
+        # A turn cut off and not taken up (the process stopped) is said to be so in the log, which ends it.
+        notes = repairs if continuing or not interrupted else [*repairs, interrupted_turn_note()]
 
         def done(_: Any) -> None:
-            self.emit(ev.AgentRecovered, messages=len(view.messages), repaired_calls=len(repairs))
+            self.emit(
+                ev.AgentRecovered,
+                messages=len(view.messages),
+                repaired_calls=len(repairs),
+                interrupted_turn=interrupted,
+                continued=continuing,
+            )
+            if handover is not None:
+                self.queue = [*handover.queue, *self.queue]
+            if run is not None and continuing:
+                self._continue(run)
+                return
+            if run is not None:  # it crashed after its answer was recorded: the turn is over
+                answer = view.messages[-1] if view.messages else None
+                run.prompt.handle.set_result(
+                    TurnResult(prompt_id=run.prompt.handle.id, status="ok", message=answer, usage=run.usage)
+                )
             self._dequeue()
 
-        if repairs:
-            self.call(self.refs.require("store"), st.Append(tuple(repairs)), done)
+        if notes:
+            self.call(self.refs.require("store"), st.Append(tuple(notes), end_turn=not continuing), done)
         else:
             done(None)
 
+    def _continue(self, run: _Run) -> None:
+        """Take up a run its crashed predecessor was in: the next step, from the log (SPEC 1.2)."""
+        self._busy_with_recovery = False
+        self._runs += 1
+        run.token, run.continued, run.call, run.tools = self._runs, True, None, None
+        self.run = run
+        self._enter(AgentState.RUNNING)
+        self._before_request(None)
+
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
-        # The supervisor restarts us; whoever waits on the current prompt must not wait forever.
+        # The supervisor restarts us. A run cut off for the first time is handed to the successor, which
+        # goes on from the log; otherwise whoever waits on a prompt must not wait forever.
         crash = f"the agent crashed ({exception_type.__name__}: {exception_value}); the session recovers from its log"
+        run = self.run
+        if run is not None and not run.continued:
+            self._cancel_io(run)
+            self.refs.handover = Handover(run, self.queue)
+            self.run, self.queue = None, []
         if self._incoming is not None:
             self._incoming.handle.set_result(
                 TurnResult(prompt_id=self._incoming.handle.id, status="error", error=crash)
@@ -759,7 +813,7 @@ class Agent(SessionActor):
                 )
             if store is not None and not (status == "ok" and run.synced):
                 with contextlib.suppress(pykka.ActorDeadError):
-                    store.tell(st.SyncTurn())
+                    store.tell(st.SyncTurn(ended=status != "ok"))
             self.emit(
                 ev.AgentEnd,
                 turn_id=run.turn_id,
@@ -801,3 +855,16 @@ class Agent(SessionActor):
 
     def _enter(self, state: AgentState) -> None:
         self.state = state
+
+
+def abandon(handover: Handover, reason: str) -> None:
+    """Answer every prompt of a handover nobody will take up (the session stopped, or could not recover)."""
+    run = handover.run
+    if run is not None:
+        run.prompt.handle.set_result(
+            TurnResult(
+                prompt_id=run.prompt.handle.id, status="error", usage=run.usage, steps=run.step, error=reason
+            )
+        )
+    for queued in handover.queue:
+        queued.handle.set_result(TurnResult(prompt_id=queued.handle.id, status="error", error=reason))

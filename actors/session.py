@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pykka
 
-from actors.agent import Agent
+from actors.agent import Agent, abandon
 from actors.compactor import Compactor
 from actors.overflow_detector import OverflowDetector
 from actors.session_store import SessionStore
@@ -200,6 +200,8 @@ class Session:
     def _on_escalate(self, error: BaseException | None) -> None:
         with self._lock:
             self.supervisor = None
+        if self.refs.handover is not None:  # a crashed agent's run that no successor will take up
+            abandon(self.refs.handover, f"the session's actors kept crashing and were stopped ({error})")
         self.refs = SessionRefs()
         self.spec.resume = True
         self.services.bus.publish(

@@ -40,7 +40,7 @@ from runtime.messages import Message
 from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import SessionLog, read_log, replay
 from runtime.store.sessions import SessionDirectory, SessionLock, SessionLockedError, SessionNotFoundError
-from runtime.store.tree import SessionTree
+from runtime.store.tree import TURN_ENDED_KEY, SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
 log = logging.getLogger("agentcell.store")
@@ -149,9 +149,12 @@ class SetMetadata(msgspec.Struct, frozen=True):
 
 
 class SyncTurn(msgspec.Struct, frozen=True):
-    """A turn ended: make the log durable under the ``turn`` policy."""
+    """A turn ended: make the log durable under the ``turn`` policy. ``ended`` records that the turn ended
+    at the current leaf (an error or an abort, with no final answer to say so), so a restart does not take
+    it for a turn cut off by a crash."""
 
     reply_to: ReplyTo = None
+    ended: bool = False
 
 
 class GetContext(msgspec.Struct, frozen=True):
@@ -213,6 +216,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     estimated_tokens: int = 0
     dead: str | None = None  # why the session is dead (SPEC 5.8), or None
+    turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
 
 
 class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
@@ -348,7 +352,11 @@ class SessionStore(PooledActor):
                 self._write(entries, reply_to, self.view() if with_view else None)
                 if message.end_turn:  # queued with the append: the writer does both in one wake-up
                     self._sync(None, answer=False)
-            case SyncTurn(reply_to=reply_to):
+            case SyncTurn(reply_to=reply_to, ended=ended):
+                if ended:  # the newest message the model sees: where the turn ended
+                    context = tree.context_snapshot()
+                    last = context[-1].id if context else None
+                    self._write((tree.set_metadata(TURN_ENDED_KEY, last),), None)
                 self._sync(reply_to)
             case RecordCompaction():
                 entry = tree.record_compaction(
@@ -400,6 +408,7 @@ class SessionStore(PooledActor):
             model=tree.model,
             estimated_tokens=self.estimator(messages) if self.estimator is not None else 0,
             dead=tree.dead,
+            turn_ended_at=tree.turn_ended_at,
         )
 
     def context(self) -> list[Message]:

@@ -11,6 +11,7 @@ import pykka
 from runtime.config import Config
 
 if TYPE_CHECKING:
+    from actors.agent import Handover
     from runtime.actor import Dispatcher
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
@@ -61,6 +62,7 @@ class SessionRefs:
     overflow: pykka.ActorRef[Any] | None = None
     compactor: pykka.ActorRef[Any] | None = None
     agent: pykka.ActorRef[Any] | None = None
+    handover: Handover | None = None  # a crashed agent's run, for its successor to take up
 
     def require(self, name: str) -> pykka.ActorRef[Any]:
         ref = getattr(self, name)

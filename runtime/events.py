@@ -165,6 +165,8 @@ class AgentAbort(Event, frozen=True, tag="agent_abort"):
 class AgentRecovered(Event, frozen=True, tag="agent_recovered"):
     messages: int
     repaired_calls: int = 0
+    interrupted_turn: bool = False  # the log ended inside a turn (a crash cut it off)
+    continued: bool = False  # ... and the restarted agent takes it up (else the log records it ended)
 
 
 class ProviderRetry(Event, frozen=True, tag="provider_retry"):

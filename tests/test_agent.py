@@ -295,26 +295,54 @@ def test_auth_errors_end_the_turn_with_a_clear_error(
     assert recorder.of("error", sid)[-1].code == "provider_auth"
 
 
-def test_agent_crash_mid_turn_recovers_from_the_store(
+def test_agent_crash_mid_turn_recovers_from_the_store_and_goes_on(
     rt: Any, recorder: Recorder, script: Any, session: Any
 ) -> None:
+    """An agent that crashes mid-turn is restarted; its successor repairs the interrupted tool call and
+    takes the turn up from the log (the next step), and the prompt queued behind it still runs."""
     registry, release = blocking_registry()
-    model = script(Turn(tool_calls=(call("wait_here", id="call_crash"),)), Turn(text="recovered fine"))
+    model = script(
+        Turn(tool_calls=(call("wait_here", id="call_crash"),)), Turn(text="recovered fine"), Turn(text="next")
+    )
     sid = session(model, tools=registry)
     handle = rt.prompt(sid, "go")
     recorder.wait_type("tool_execution_start")
+    queued = rt.prompt(sid, "and then this")
+    recorder.wait_type("message_queued")
     rt._session(sid).refs.agent.tell(object())  # an unexpected message: the handler raises, the actor dies
-    crashed = handle.result(timeout=10)
-    assert crashed.status == "error" and "crashed" in (crashed.error or "")
-    recorder.wait_type("agent_recovered")
+    resumed = handle.result(timeout=10)
+    assert resumed.status == "ok" and resumed.text == "recovered fine"
     release.set()
     (restart,) = recorder.of("actor_restarted", sid)
     assert restart.actor == "agent"
-    recovered = recorder.of("agent_recovered", sid)[0]
-    assert recovered.repaired_calls == 1
+    (recovered,) = recorder.of("agent_recovered", sid)
+    assert recovered.repaired_calls == 1 and recovered.interrupted_turn and recovered.continued
+    assert queued.result(timeout=10).text == "next"
     assert check_integrity(rt.messages(sid, view="model")).ok
-    after = rt.prompt(sid, "continue").result(timeout=20)
-    assert after.status == "ok" and after.text == "recovered fine"
+    recorder.wait_type("agent_end", 2)
+    starts, ends = recorder.of("agent_start", sid), recorder.of("agent_end", sid)
+    assert [e.turn_id for e in starts] == [e.turn_id for e in ends]  # one end per turn, crash or not
+
+
+def test_a_second_crash_of_a_continued_turn_ends_it(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
+    """A turn is taken up once: crashing again in it ends it with an error instead of looping."""
+    registry, release = blocking_registry()
+    wait = Turn(tool_calls=(call("wait_here"),))
+    model = script(wait, wait, Turn(text="later"))
+    sid = session(model, tools=registry)
+    handle = rt.prompt(sid, "go")
+    recorder.wait_type("tool_execution_start")
+    rt._session(sid).refs.agent.tell(object())
+    recorder.wait_type("tool_execution_start", 2)  # the successor went on: the next step runs the tool again
+    rt._session(sid).refs.agent.tell(object())
+    result = handle.result(timeout=10)
+    release.set()
+    assert result.status == "error" and "crashed" in (result.error or "")
+    recorder.wait_type("agent_recovered", 2)
+    assert not recorder.of("agent_recovered", sid)[-1].continued
+    assert rt.prompt(sid, "again").result(timeout=20).text == "later"
 
 
 def test_tool_decorator_functions_can_be_passed_directly(rt: Any, script: Any, session: Any) -> None:

@@ -89,7 +89,7 @@ def hold_in_state(rt: Runtime, events: EventLog, provider: Any, state: str, gate
         "executing_tools": Turn(tool_calls=(ToolCallSpec(name="wait_here"),)),
         "compacting": Turn(text=LONG_ANSWER),
     }[state]
-    main = add_script(provider, first, after)
+    main = add_script(provider, first, after, after)
     config = {
         "models.context_windows": {f"openai/{main}": 4_000, f"openai/{summarizer}": 32_000},
         "compaction.reserve_tokens": 500,
@@ -111,7 +111,7 @@ def hold_in_state(rt: Runtime, events: EventLog, provider: Any, state: str, gate
         return sid, handle
     handle = rt.prompt(sid, "Go.")
     if state == "streaming":
-        wait_until(lambda: provider.remaining_turns(main) == 1)  # the provider is answering, slowly
+        wait_until(lambda: provider.remaining_turns(main) == 2)  # the provider is answering, slowly
     else:
         assert gate.entered.wait(20)
     return sid, handle
@@ -137,7 +137,13 @@ def test_a_crash_of_any_actor_in_any_state_recovers(
             restarted = [e.actor for e in events.of(sid, "actor_restarted")]
             # rest_for_one: the crashed actor and every actor started after it, the agent last
             assert restarted[0] == actor and restarted[-1] == "agent"
-            if handle is not None:  # the interrupted turn ends, and says why
+            if handle is not None and actor == "agent":  # its successor takes the turn up from the log
+                resumed = handle.result(timeout=10)
+                assert resumed.status == "ok" and resumed.text == "after the crash", resumed.error
+                assert events.of(sid, "agent_recovered")[-1].continued
+            elif (
+                handle is not None
+            ):  # the store restarts under the agent: the interrupted turn ends, and says why
                 interrupted = handle.result(timeout=10)
                 assert interrupted.status in ("error", "aborted") and interrupted.error
             gate.release.set()

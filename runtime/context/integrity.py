@@ -26,7 +26,19 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from runtime.messages import KIND_TOOL_RESULT_ARCHIVED, Message, ToolCallPart, tool_result
+from runtime.context.prompts import CURRENT_REQUEST_TAG
+from runtime.messages import (
+    KIND_COMPACTION_SUMMARY,
+    KIND_TOOL_RESULT_ARCHIVED,
+    KIND_TOOL_SUMMARY,
+    KIND_TURN_INTERRUPTED,
+    Message,
+    TextPart,
+    ToolCallPart,
+    tool_result,
+)
+
+CURRENT_REQUEST_MARK = f"<{CURRENT_REQUEST_TAG}>"
 
 INTERRUPTED_TEXT = (
     "Error: tool call was interrupted (aborted or crashed) before it produced a result. "
@@ -204,4 +216,42 @@ def _archived_placeholder(call: ToolCallPart, result: Message) -> Message:
         id=result.id,
         created_at=result.created_at,
         kind=KIND_TOOL_RESULT_ARCHIVED,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Turns cut off by a crash (SPEC 1.2, 2.3)
+
+INTERRUPTED_TURN_TEXT = (
+    "[This turn was interrupted before it finished: the runtime stopped (a crash or a restart). "
+    "Its prompt and the tool results above are kept; anything the model was writing when it stopped was "
+    "not recorded.]"
+)
+
+
+def unfinished_turn(messages: Sequence[Message], ended_at: str | None = None) -> bool:
+    """Whether the newest turn of a model-facing context never ended: no final answer follows its prompt
+    (or the request a compaction summary carries), and no record says it ended without one at the
+    current leaf (``ended_at``: an error or an abort ends a turn that way)."""
+    if not messages or messages[-1].id == ended_at:
+        return False
+    for message in reversed(messages):
+        if not message.agent_visible:
+            continue
+        if message.role == "assistant" and not message.tool_calls:
+            return False  # a final answer
+        if message.role == "user" and message.kind == KIND_COMPACTION_SUMMARY:
+            return CURRENT_REQUEST_MARK in message.text  # the summary cut into an open turn
+        if message.role == "user" and message.kind != KIND_TOOL_SUMMARY:
+            return True  # a prompt with no answer after it
+    return False
+
+
+def interrupted_turn_note() -> Message:
+    """The record a turn cut off by a crash gets in the log: it says so, and ends the turn."""
+    return Message(
+        role="assistant",
+        parts=(TextPart(INTERRUPTED_TURN_TEXT),),
+        stop_reason="error",
+        kind=KIND_TURN_INTERRUPTED,
     )

@@ -40,6 +40,7 @@ from runtime.store.entries import (
 )
 
 DEAD_KEY = "dead"
+TURN_ENDED_KEY = "turn_ended_at"  # metadata: the newest message when a turn ended without an answer
 """Metadata key marking a dead session (its value is the reason; an empty value revives it)."""
 
 
@@ -200,6 +201,13 @@ class SessionTree:
         """Why the session is dead (SPEC 5.8: hard_reset could not bring it under its window), or None."""
         value = self._metadata.get(DEAD_KEY)
         return value if isinstance(value, str) and value else None
+
+    @property
+    def turn_ended_at(self) -> str | None:
+        """The newest model-facing message when the latest turn ended without a final answer (an error or an
+        abort), or None."""
+        value = self._metadata.get(TURN_ENDED_KEY)
+        return value if isinstance(value, str) else None
 
     @property
     def model(self) -> str | None:
