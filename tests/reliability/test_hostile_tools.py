@@ -182,6 +182,40 @@ def test_a_huge_timeout_does_not_kill_the_watchdog(executor: ToolExecutor, tmp_p
     assert time.monotonic() - began < 2.0
 
 
+def test_the_watchdog_survives_an_exception(
+    executor: ToolExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while one deadline fires leaves the watchdog firing every later one."""
+    from runtime.tools import executor as module
+
+    registry = ToolRegistry()
+
+    @registry.tool
+    def nap(seconds: float) -> str:
+        """Sleep."""
+        time.sleep(seconds)
+        return "rested"
+
+    expire = module._Batch.expire
+    failures = iter([SystemExit("a bug in a batch")])
+
+    def flaky(self: Any, index: int, timeout: float) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        expire(self, index, timeout)
+
+    monkeypatch.setattr(module._Batch, "expire", flaky)
+    ctx = ToolContext(workspace=None)
+    first = executor.run([call("nap", '{"seconds": 0.6}')], registry, lambda _c: ctx, timeout=0.1)
+    assert [r.message.text for r in first.wait(10)] == ["rested"]  # its deadline hit the bug: it ran on
+    began = time.monotonic()
+    second = executor.run([call("nap", '{"seconds": 5}', "c2")], registry, lambda _c: ctx, timeout=0.3)
+    [result] = second.wait(10)
+    assert result.is_error and "timed out" in result.message.text
+    assert time.monotonic() - began < 2.0
+
+
 # -- the shell ------------------------------------------------------------------------------------------
 
 
