@@ -76,6 +76,7 @@ class Abort(msgspec.Struct, frozen=True):
 class SetModel(msgspec.Struct, frozen=True):
     model: str
     context_window: int
+    counter: TokenCounter | None = None  # the new model's token counter (None: keep counting as before)
 
 
 class GetState(msgspec.Struct, frozen=True):
@@ -293,8 +294,10 @@ class Agent(SessionActor):
                 self._pending_trigger = "usage_overflow"
             case Abort():
                 self._on_abort(message)
-            case SetModel(model=model, context_window=window):
+            case SetModel(model=model, context_window=window, counter=counter):
                 self.model, self.context_window = model, window
+                if counter is not None:
+                    self.counter, self.estimate = counter, cp.SessionEstimate(self.spec, counter)
             case GetState():
                 return {"state": str(self.state), "queued": len(self.queue), "model": self.model}
             case _:

@@ -61,6 +61,7 @@ class MaybeArchiveTools(msgspec.Struct, frozen=True):
 class SetModel(msgspec.Struct, frozen=True):
     model: str
     context_window: int
+    counter: TokenCounter | None = None  # the new model's token counter (None: keep counting as before)
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -201,8 +202,10 @@ class Compactor(SessionActor):
                 self.handle_reply(message)
             case _SummaryDone():
                 self._on_summary(message)
-            case SetModel(model=model, context_window=window):
+            case SetModel(model=model, context_window=window, counter=counter):
                 self.model, self.context_window = model, window
+                if counter is not None:
+                    self.counter, self.estimate = counter, SessionEstimate(self.spec, counter)
                 self._set_summarizer()
             case MaybeCompact() | Compact() | MaybeArchiveTools():
                 self._enqueue(message)

@@ -59,6 +59,7 @@ class SetModel(msgspec.Struct, frozen=True):
 
     model: str
     context_window: int | None = None
+    counter: TokenCounter | None = None  # the new model's token counter, made by the caller
 
 
 class Reset(msgspec.Struct, frozen=True):
@@ -130,9 +131,11 @@ class UsageTracker(PooledActor):
         match message:
             case RecordResponse(message=response, estimated_input=estimated):
                 self._record(response, estimated)
-            case SetModel(model=model, context_window=window):
+            case SetModel(model=model, context_window=window, counter=counter):
                 self._info = self._model_info(model, window)
-                if model != self._counter.model:
+                if counter is not None:
+                    self._counter = counter
+                elif model != self._counter.model:
                     self._counter = TokenCounter(model, self.config.tokens)
                 self._publish_update(Usage())
             case Reset(context_tokens=tokens):

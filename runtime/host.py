@@ -396,6 +396,8 @@ class Runtime:
     def _counter(self, model: str, cfg: Config) -> Any:
         from runtime.tokens import TokenCounter
 
+        if cfg.tokens.apply_calibration and not cfg.tokens.exact:
+            return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
         key = (model, cfg.tokens)  # every token setting: a session's own must not meet another's counter
         with self._lock:
             counter = self._counters.get(key)
@@ -579,13 +581,14 @@ class Runtime:
 
         session = self._session(session_id)
         window = model_info(validate_model_name(model), session.spec.config.models).context_window
+        counter = self._counter(model, session.spec.config)  # the new model's tokenizer, loaded here
         session.spec.model = model
-        session.context_window = window
+        session.context_window, session.counter = window, counter
         refs = session.ensure_running()
-        refs.require("agent").tell(agent.SetModel(model, window))
-        refs.require("compactor").tell(compactor.SetModel(model, window))
+        refs.require("agent").tell(agent.SetModel(model, window, counter))
+        refs.require("compactor").tell(compactor.SetModel(model, window, counter))
         refs.require("overflow").tell(overflow_detector.SetWindow(window))
-        refs.require("usage").tell(usage_tracker.SetModel(model))
+        refs.require("usage").tell(usage_tracker.SetModel(model, window, counter))
         from actors.session_store import SetMetadata
 
         refs.require("store").tell(SetMetadata("model", model))

@@ -9,15 +9,19 @@ cannot fit however it is clipped.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from pathlib import Path
 from typing import Any
 
+from runtime.messages import user
 from runtime.provider.script import ToolCallSpec, Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.tokens import TokenCounter
 from tests.conftest import Recorder
 from tests.scenarios.workload import pairing_problem
+
+_names = itertools.count(1)
 
 
 def small_window(model: str, window: int, **extra: Any) -> dict[str, Any]:
@@ -192,3 +196,41 @@ def test_a_step_that_cannot_fit_however_clipped_ends_the_turn_clearly(
     assert len(agent_requests(provider, model)) == 1  # the request that made the calls; none after it
     assert len([m for m in rt.messages(sid) if m.role == "tool"]) == 6
     assert rt.prompt(sid, "Something small now.").result(timeout=60).status == "ok"
+
+
+def test_after_set_model_every_count_uses_the_new_models_tokenizer(
+    rt: Any, provider: Any, session: Any, recorder: Recorder, script: Any
+) -> None:
+    """set_model to a model with another tokenizer: the next request's estimate (the one the compaction
+    rules use) is counted with the new model's tokenizer, not the old one's."""
+    old, new = script(Turn(text="one")), f"openai/gpt-4o-{next(_names)}"  # cl100k, then o200k
+    provider.add_script(new.removeprefix("openai/"), [Turn(text="two")])
+    system = "终端输出的每一行都要保留，不要省略任何内容。" * 40  # CJK: the two tokenizers differ by far
+    sid = session(old, tools=None, system_prompt=system)
+    rt.set_model(sid, new)
+    prompt = "这是一个测试。" * 20
+    assert rt.prompt(sid, prompt).result(timeout=60).text == "two"
+    recorder.wait_type("agent_end")
+    (start,) = recorder.of("request_start", sid)
+    counter, before = TokenCounter(new), TokenCounter(old)
+    assert counter.encoding_name != before.encoding_name
+    expected = counter.count_system(system) + counter.count_message(user(prompt))
+    assert (
+        start.estimated_tokens == expected != before.count_system(system) + before.count_message(user(prompt))
+    )
+    assert rt.context_stats(sid).system_prompt == counter.count_system(system)
+
+
+def test_calibration_of_one_session_leaves_the_others_counts_alone(
+    rt: Any, provider: Any, session: Any, script: Any
+) -> None:
+    """With heuristic counting and ``tokens.apply_calibration``, each session calibrates its own counter:
+    another session on the same model and settings keeps its counts."""
+    config = {"tokens.exact": False, "tokens.apply_calibration": True}
+    model = script(Turn(text="answer " * 50), Turn(text="again " * 50))
+    calibrated = session(model, tools=None, config=config)
+    bystander = session(model, tools=None, config=config, system_prompt="Be brief. " * 100)
+    before = rt.context_stats(bystander).system_prompt  # an estimate, by the session's counter
+    assert rt.prompt(calibrated, "x" * 3_000).result(timeout=60).status == "ok"  # a poor heuristic guess
+    assert rt.context_stats(calibrated).calibration_ratio not in (None, 1.0)
+    assert rt.context_stats(bystander).system_prompt == before
