@@ -170,6 +170,26 @@ class Subscription:
                         self._waiter = None
         return None
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until this subscriber has caught up: nothing queued, and its reader (the callback's thread,
+        for a callback subscriber) waiting for more. False if ``timeout`` passed first.
+
+        Every event of a turn is queued to every subscriber before the turn's handle resolves, so after
+        ``handle.result()`` an iterator finds the turn's ``agent_end`` in its queue; a callback runs on the
+        subscription's own thread, and ``flush()`` is how to know it has seen it.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005
+        while True:
+            with self._lock:
+                reader_waiting = self._thread is None or self._waiter is not None  # a callback is done
+                if self._state != _OPEN or (not self._queue and not self._notices and reader_waiting):
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
     def drain(self) -> list[Event]:
         """Everything available right now, without waiting (possibly an empty list)."""
         with self._lock:
