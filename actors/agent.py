@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import pykka
@@ -44,7 +44,7 @@ from runtime.context.recovery import (
 )
 from runtime.events import CompactionTrigger
 from runtime.handles import Handle, PromptHandle, TurnResult
-from runtime.messages import Message, ToolCallPart, Usage, new_id
+from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,30 @@ class AgentState(StrEnum):
     EXECUTING_TOOLS = "executing_tools"
 
 
+# The legal moves of the state machine (see the module docstring). Any other is a bug: it raises, the
+# actor crashes, and its supervisor restarts it from the log.
+TRANSITIONS: Final[dict[AgentState, frozenset[AgentState]]] = {
+    AgentState.IDLE: frozenset({AgentState.RUNNING}),
+    AgentState.RUNNING: frozenset({AgentState.STREAMING, AgentState.EXECUTING_TOOLS, AgentState.IDLE}),
+    AgentState.STREAMING: frozenset({AgentState.RUNNING, AgentState.IDLE}),
+    AgentState.EXECUTING_TOOLS: frozenset({AgentState.RUNNING, AgentState.IDLE}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """The agent was asked to move between two states the state machine does not link."""
+
+
 # -- messages ---------------------------------------------------------------------------------------------
 
 
 class Prompt(msgspec.Struct, frozen=True):
+    """A user message. ``steer``: while a turn runs, apply it at the turn's next step boundary (after the
+    running tools' results) instead of queueing it for the next turn."""
+
     message: Message
     handle: PromptHandle
+    steer: bool = False
 
 
 class Abort(msgspec.Struct, frozen=True):
@@ -108,6 +126,7 @@ class _Run:
     saved: dict[str, tuple[str, str]] = field(default_factory=dict)  # result id -> full text's path, SHA-256
     reclipped: bool = False  # the newest step's results were clipped again to fit after compaction
     continued: bool = False  # the run was cut off by a crash of the agent and taken up by its successor
+    joined: list[Prompt] = field(default_factory=list)  # steering messages applied to this run
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
@@ -148,6 +167,7 @@ class Agent(SessionActor):
         self.context_window = context_window
         self.state = AgentState.IDLE
         self.queue: list[Prompt] = []
+        self.steering: list[Prompt] = []  # steering messages for the running turn's next step boundary
         self.run: _Run | None = None
         self._runs = 0
         self._recovering = recovering
@@ -219,8 +239,8 @@ class Agent(SessionActor):
         run = self.run
         if run is not None and not run.continued:
             self._cancel_io(run)
-            self.refs.handover = Handover(run, self.queue)
-            self.run, self.queue = None, []
+            self.refs.handover = Handover(run, [*self.steering, *self.queue])
+            self.run, self.queue, self.steering = None, [], []
         if self._incoming is not None:
             self._incoming.handle.set_result(
                 TurnResult(prompt_id=self._incoming.handle.id, status="error", error=crash)
@@ -253,7 +273,7 @@ class Agent(SessionActor):
             self.run.prompt.handle.set_result(
                 TurnResult(prompt_id=self.run.prompt.handle.id, status="aborted", error="session stopped")
             )
-        for queued in self.queue:
+        for queued in [*self.steering, *self.queue]:
             queued.handle.set_result(
                 TurnResult(prompt_id=queued.handle.id, status="aborted", error="session stopped")
             )
@@ -309,6 +329,10 @@ class Agent(SessionActor):
 
     # -- idle → running -------------------------------------------------------------------------------
     def _on_prompt(self, prompt: Prompt) -> None:
+        if prompt.steer and self.run is not None:
+            self.steering.append(prompt)
+            self.emit(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.steering), steer=True)
+            return
         if self.state is not AgentState.IDLE or self._busy_with_recovery:
             self.queue.append(prompt)
             if self.state is not AgentState.IDLE:  # (while recovering, the prompt just waits a moment)
@@ -324,8 +348,8 @@ class Agent(SessionActor):
     def _start(self, prompt: Prompt) -> None:
         self._runs += 1
         run = self.run = _Run(token=self._runs, prompt=prompt)
-        self._enter(AgentState.RUNNING)
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
+        self._enter(AgentState.RUNNING)
         refusal = self._prompt_refusal(prompt.message)
         if refusal is not None:
             # Kept on record for the user, hidden from the model, never summarized, never sent (SPEC 5.13).
@@ -694,6 +718,10 @@ class Agent(SessionActor):
             config=compaction,
         )
         messages = self._clip_results(budget)
+        steering, self.steering = self.steering, []
+        if steering:  # the step boundary: the user's steering joins the turn right after the results
+            run.joined.extend(steering)
+            messages += tuple(msgspec.structs.replace(p.message, kind=KIND_STEER) for p in steering)
         self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
 
     # -- the working set: a step's results clipped to fit (SPEC 5.13) --------------------------------
@@ -817,6 +845,7 @@ class Agent(SessionActor):
             if store is not None and not (status == "ok" and run.synced):
                 with contextlib.suppress(pykka.ActorDeadError):
                     store.tell(st.SyncTurn(ended=status != "ok"))
+            self._enter(AgentState.IDLE, run.turn_id)  # the turn's last event is its agent_end
             self.emit(
                 ev.AgentEnd,
                 turn_id=run.turn_id,
@@ -825,7 +854,6 @@ class Agent(SessionActor):
                 context_window=self.context_window,
                 context_tokens=self._context_tokens,
             )
-            self._enter(AgentState.IDLE)
             run.prompt.handle.set_result(
                 TurnResult(
                     prompt_id=run.prompt.handle.id,
@@ -836,8 +864,21 @@ class Agent(SessionActor):
                     error=error if status != "ok" else None,
                 )
             )
+            for joined in run.joined:  # steering messages share the turn they joined
+                joined.handle.set_result(
+                    TurnResult(
+                        prompt_id=joined.handle.id,
+                        status=status,  # type: ignore[arg-type]
+                        message=run.last_message,
+                        usage=run.usage,
+                        steps=run.step,
+                        error=error if status != "ok" else None,
+                    )
+                )
             if abort_handle is not None:
                 abort_handle.set_result(True)
+            # steering that found no step boundary (the turn answered, or ended) runs as the next turn
+            self.queue[:0], self.steering = self.steering, []
             self._dequeue()
 
         if not repair or store is None:
@@ -856,8 +897,15 @@ class Agent(SessionActor):
 
         self.call(store, st.GetContext(), with_view)
 
-    def _enter(self, state: AgentState) -> None:
+    def _enter(self, state: AgentState, turn_id: str | None = None) -> None:
+        previous = self.state
+        if state is previous:
+            return
+        if state not in TRANSITIONS[previous]:
+            raise IllegalTransition(f"agent: {previous} → {state} is not a transition of the state machine")
         self.state = state
+        turn = turn_id or (self.run.turn_id if self.run is not None else None)
+        self.emit(ev.StatusUpdate, state=str(state), previous=str(previous), turn_id=turn)
 
 
 def abandon(handover: Handover, reason: str) -> None:

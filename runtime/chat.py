@@ -25,7 +25,8 @@ HELP = """commands:
   /sessions         the stored sessions (* marks this one)
   /branch [n]       list your messages; /branch n continues the conversation from just before message n
   /help             this text
-  /quit             leave (Ctrl-D works too); Ctrl-C aborts a running turn"""
+  /quit             leave (Ctrl-D works too); Ctrl-C aborts a running turn
+while a turn runs, a line you type steers it (applied after the running tools); /queue TEXT runs next"""
 
 LOCAL_MODEL = "openai/agentcell-local"
 """The model name ``--local`` uses: the local provider's built-in policy answers it."""
@@ -219,6 +220,17 @@ def _ctrl_c_for_this_thread_only() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def _typed_line() -> str | None:
+    """A line typed on standard input, if one is ready (never waits)."""
+    import select
+
+    try:
+        ready, _, _ = select.select([sys.stdin], [], [], 0)
+    except (OSError, ValueError):  # no selectable stdin (a closed stream, Windows)
+        return None
+    return sys.stdin.readline() if ready else None
+
+
 def _stop_quietly(provider: Any) -> None:
     """Stop the local provider. A reply still waiting out ``--latency`` for an aborted turn is cancelled
     at shutdown, which uvicorn would log as an application error: expected here, so not shown."""
@@ -254,13 +266,21 @@ class _Repl:
     """The read-eval-print loop of one session."""
 
     def __init__(
-        self, rt: Any, sid: str, printer: ChatPrinter, input_fn: Callable[[str], str], out: TextIO
+        self,
+        rt: Any,
+        sid: str,
+        printer: ChatPrinter,
+        input_fn: Callable[[str], str],
+        out: TextIO,
+        typed: Callable[[], str | None] | None = None,
     ) -> None:
         self.rt = rt
         self.sid = sid
         self.printer = printer
         self.input = input_fn
         self.out = out
+        # a line typed while a turn runs (None: none yet); reads the terminal when the REPL reads it
+        self.typed = typed if typed is not None else (_typed_line if input_fn is input else lambda: None)
 
     def run(self) -> None:
         if self.input is input and sys.stdin.isatty():
@@ -297,6 +317,7 @@ class _Repl:
                 result = handle.result(timeout=0.2)
                 break
             except TimeoutError:
+                self.while_running()
                 continue
             except KeyboardInterrupt:
                 try:
@@ -305,6 +326,18 @@ class _Repl:
                     pass
         if result.status == "ok" and not result.text and result.message is not None:
             self.out.write("(no text in the reply)\n")
+
+    def while_running(self) -> None:
+        """A line typed during a turn steers it; ``/queue TEXT`` queues TEXT as the next turn."""
+        line = (self.typed() or "").strip()
+        if not line:
+            return
+        if line.startswith("/queue "):
+            self.rt.prompt(self.sid, line.removeprefix("/queue ").strip())
+            self.out.write("(queued: it runs when this turn ends)\n")
+            return
+        self.rt.prompt(self.sid, line, steer=True)
+        self.out.write("(steering: applied after the running step)\n")
 
     def command(self, line: str) -> bool:
         """Run a slash command; returns False when the REPL should end."""

@@ -155,6 +155,15 @@ class AgentEnd(Event, frozen=True, tag="agent_end"):
 class MessageQueued(Event, frozen=True, tag="message_queued"):
     prompt_id: str
     position: int
+    steer: bool = False  # a steering message: applied at the running turn's next step boundary
+
+
+class StatusUpdate(Event, frozen=True, tag="status_update"):
+    """The agent's state changed: ``idle``, ``running``, ``streaming`` or ``executing_tools``."""
+
+    state: str
+    previous: str
+    turn_id: str | None = None
 
 
 class AgentAbort(Event, frozen=True, tag="agent_abort"):
@@ -282,6 +291,7 @@ AnyEvent = (
     | SessionStopped
     | SessionHibernated
     | SessionDead
+    | StatusUpdate
     | ModelChanged
     | Branched
     | AgentStart

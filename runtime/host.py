@@ -464,10 +464,14 @@ class Runtime:
                         log.exception("hibernating %s failed", session.session_id)
 
     # -- turns ----------------------------------------------------------------------------------------
-    def prompt(self, session_id: str, text: str, *, images: Sequence[str] = ()) -> PromptHandle:
+    def prompt(
+        self, session_id: str, text: str, *, images: Sequence[str] = (), steer: bool = False
+    ) -> PromptHandle:
         """Send a user message. Returns at once; the handle resolves when the run ends.
 
-        While the session is busy the prompt is queued (``message_queued``) and runs next.
+        While the session is busy the prompt is queued (``message_queued``) and runs next. With ``steer``
+        it joins the running turn instead, at its next step boundary (after the running tools' results),
+        and its handle resolves with that turn; when the turn ends first, it runs next like a queued one.
         """
         from actors.agent import Prompt
 
@@ -479,7 +483,7 @@ class Runtime:
         session = self._session(session_id)
         handle = PromptHandle(new_id())
         refs = session.ensure_running()
-        refs.require("agent").tell(Prompt(user(text, *images), handle))
+        refs.require("agent").tell(Prompt(user(text, *images), handle, steer=steer))
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:

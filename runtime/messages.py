@@ -26,6 +26,7 @@ KIND_TOOL_CALL_ARCHIVED: Final = "tool_call_archived"  # the assistant half of a
 KIND_TOOL_SUMMARY: Final = "tool_summary"
 KIND_COMPACTION_SUMMARY: Final = "compaction_summary"
 KIND_TOOL_OUTPUT_CLEARED: Final = "tool_output_cleared"
+KIND_STEER: Final = "steer"  # a user message that steered a running turn at a step boundary
 KIND_TURN_INTERRUPTED: Final = "turn_interrupted"  # the note a turn cut off by a crash gets in the log
 
 # How an assistant message ended. Usage of "aborted" and "error" responses is not trusted (SPEC 4.2).

@@ -19,7 +19,7 @@ resumed only if its workspace and config pass the same policy.
     DELETE /sessions/{id}                stop it and delete its files
     POST   /sessions/{id}/resume         {"api_key", "api_base", "tools", "workspace"}: host a stored
                                          session (any other call resumes it too, without a key)
-    POST   /sessions/{id}/prompt         {"text", "images", "wait": false} → 202 {"prompt_id"},
+    POST   /sessions/{id}/prompt         {"text", "images", "wait": false, "steer": false} → 202 {"prompt_id"},
                                          or with "wait": true → 200 the turn's result
     POST   /sessions/{id}/abort          → {"aborted": true|false}
     POST   /sessions/{id}/compact        {"keep_recent_tokens", "instructions"} → what it did
@@ -153,6 +153,7 @@ class PromptBody(_Body, frozen=True):
     text: str
     images: list[str] = msgspec.field(default_factory=list)
     wait: bool = False
+    steer: bool = False  # join the running turn at its next step boundary instead of queueing
 
 
 class CompactBody(_Body, frozen=True):
@@ -417,7 +418,7 @@ def create_app(
     async def prompt(request: Request) -> Any:
         session_id = await hosted(request)
         body: PromptBody = _decode(await request.body(), PromptBody)
-        handle = runtime.prompt(session_id, body.text, images=body.images)
+        handle = runtime.prompt(session_id, body.text, images=body.images, steer=body.steer)
         if not body.wait:
             return JSONResponse({"prompt_id": handle.id}, status_code=202)
         return msgspec.to_builtins(await handle)

@@ -399,3 +399,68 @@ def test_a_silent_stream_is_reported_as_stalled(
     stalls = recorder.of("stream_stalled", sid)
     assert stalls and stalls[0].seconds >= 0.2
     assert recorder.types(sid).index("stream_stalled") < recorder.types(sid).index("text_delta")
+
+
+def test_the_state_machine_reports_every_move(rt: Any, recorder: Recorder, script: Any, session: Any) -> None:
+    """Every state change is a ``status_update`` along the table's edges: a tool turn goes
+    running → streaming → running → executing_tools → running → streaming → running → idle."""
+    from actors.agent import TRANSITIONS, AgentState
+
+    model = script(Turn(tool_calls=(call("read_file", '{"path": "a.txt"}'),)), Turn(text="done"))
+    sid = session(model)
+    assert rt.prompt(sid, "go").result(timeout=20).status == "ok"
+    recorder.wait_type("agent_end")
+    updates = recorder.of("status_update", sid)
+    assert [u.state for u in updates] == [
+        "running",
+        "streaming",
+        "running",
+        "executing_tools",
+        "running",
+        "streaming",
+        "running",
+        "idle",
+    ]
+    (start,) = recorder.of("agent_start", sid)
+    assert all(u.turn_id == start.turn_id for u in updates)
+    for update in updates:
+        assert AgentState(update.state) in TRANSITIONS[AgentState(update.previous)]
+    # every state can be left and reached
+    assert set(TRANSITIONS) == set(AgentState) == {s for targets in TRANSITIONS.values() for s in targets}
+
+
+def test_a_steering_message_joins_the_running_turn_after_its_tools(
+    rt: Any, recorder: Recorder, script: Any, session: Any, provider: Any
+) -> None:
+    """``prompt(steer=True)`` while tools run: the message is applied at the next step boundary (right
+    after the tools' results, before the next request) and its handle resolves with that turn."""
+    registry, release = blocking_registry()
+    model = script(Turn(tool_calls=(call("wait_here"),)), Turn(text="done, with the change"))
+    sid = session(model, tools=registry)
+    handle = rt.prompt(sid, "go")
+    recorder.wait_type("tool_execution_start")
+    steer = rt.prompt(sid, "also check the tests", steer=True)
+    release.set()
+    result = handle.result(timeout=20)
+    assert result.text == "done, with the change"
+    assert steer.result(timeout=5).text == "done, with the change"
+    last = requests_for(provider, model)[-1].messages
+    assert [m["role"] for m in last[-3:]] == ["assistant", "tool", "user"]
+    assert last[-1]["content"] == "also check the tests"
+    (queued,) = recorder.of("message_queued", sid)
+    assert queued.steer
+    assert len(recorder.of("agent_start", sid)) == 1  # one turn, not two
+
+
+def test_a_steering_message_that_finds_no_step_boundary_runs_next(
+    rt: Any, recorder: Recorder, script: Any, session: Any
+) -> None:
+    """When the turn answers without another tool step, the steering message runs as the next turn."""
+    model = script(Turn(text="first", latency=0.5), Turn(text="second"))
+    sid = session(model)
+    handle = rt.prompt(sid, "go")
+    recorder.wait_type("request_start")
+    steer = rt.prompt(sid, "and another thing", steer=True)
+    assert handle.result(timeout=20).text == "first"
+    assert steer.result(timeout=20).text == "second"
+    assert len(recorder.of("agent_start", sid)) == 2

@@ -25,7 +25,7 @@ import msgspec
 from runtime.config import CompactionConfig
 from runtime.context.estimate import effective_limit, should_compact
 from runtime.events import CompactionTrigger
-from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_SUMMARY, Message, TextPart
+from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_STEER, KIND_TOOL_SUMMARY, Message, TextPart
 
 CountTokens = Callable[[Message], int]
 
@@ -69,7 +69,7 @@ def working_set_start(messages: Sequence[Message]) -> int | None:
     """
     for i in range(len(messages) - 1, -1, -1):
         msg = messages[i]
-        if not msg.agent_visible:
+        if not msg.agent_visible or msg.kind == KIND_STEER:  # steering joins the step it follows
             continue
         if msg.role == "assistant" and msg.tool_calls:
             return i
