@@ -489,6 +489,7 @@ class Agent(SessionActor):
             timeout=cfg.retry.request_timeout,
             include_reasoning=cfg.agent.send_reasoning,
             mock_response=cfg.agent.mock_response,
+            transport=cfg.gateway.transport,
         )
         run.step += 1
         run.estimated_tokens = estimate
@@ -499,6 +500,7 @@ class Agent(SessionActor):
             model=self.model,
             messages=len(messages),
             estimated_tokens=estimate,
+            transport=self.services.gateway.route(request).transport,
         )
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id

@@ -355,6 +355,7 @@ class Compactor(SessionActor):
             timeout=self.cfg.summarizer_timeout,
             stream=False,
             include_reasoning=False,
+            transport=self.spec.config.gateway.transport,
         )
         me = self.actor_ref
         job.calls.append(

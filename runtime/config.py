@@ -157,6 +157,15 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     allow_shell: bool = False
 
 
+class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """SPEC 3.2: the transport of provider calls (see runtime.gateway._routing)."""
+
+    # "auto": the native OpenAI-compatible transport where it sends what litellm would, litellm elsewhere;
+    # "litellm" or "openai_compat" force one (calls only litellm can make still go to litellm).
+    transport: Literal["auto", "litellm", "openai_compat"] = "auto"
+    max_connections: PosInt = 1_000  # the native transport's open connections per endpoint
+
+
 class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """SPEC 1.1."""
 
@@ -181,6 +190,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
     bus: BusConfig = msgspec.field(default_factory=BusConfig)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
 
     @property
     def sessions_path(self) -> Path:
@@ -222,6 +232,7 @@ SESSION_KEYS = frozenset(
         "tool_output.spill_threshold_chars",
         "tool_output.mode",
         "retry.request_timeout",
+        "gateway.transport",
         "persistence.fsync",
         "runtime.max_restarts",
         "runtime.max_restart_seconds",

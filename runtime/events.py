@@ -71,6 +71,7 @@ class RequestStart(Event, frozen=True, tag="request_start"):
     model: str
     messages: int
     estimated_tokens: int
+    transport: str | None = None  # the gateway transport the call goes over: litellm or openai_compat
 
 
 class TextDelta(Event, frozen=True, tag="text_delta"):

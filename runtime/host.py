@@ -119,7 +119,7 @@ class Runtime:
         self.services = Services(
             dispatcher=self.dispatcher,
             bus=self.bus,
-            gateway=Gateway(self.io, cfg.retry),
+            gateway=Gateway(self.io, cfg.retry, max_connections=cfg.gateway.max_connections),
             executor=ToolExecutor(
                 workers=cfg.runtime.tool_workers, cpus=allowed_cpus() if cpus is not None else None
             ),

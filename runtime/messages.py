@@ -102,6 +102,9 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost: float | None = None
+    transport: str | None = None
+    """The gateway transport that made the call (``litellm``, ``openai_compat``); kept by a sum only when
+    every usage in it came from the same one."""
 
     @property
     def total_tokens(self) -> int:
@@ -118,6 +121,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             cost=cost,
+            transport=self.transport if self.transport == other.transport else None,
         )
 
 

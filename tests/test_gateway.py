@@ -1,4 +1,8 @@
-"""The litellm gateway against the local provider over real HTTP on 127.0.0.1 (SPEC 3.2, 3.3, 3.7)."""
+"""The gateway against the local provider over real HTTP on 127.0.0.1 (SPEC 3.2, 3.3, 3.7).
+
+Every test that makes calls runs on both transports (``litellm`` and the native ``openai_compat``): the
+same deltas, messages, usage, error kinds, retries, cancellation and stall reports from each.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ ENC = tiktoken.get_encoding("o200k_base")
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")  # litellm's own
 
 FAST_RETRY = RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05, jitter=0.25)
+TRANSPORTS = ("litellm", "openai_compat")
 
 
 def tokens(text: str) -> int:
@@ -62,6 +67,33 @@ def gateway(io: IoLoop) -> Gateway:
     return gw
 
 
+_FORCED: dict[str, Any] = {"transport": "auto"}
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The transport a test's calls are forced onto (each test using it runs once per transport): the
+    ``request`` helper below sends its requests there, and every result is checked to have gone there."""
+    name: str = request.param
+    _FORCED["transport"] = name
+    yield name
+    _FORCED["transport"] = "auto"
+
+
+def check_transport(result: CompletionResult) -> CompletionResult:
+    forced = _FORCED["transport"]
+    if forced != "auto" and result.attempts:
+        assert result.transport == forced, f"the call went over {result.transport}, not {forced}"
+        if result.message is not None:
+            assert result.usage.transport == forced and result.message.usage.transport == forced
+    return result
+
+
+def sync_call(gateway: Gateway, req: CompletionRequest, timeout: float | None = 10) -> CompletionResult:
+    """``complete_sync``, checked to have gone over the forced transport."""
+    return check_transport(complete_sync(gateway, req, timeout=timeout))
+
+
 @pytest.fixture(autouse=True)
 def _reset(provider: LocalProvider) -> None:
     provider.clear_faults()
@@ -69,9 +101,11 @@ def _reset(provider: LocalProvider) -> None:
     provider.overflow_format = "openai"
     provider.chunk_chars = 24
     provider.chunk_delay = 0.0
+    provider.reasoning_field = "reasoning_content"
 
 
 def request(provider: LocalProvider, model: str, messages: list[Any], **kw: Any) -> CompletionRequest:
+    kw.setdefault("transport", _FORCED["transport"])
     return CompletionRequest(
         model=f"openai/{model}", messages=messages, api_base=provider.url, api_key="sk-local", **kw
     )
@@ -105,11 +139,11 @@ class Recorder:
         assert self.done.wait(timeout), "no result delivered"
         time.sleep(0.02)  # a second delivery would arrive now
         assert len(self.results) == 1, "on_result fires exactly once"
-        return self.results[0]
+        return check_transport(self.results[0])
 
 
 def test_streamed_text_arrives_as_deltas_and_as_the_final_message(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     text = "The quick brown fox jumps over the lazy dog, twice over, to make several chunks."
     provider.add_script("text", [Turn(text=text)])
@@ -127,10 +161,10 @@ def test_streamed_text_arrives_as_deltas_and_as_the_final_message(
     assert provider.request_log[-1].body["stream_options"] == {"include_usage": True}
 
 
-def test_usage_is_exact_and_normalized(provider: LocalProvider, gateway: Gateway) -> None:
+def test_usage_is_exact_and_normalized(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.add_script("usage", [Turn(text="Fine, thanks.", reasoning="Be polite.")])
     history = [m.system("You are helpful."), m.user("How are you?")]
-    result = complete_sync(gateway, request(provider, "usage", history), timeout=10)
+    result = sync_call(gateway, request(provider, "usage", history), timeout=10)
     expected_prompt = (
         3
         + (3 + tokens("system") + tokens("You are helpful."))
@@ -143,24 +177,26 @@ def test_usage_is_exact_and_normalized(provider: LocalProvider, gateway: Gateway
     assert result.usage.cost is None, "litellm has no price for a local model"
 
 
-def test_a_repeated_prefix_reports_cache_reads(provider: LocalProvider, gateway: Gateway) -> None:
+def test_a_repeated_prefix_reports_cache_reads(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
     provider.add_script("cached", [Turn(text="first answer"), Turn(text="second answer")])
-    history = [m.system("Cache me: gateway test 41b2."), m.user("one")]
-    first = complete_sync(gateway, request(provider, "cached", history), timeout=10)
+    history = [m.system(f"Cache me: gateway test 41b2 over {transport}."), m.user("one")]
+    first = sync_call(gateway, request(provider, "cached", history), timeout=10)
     assert first.usage.cache_read_tokens == 0
     assert first.message is not None
     history += [first.message, m.user("two")]
-    second = complete_sync(gateway, request(provider, "cached", history), timeout=10)
+    second = sync_call(gateway, request(provider, "cached", history), timeout=10)
     assert second.usage.cache_read_tokens == first.usage.input_tokens - 3
     assert second.usage.input_tokens > first.usage.input_tokens
 
 
-def test_non_streamed_call_gives_the_same_message(provider: LocalProvider, gateway: Gateway) -> None:
+def test_non_streamed_call_gives_the_same_message(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
     call = ToolCallSpec(name="read_file", arguments='{"path": "a.txt"}', id="call_ns")
     provider.add_script("plain", [Turn(text="Reading.", reasoning="Need a.txt.", tool_calls=(call,))])
-    result = complete_sync(
-        gateway, request(provider, "plain", [m.user("read a.txt")], stream=False), timeout=10
-    )
+    result = sync_call(gateway, request(provider, "plain", [m.user("read a.txt")], stream=False), timeout=10)
     assert result.message is not None
     assert result.message.text == "Reading."
     assert result.message.reasoning == "Need a.txt."
@@ -173,7 +209,7 @@ def test_non_streamed_call_gives_the_same_message(provider: LocalProvider, gatew
 
 
 def test_tool_call_arguments_split_across_chunks_are_reassembled(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.chunk_chars = 4
     good = '{"path": "src/main.py", "old": "a", "new": "b"}'
@@ -200,7 +236,7 @@ def test_tool_call_arguments_split_across_chunks_are_reassembled(
 
 
 def test_reasoning_is_stored_with_its_signature_and_sent_back(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.add_script(
         "thinker",
@@ -214,7 +250,7 @@ def test_reasoning_is_stored_with_its_signature_and_sent_back(
     assert reasoning == [m.ReasoningPart("Six times seven.", signature="sig-abc")]
     assert "".join(d.text for d in rec.deltas if d.kind == "reasoning") == "Six times seven."
 
-    complete_sync(
+    sync_call(
         gateway, request(provider, "thinker", [m.user("6*7?"), first.message, m.user("Sure?")]), timeout=10
     )
     sent = provider.request_log[-1].messages[1]
@@ -228,23 +264,23 @@ def test_reasoning_is_stored_with_its_signature_and_sent_back(
     no_reasoning = request(
         provider, "thinker", [m.user("6*7?"), first.message, m.user("Sure?")], include_reasoning=False
     )
-    complete_sync(gateway, no_reasoning, timeout=10)
+    sync_call(gateway, no_reasoning, timeout=10)
     assert "reasoning_content" not in provider.request_log[-1].messages[1]
 
 
 def test_hidden_messages_are_not_sent_and_dicts_pass_through(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.add_script("mixed", [Turn(text="ok")])
     hidden = m.user("archived output", agent_visible=False)
     raw = {"role": "user", "content": "raw dict message"}
-    complete_sync(gateway, request(provider, "mixed", [m.system("sys"), hidden, raw]), timeout=10)
+    sync_call(gateway, request(provider, "mixed", [m.system("sys"), hidden, raw]), timeout=10)
     assert provider.request_log[-1].messages == [{"role": "system", "content": "sys"}, raw]
 
 
 @pytest.mark.parametrize("fmt", sorted(OVERFLOW_FORMATS))
 def test_every_vendor_overflow_is_classified_as_overflow_and_not_retried(
-    fmt: str, provider: LocalProvider, gateway: Gateway
+    transport: str, fmt: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.context_window = 30
     provider.overflow_format = fmt
@@ -260,7 +296,7 @@ def test_every_vendor_overflow_is_classified_as_overflow_and_not_retried(
 
 
 def test_rate_limit_is_retried_after_the_servers_retry_after(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.add_script("limited", [Turn(text="finally")])
     provider.inject_fault("rate_limit", retry_after=0.3)
@@ -278,7 +314,7 @@ def test_rate_limit_is_retried_after_the_servers_retry_after(
 
 
 def test_server_errors_and_overload_are_retried_then_succeed(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.add_script("flaky", [Turn(text="made it")])
     provider.inject_fault("server_error")
@@ -292,7 +328,7 @@ def test_server_errors_and_overload_are_retried_then_succeed(
     assert all(r.kind == "transient" and 0 < r.delay <= FAST_RETRY.max_delay for r in rec.retries)
 
 
-def test_retries_stop_at_max_attempts(provider: LocalProvider, gateway: Gateway) -> None:
+def test_retries_stop_at_max_attempts(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.inject_fault("server_error", count=3)
     rec = Recorder()
     rec.start(gateway, request(provider, "x", [m.user("hi")]))
@@ -303,7 +339,7 @@ def test_retries_stop_at_max_attempts(provider: LocalProvider, gateway: Gateway)
     assert len(rec.retries) == 2
 
 
-def test_auth_errors_are_not_retried(provider: LocalProvider, gateway: Gateway) -> None:
+def test_auth_errors_are_not_retried(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.inject_fault("auth", count=3)
     rec = Recorder()
     rec.start(gateway, request(provider, "x", [m.user("hi")]))
@@ -315,7 +351,7 @@ def test_auth_errors_are_not_retried(provider: LocalProvider, gateway: Gateway) 
 
 
 def test_a_hung_provider_times_out_and_the_timeout_is_retried(
-    provider: LocalProvider, gateway: Gateway
+    transport: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
     provider.add_script("hung", [Turn(text="awake")])
     provider.inject_fault("hang")
@@ -326,16 +362,20 @@ def test_a_hung_provider_times_out_and_the_timeout_is_retried(
     assert [r.kind for r in rec.retries] == ["timeout"]
 
 
-def test_a_hang_on_every_attempt_ends_as_a_timeout(provider: LocalProvider, io: IoLoop) -> None:
+def test_a_hang_on_every_attempt_ends_as_a_timeout(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
     gateway = Gateway(io, RetryConfig(max_attempts=1))
     provider.inject_fault("hang")
-    result = complete_sync(gateway, request(provider, "x", [m.user("hi")], timeout=0.3), timeout=10)
+    result = sync_call(gateway, request(provider, "x", [m.user("hi")], timeout=0.3), timeout=10)
     assert result.error is not None and result.error.kind == "timeout"
     assert result.attempts == 1
 
 
 @pytest.mark.parametrize("after_chunks", [0, 2])
-def test_a_reset_connection_is_retried(after_chunks: int, provider: LocalProvider, gateway: Gateway) -> None:
+def test_a_reset_connection_is_retried(
+    transport: str, after_chunks: int, provider: LocalProvider, gateway: Gateway
+) -> None:
     provider.add_script("reset", [Turn(text="second time lucky")])
     provider.inject_fault("reset", after_chunks=after_chunks)
     rec = Recorder()
@@ -345,7 +385,7 @@ def test_a_reset_connection_is_retried(after_chunks: int, provider: LocalProvide
     assert len(rec.retries) == 1 and rec.retries[0].kind in ("transient", "timeout")
 
 
-def test_cancel_stops_an_in_flight_stream(provider: LocalProvider, gateway: Gateway) -> None:
+def test_cancel_stops_an_in_flight_stream(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.chunk_delay = 0.2
     provider.add_script("slow", [Turn(text="word " * 40)])
     rec = Recorder()
@@ -368,7 +408,7 @@ def test_cancel_stops_an_in_flight_stream(provider: LocalProvider, gateway: Gate
 
 
 def test_cancel_before_the_loop_starts_the_call(
-    provider: LocalProvider, io: IoLoop, gateway: Gateway
+    transport: str, provider: LocalProvider, io: IoLoop, gateway: Gateway
 ) -> None:
     blocker = threading.Event()
     io.call_soon(blocker.wait, 5)  # keep the loop busy so the call cannot start yet
@@ -381,7 +421,9 @@ def test_cancel_before_the_loop_starts_the_call(
     assert result.attempts == 0
 
 
-def test_a_stalled_stream_is_reported_once_per_stall(provider: LocalProvider, gateway: Gateway) -> None:
+def test_a_stalled_stream_is_reported_once_per_stall(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
     provider.chunk_delay = 0.3
     provider.chunk_chars = 1000
     provider.add_script("stally", [Turn(text="abc")])
@@ -396,7 +438,9 @@ def test_a_stalled_stream_is_reported_once_per_stall(provider: LocalProvider, ga
     assert all(s >= 0.05 for s in rec.stalls)
 
 
-def test_callbacks_that_raise_do_not_break_the_call(provider: LocalProvider, gateway: Gateway) -> None:
+def test_callbacks_that_raise_do_not_break_the_call(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
     provider.add_script("robust", [Turn(text="still fine")])
     box: list[CompletionResult] = []
     done = threading.Event()
@@ -413,7 +457,7 @@ def test_callbacks_that_raise_do_not_break_the_call(provider: LocalProvider, gat
     assert box[0].message is not None and box[0].message.text == "still fine"
 
 
-def test_concurrent_calls_share_the_loop(provider: LocalProvider, gateway: Gateway) -> None:
+def test_concurrent_calls_share_the_loop(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.add_script("many", [Turn(text="same")], loop=True)
     recs = [Recorder() for _ in range(20)]
     for rec in recs:
@@ -421,7 +465,9 @@ def test_concurrent_calls_share_the_loop(provider: LocalProvider, gateway: Gatew
     assert all(rec.result().ok for rec in recs)
 
 
-def test_stopping_the_io_loop_closes_the_connections_its_calls_opened(provider: LocalProvider) -> None:
+def test_stopping_the_io_loop_closes_the_connections_its_calls_opened(
+    transport: str, provider: LocalProvider
+) -> None:
     provider.add_script("pooled", [Turn(text="kept alive")], loop=True)
     before = Resources.now()
     io = IoLoop(name="test-io-pool")
@@ -438,7 +484,9 @@ def test_stopping_the_io_loop_closes_the_connections_its_calls_opened(provider: 
     assert not fds, f"connections left open after stop: {fds}"
 
 
-def test_policy_replies_work_through_the_gateway(provider: LocalProvider, gateway: Gateway) -> None:
+def test_policy_replies_work_through_the_gateway(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
     tools = [
         {
             "type": "function",
@@ -448,10 +496,8 @@ def test_policy_replies_work_through_the_gateway(provider: LocalProvider, gatewa
             },
         }
     ]
-    result = complete_sync(
-        gateway,
-        request(provider, "agentcell-local", [m.user("Summarize docs/guide.md")], tools=tools),
-        timeout=10,
+    result = sync_call(
+        gateway, request(provider, "agentcell-local", [m.user("Summarize docs/guide.md")], tools=tools)
     )
     assert result.message is not None
     assert [(c.name, c.parsed_arguments()) for c in result.message.tool_calls] == [
@@ -462,29 +508,110 @@ def test_policy_replies_work_through_the_gateway(provider: LocalProvider, gatewa
     assert set(sent) <= {"model", "messages", "tools", "stream", "stream_options"}, "no internal flags leak"
 
 
-def test_mock_response_needs_no_network(io: IoLoop, gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", ["auto", "openai_compat"])
+def test_mock_response_needs_no_network_and_goes_to_litellm(mode: Any, gateway: Gateway) -> None:
     req = CompletionRequest(
-        model="gpt-4o-mini", messages=[m.user("hi")], mock_response="mocked!", api_key="sk-x"
+        model="gpt-4o-mini", messages=[m.user("hi")], mock_response="mocked!", api_key="sk-x", transport=mode
     )
+    assert gateway.route(req).transport == "litellm", "only litellm has an in-process fake"
     result = complete_sync(gateway, req, timeout=10)
+    assert result.transport == "litellm"
     assert result.message is not None and result.message.text == "mocked!"
     assert result.usage.cost is not None and result.usage.cost > 0, "litellm knows gpt-4o-mini's prices"
 
 
-def test_the_api_key_never_shows(provider: LocalProvider, gateway: Gateway) -> None:
+def test_the_api_key_never_shows(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     secret = "sk-secret-never-shown-9f8e"
-    req = CompletionRequest(model="openai/x", messages=[m.user("hi")], api_base=provider.url, api_key=secret)
+    req = CompletionRequest(
+        model="openai/x", messages=[m.user("hi")], api_base=provider.url, api_key=secret, transport=transport
+    )
     assert secret not in repr(req) and secret not in str(req)
     provider.inject_fault("auth")
-    result = complete_sync(gateway, req, timeout=10)
+    result = sync_call(gateway, req, timeout=10)
     assert result.error is not None
     assert secret not in repr(result)
 
 
-def test_complete_sync_cancels_on_timeout(provider: LocalProvider, gateway: Gateway) -> None:
+def test_complete_sync_cancels_on_timeout(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.inject_fault("hang")
-    result = complete_sync(gateway, request(provider, "x", [m.user("hi")], timeout=30), timeout=0.3)
+    result = sync_call(gateway, request(provider, "x", [m.user("hi")], timeout=30), timeout=0.3)
     assert result.error is not None and result.error.kind == "cancelled"
+
+
+def test_an_injected_overflow_fault_is_an_overflow(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.overflow_format = "anthropic"
+    provider.inject_fault("overflow")
+    result = sync_call(gateway, request(provider, "x", [m.user("short")]))
+    assert result.error is not None and result.error.kind == "overflow"
+    assert result.attempts == 1
+
+
+@pytest.mark.parametrize("after_chunks", [0, 3])
+def test_an_error_event_mid_stream_is_transient_and_retried(
+    after_chunks: int, transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("broken", [Turn(text="whole at last")])
+    provider.inject_fault("stream_error", after_chunks=after_chunks)
+    rec = Recorder()
+    rec.start(gateway, request(provider, "broken", [m.user("hi")]))
+    result = rec.result()
+    assert result.message is not None and result.message.text == "whole at last"
+    assert [r.kind for r in rec.retries] == ["transient"]
+    assert "The server had an error" in rec.retries[0].error
+
+
+def test_an_error_event_on_every_attempt_ends_as_a_transient_error(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.inject_fault("stream_error", count=3)
+    result = sync_call(gateway, request(provider, "x", [m.user("hi")]))
+    assert result.error is not None and result.error.kind == "transient"
+    assert result.attempts == 3
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_reasoning_sent_as_reasoning_is_read_as_reasoning_content(
+    stream: bool, transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.reasoning_field = "reasoning"  # OpenRouter's, recent vLLM's and Ollama's name for it
+    provider.add_script("router", [Turn(text="Paris.", reasoning="The capital of France.")])
+    rec = Recorder()
+    rec.start(gateway, request(provider, "router", [m.user("Capital of France?")], stream=stream))
+    result = rec.result()
+    assert result.message is not None
+    assert (result.message.reasoning, result.message.text) == ("The capital of France.", "Paris.")
+    if stream:
+        assert "".join(d.text for d in rec.deltas if d.kind == "reasoning") == "The capital of France."
+
+
+def test_a_length_stop_and_its_usage_come_through(
+    transport: str, provider: LocalProvider, gateway: Gateway
+) -> None:
+    provider.add_script("long", [Turn(text="cut short", finish_reason="length")])
+    result = sync_call(gateway, request(provider, "long", [m.user("go on")], max_tokens=3))
+    assert result.message is not None and result.message.stop_reason == "length"
+    assert provider.request_log[-1].body["max_tokens"] == 3
+    assert result.usage.output_tokens == tokens("cut short")
+
+
+def test_the_api_key_comes_from_the_environment_as_litellm_reads_it(
+    transport: str, monkeypatch: pytest.MonkeyPatch, io: IoLoop
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    with LocalProvider(api_key="sk-from-env") as keyed:
+        keyed.add_script("env", [Turn(text="authorized")])
+        gateway = Gateway(io, FAST_RETRY)  # a new gateway resolves its routes anew
+        req = CompletionRequest(
+            model="openai/env",
+            messages=[m.user("hi")],
+            api_base=keyed.url,
+            transport=transport,  # type: ignore[arg-type]
+        )
+        result = sync_call(gateway, req)
+        assert result.message is not None and result.message.text == "authorized"
+        assert "sk-from-env" not in repr(gateway.route(req))
 
 
 # --- pure helpers ------------------------------------------------------------------------------------
@@ -582,20 +709,76 @@ def test_fields_are_read_from_litellm_objects_dicts_and_plain_objects() -> None:
 def test_a_cost_stamped_on_the_usage_is_taken_as_it_is() -> None:
     import litellm
 
-    from runtime.gateway.transports.litellm import LitellmTransport
+    from runtime.gateway._cost import prices_for, usage_with_cost
 
-    gateway = LitellmTransport()
+    prices = prices_for(litellm, "gpt-4o-mini")
     stamped = litellm.Usage(prompt_tokens=1000, completion_tokens=100)
     stamped.cost = 0.25  # what litellm (or the provider) reported for this call
-    assert gateway._cost(litellm, "gpt-4o-mini", stamped) == 0.25
+    assert usage_with_cost(stamped, prices, "litellm").cost == 0.25
     breakdown = {"prompt_tokens": 1000, "completion_tokens": 100, "cost": {"total_cost": 0.125}}
-    assert gateway._cost(litellm, "gpt-4o-mini", breakdown) == 0.125, "a provider's breakdown gives its total"
+    assert usage_with_cost(breakdown, prices, "x").cost == 0.125, "a provider's breakdown gives its total"
     unstamped = litellm.Usage(prompt_tokens=1000, completion_tokens=100)
-    prices = litellm.model_cost["gpt-4o-mini"]
-    expected = 1000 * prices["input_cost_per_token"] + 100 * prices["output_cost_per_token"]
-    assert gateway._cost(litellm, "gpt-4o-mini", unstamped) == pytest.approx(expected), "priced by litellm"
-    assert gateway._cost(litellm, "openai/no-such-model-here", unstamped) is None, "no price known"
-    assert gateway._cost(litellm, "gpt-4o-mini", None) is None
+    rates = litellm.model_cost["gpt-4o-mini"]
+    expected = 1000 * rates["input_cost_per_token"] + 100 * rates["output_cost_per_token"]
+    priced = usage_with_cost(unstamped, prices, "openai_compat")
+    assert priced.cost == pytest.approx(expected), "priced by litellm's map"
+    assert priced.transport == "openai_compat"
+    assert prices_for(litellm, "openai/no-such-model-here") is None, "no price known"
+    assert usage_with_cost(unstamped, None, "x").cost is None
+    assert usage_with_cost(None, prices, "x").cost is None
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt-4o-mini",
+        "openai/gpt-4o",
+        "o3-mini",
+        "gpt-5",
+        "claude-sonnet-4-5",
+        "deepseek/deepseek-chat",
+        "gemini/gemini-2.5-pro",
+    ],
+)
+def test_prices_read_once_give_litellms_cost(model: str) -> None:
+    import litellm
+    from litellm.types.utils import CompletionTokensDetailsWrapper, PromptTokensDetailsWrapper
+
+    from runtime.gateway._cost import prices_for
+
+    prices = prices_for(litellm, model)
+    assert prices is not None
+    assert prices_for(litellm, model) is prices, "looked up once, then cached"
+    # (prompt, completion, cache read, cache write, reasoning); 250,000 is over Gemini's 200k tier
+    for prompt, completion, read, write, reasoning in [
+        (1000, 100, 0, 0, 0),
+        (1000, 300, 600, 0, 120),
+        (250_000, 1000, 10_000, 0, 0),
+        (5000, 50, 1000, 2000, 0),
+    ]:
+        usage = litellm.Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetailsWrapper(cached_tokens=read, cache_creation_tokens=write),
+            completion_tokens_details=CompletionTokensDetailsWrapper(reasoning_tokens=reasoning),
+            cache_creation_input_tokens=write,
+            cache_read_input_tokens=read,
+        )
+        expected = sum(litellm.cost_per_token(model=model, usage_object=usage))
+        ours = m.Usage(
+            input_tokens=prompt,
+            output_tokens=completion,
+            cache_read_tokens=read,
+            cache_write_tokens=write,
+            reasoning_tokens=reasoning,
+        )
+        assert prices.cost(ours) == pytest.approx(expected, rel=1e-9, abs=1e-15), (
+            prompt,
+            completion,
+            read,
+            write,
+        )
 
 
 def test_classification_of_litellm_exceptions() -> None:

@@ -208,7 +208,14 @@ def test_a_crash_loop_escalates_and_the_next_request_restarts_the_session(
 
 # -- provider faults ------------------------------------------------------------------------------------
 
-TRANSIENT: tuple[FaultKind, ...] = ("rate_limit", "server_error", "overloaded", "hang", "reset")
+TRANSIENT: tuple[FaultKind, ...] = (
+    "rate_limit",
+    "server_error",
+    "overloaded",
+    "hang",
+    "reset",
+    "stream_error",
+)
 
 
 def fault_session(rt: Runtime, provider: Any, *turns: Turn, **config: Any) -> tuple[str, str]:

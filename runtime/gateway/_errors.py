@@ -33,7 +33,7 @@ _TRANSIENT: Final = frozenset(
         "ReadError",
         "WriteError",
         "ConnectError",
-        "StreamEnded",
+        "StreamError",
     }
 )
 _INVALID: Final = frozenset(

@@ -30,9 +30,10 @@ from runtime.config import RetryConfig
 from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import CompletionRequest, CompletionResult, Delta, ProviderError, RetryInfo
 from runtime.gateway._retry import backoff_delay
-from runtime.gateway._routing import Router
+from runtime.gateway._routing import Route, Router
 from runtime.gateway.transports.base import Transport
 from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
+from runtime.gateway.transports.openai_compat import OpenAICompatTransport
 from runtime.messages import Usage
 
 _log = logging.getLogger("runtime.gateway")
@@ -147,14 +148,23 @@ class Gateway:
     callbacks (messages)."""
 
     def __init__(
-        self, loop: IoLoop, retry: RetryConfig | None = None, *, rng: random.Random | None = None
+        self,
+        loop: IoLoop,
+        retry: RetryConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        max_connections: int = 1_000,
     ) -> None:
         self._io = loop
         self._retry = retry or RetryConfig()
         self._rng = rng or random.Random()
         self._in_flight: set[_Call] = set()
         self._router = Router()
-        self._transports: dict[str, Transport] = {LitellmTransport.name: LitellmTransport()}
+        transports: list[Transport] = [
+            LitellmTransport(),
+            OpenAICompatTransport(max_connections=max_connections),
+        ]
+        self._transports: dict[str, Transport] = {t.name: t for t in transports}
         loop.add_closer(self.aclose)
 
     @property
@@ -165,6 +175,14 @@ class Gateway:
     def in_flight(self) -> int:
         """Calls started and not yet delivered."""
         return len(self._in_flight)
+
+    def route(self, request: CompletionRequest) -> Route:
+        """Where ``request`` would go: its transport (``route(request).transport``), endpoint and why.
+
+        Resolving a model the first time asks litellm (imported first if :meth:`preload` has not finished:
+        that waits for the import); later answers come from a cache.
+        """
+        return self._router.route(request)
 
     def preload(self) -> concurrent.futures.Future[Any]:
         """Import litellm in a background thread now, so that the first call does not wait for it."""
@@ -280,7 +298,9 @@ class Gateway:
 
     async def _run(self, call: _Call) -> CompletionResult:
         request = call.request
-        route = self._router.route(request)
+        route = self._router.cached(request)
+        if route is None:  # the model's first call: resolving it may import litellm, off the loop thread
+            route = await asyncio.get_running_loop().run_in_executor(None, self._router.route, request)
         transport = self._transports[route.transport]
         call.transport = transport.name
         max_attempts = self._retry.max_attempts

@@ -22,7 +22,9 @@ from typing import Literal, get_args
 
 import msgspec
 
-FaultKind = Literal["rate_limit", "server_error", "overloaded", "hang", "reset", "auth", "overflow"]
+FaultKind = Literal[
+    "rate_limit", "server_error", "overloaded", "hang", "reset", "auth", "overflow", "stream_error"
+]
 """What an injected fault does:
 
 - ``rate_limit``: HTTP 429 with a ``retry-after`` header and OpenAI's rate-limit body.
@@ -32,6 +34,8 @@ FaultKind = Literal["rate_limit", "server_error", "overloaded", "hang", "reset",
 - ``reset``: the TCP connection is cut abruptly (RST) mid-response, after ``after_chunks`` stream chunks.
 - ``auth``: HTTP 401 with OpenAI's ``invalid_api_key`` body.
 - ``overflow``: the configured overflow error, whatever the request's size.
+- ``stream_error``: a streamed reply that starts (``after_chunks`` chunks), then sends an ``error`` event
+  in place of the rest, as OpenAI does when a server fails mid-stream (a plain 500 when not streamed).
 """
 
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
@@ -46,7 +50,7 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     status: int | None = None
     """Overrides the HTTP status of ``server_error`` / ``overloaded`` (e.g. 502, 529)."""
     after_chunks: int = 1
-    """For ``reset`` of a streamed reply: how many SSE chunks are sent before the connection is cut."""
+    """For ``reset`` and ``stream_error`` of a streamed reply: how many SSE chunks are sent before the cut."""
 
 
 class ToolCallSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

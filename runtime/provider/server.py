@@ -62,6 +62,8 @@ class LoggedRequest(msgspec.Struct, frozen=True, kw_only=True):
     """``script``, ``responder`` or ``policy`` (or ``-`` when no reply was chosen)."""
     authorized: bool
     received_at: float
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    """The request's headers, ``authorization`` left out."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -114,6 +116,9 @@ class LocalProvider:
         self.latency = latency
         self.chunk_chars = max(1, chunk_chars)
         self.chunk_delay = chunk_delay
+        self.reasoning_field = "reasoning_content"
+        """Where reasoning goes in a reply: ``reasoning_content`` (DeepSeek, litellm) or ``reasoning``
+        (OpenRouter, recent vLLM and Ollama)."""
         self.host = host
         self._port = port
         self._api_key = api_key
@@ -316,6 +321,7 @@ class LocalProvider:
                     source=source,
                     authorized=authorized,
                     received_at=received,
+                    headers={k: v for k, v in request.headers.items() if k != "authorization"},
                 )
             )
 
@@ -348,7 +354,7 @@ class LocalProvider:
         if delay > 0:
             await asyncio.sleep(delay)
         log(200, "ok", count, source)
-        reply = _Reply(turn, model, count, self._counter)
+        reply = _Reply(turn, model, count, self._counter, self.reasoning_field)
         if not stream:
             return _json_response(200, reply.completion())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -411,6 +417,16 @@ class LocalProvider:
             case "hang":
                 await self._hang(request)
                 return Response(status_code=504)
+            case "stream_error":
+                if not stream:
+                    return _error_response(errors.server_error())
+                reply = _Reply(Turn(text="This reply breaks off " * 4), model, count, self._counter)
+                pieces = list(reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True))
+                head = pieces[: max(0, fault.after_chunks)]
+                error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
+                return Response(
+                    b"".join([*head, error]), media_type="text/event-stream", headers=_SSE_HEADERS
+                )
             case "reset":
                 if not stream or fault.after_chunks <= 0:
                     self._reset_connection(request)
@@ -466,7 +482,14 @@ def _model_name(raw: Any) -> str:
 
 
 def _fault_status(fault: Fault) -> int:
-    statuses = {"rate_limit": 429, "server_error": 500, "overloaded": 503, "auth": 401, "overflow": 400}
+    statuses = {
+        "rate_limit": 429,
+        "server_error": 500,
+        "overloaded": 503,
+        "auth": 401,
+        "overflow": 400,
+        "stream_error": 200,
+    }
     return fault.status or statuses.get(fault.kind, 0)
 
 
@@ -485,8 +508,16 @@ def _pieces(text: str, size: int) -> list[str]:
 class _Reply:
     """One reply rendered as a chat completion or as SSE chunks, with exact usage."""
 
-    def __init__(self, turn: Turn, model: str, count: PromptCount, counter: TokenCounter) -> None:
+    def __init__(
+        self,
+        turn: Turn,
+        model: str,
+        count: PromptCount,
+        counter: TokenCounter,
+        reasoning_field: str = "reasoning_content",
+    ) -> None:
         self.turn = turn
+        self.reasoning_field = reasoning_field
         self.model = model
         self.id = "chatcmpl-" + os.urandom(12).hex()
         self.created = int(time.time())
@@ -518,7 +549,7 @@ class _Reply:
     def completion(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.turn.text or None}
         if self.turn.reasoning:
-            message["reasoning_content"] = self.turn.reasoning
+            message[self.reasoning_field] = self.turn.reasoning
         blocks = self._thinking_blocks()
         if blocks:
             message["thinking_blocks"] = blocks
@@ -558,7 +589,7 @@ class _Reply:
         pieces = _pieces(self.turn.reasoning, size)
         blocks = self._thinking_blocks()
         for i, piece in enumerate(pieces):
-            delta: dict[str, Any] = {"reasoning_content": piece}
+            delta: dict[str, Any] = {self.reasoning_field: piece}
             if blocks and i == len(pieces) - 1:
                 delta["thinking_blocks"] = [{**blocks[0], "thinking": ""}]
             yield self._chunk(delta)

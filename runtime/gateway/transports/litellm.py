@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from runtime.gateway._convert import to_provider_messages
+from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest
 from runtime.gateway._stream import StreamAssembler, message_from_response
-from runtime.gateway._usage import field, normalize_usage, stamped_cost
+from runtime.gateway._usage import field
 from runtime.gateway.transports.base import Attempt, Transport
 
 if TYPE_CHECKING:
@@ -113,9 +114,6 @@ class LitellmTransport(Transport):
 
     name: ClassVar[str] = "litellm"
 
-    def __init__(self) -> None:
-        self._priced: dict[str, bool] = {}
-
     async def attempt(self, call: Attempt, route: Route) -> Message:
         litellm = _litellm_module
         if litellm is None:
@@ -126,8 +124,9 @@ class LitellmTransport(Transport):
         model = request.model
         if not request.stream:
             raw_usage = field(response, "usage")
-            usage = normalize_usage(raw_usage, cost=self._cost(litellm, model, raw_usage))
-            return message_from_response(response, model=model, usage=usage)
+            return message_from_response(
+                response, model=model, usage=usage_with_cost(raw_usage, route.prices, self.name)
+            )
         assembler = StreamAssembler()
         on_delta = call.on_delta
         finished = False
@@ -145,26 +144,7 @@ class LitellmTransport(Transport):
             if not finished and aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        usage = normalize_usage(assembler.usage, cost=self._cost(litellm, model, assembler.usage))
-        return assembler.message(model=model, usage=usage)
-
-    def _cost(self, litellm: Any, model: str, raw_usage: Any) -> float | None:
-        """The call's cost in USD: what the provider or litellm stamped on the usage (litellm's own
-        figure for a streamed call), else litellm's prices for the model; None when neither knows."""
-        if raw_usage is None:
-            return None
-        stamped = stamped_cost(raw_usage)
-        if stamped is not None:
-            return stamped
-        if self._priced.get(model) is False:
-            return None
-        try:
-            prompt_cost, completion_cost = litellm.cost_per_token(model=model, usage_object=raw_usage)
-        except Exception:
-            self._priced[model] = False
-            return None
-        self._priced[model] = True
-        return float(prompt_cost + completion_cost)
+        return assembler.message(model=model, usage=usage_with_cost(assembler.usage, route.prices, self.name))
 
     async def aclose(self) -> None:
         await close_loop_clients(asyncio.get_running_loop())

@@ -1,0 +1,348 @@
+"""The native transport: OpenAI chat completions over httpx, the stream decoded with msgspec (SPEC 3.2).
+
+One ``httpx.AsyncClient`` (a keep-alive connection pool) per base URL. The request body is the one litellm
+sends for the route (see :mod:`runtime.gateway._routing`), encoded once with msgspec; the response's
+server-sent events are split into lines and each ``data:`` payload decoded straight into msgspec Structs
+that hold only what the runtime reads -- no per-chunk model objects, no logging or cost callbacks. Text,
+``reasoning_content`` (or ``reasoning``), signed ``thinking_blocks`` and tool-call fragments (by index) go
+to the shared :class:`~runtime.gateway._stream.StreamAssembler`; usage comes from the last chunk
+(``stream_options.include_usage``), cost from the route's prices.
+
+Failures are mapped into the shared error kinds by the same classifier litellm's are: an error response is a
+:class:`ProviderHTTPError` carrying the status, the decoded JSON body (where the overflow classifier reads
+every vendor's wording) and the headers (``retry-after``); an error sent mid-stream, a stream cut short and an
+undecodable chunk are :class:`StreamError` (transient); httpx's own errors keep their names (``ReadTimeout``
+is a timeout, ``ConnectError``, ``ReadError`` and ``RemoteProtocolError`` are transient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import httpx
+import msgspec
+
+from runtime.gateway._convert import to_provider_messages
+from runtime.gateway._cost import usage_with_cost
+from runtime.gateway._models import CompletionRequest, Delta
+from runtime.gateway._stream import StreamAssembler, message_from_response
+from runtime.gateway.transports.base import Attempt, Transport
+
+if TYPE_CHECKING:
+    from runtime.gateway._routing import Route
+    from runtime.messages import Message
+
+NAME: Final = "openai_compat"
+MAX_ERROR_BODY: Final = 64 * 1024
+"""How much of an error response is read (the classifier bounds what it reads too)."""
+
+
+class ProviderHTTPError(Exception):
+    """An error response: its status, the provider's own message, its JSON body and its headers."""
+
+    def __init__(
+        self,
+        status_code: int | None,
+        message: str,
+        body: object = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.body = body
+        self.headers = headers
+
+
+class StreamError(ProviderHTTPError):
+    """The stream failed after it started: an error event, a cut, or a chunk that is not JSON (transient)."""
+
+
+# -- what a chunk holds, as far as the runtime reads it ---------------------------------------------------
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _ThinkingBlock(msgspec.Struct):
+    type: str | None = None
+    signature: str | None = None
+    data: Any = None
+
+
+class _Delta(msgspec.Struct):
+    content: Any = None
+    reasoning_content: Any = None
+    reasoning: Any = None
+    tool_calls: list[_ToolCall] | None = None
+    thinking_blocks: list[_ThinkingBlock] | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    error: Any = None
+
+
+class _Completion(msgspec.Struct):
+    choices: list[dict[str, Any]] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_completion = msgspec.json.Decoder(_Completion).decode
+_decode_any = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+_DONE: Final = b"[DONE]"
+_STRIP_REASONING: Final = ("reasoning_content", "thinking_blocks")
+_STRIP_THINKING_BLOCKS: Final = ("thinking_blocks",)
+
+
+class OpenAICompatTransport(Transport):
+    """Chat completions straight to an OpenAI-compatible endpoint."""
+
+    name: ClassVar[str] = NAME
+
+    def __init__(self, *, max_connections: int = 1_000, keepalive_expiry: float = 30.0) -> None:
+        self._limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+        )
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._timeouts: dict[float, httpx.Timeout] = {}
+
+    def _client(self, base_url: str) -> httpx.AsyncClient:
+        client = self._clients.get(base_url)
+        if client is None:
+            client = self._clients[base_url] = httpx.AsyncClient(limits=self._limits, follow_redirects=False)
+        return client
+
+    def _timeout(self, seconds: float) -> httpx.Timeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:  # connect, write, pool and each read: as the OpenAI client applies its timeout
+            timeout = self._timeouts[seconds] = httpx.Timeout(seconds)
+        return timeout
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()
+
+    async def attempt(self, call: Attempt, route: Route) -> Message:
+        request = call.request
+        client = self._client(route.base_url)
+        headers = {"content-type": "application/json", **route.headers}
+        key = request.api_key or route.api_key
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        sent = client.build_request(
+            "POST",
+            route.url,
+            content=request_body(request, route),
+            headers=headers,
+            timeout=self._timeout(request.timeout),
+        )
+        response = await client.send(sent, stream=True)
+        try:
+            call.activity()
+            if response.status_code >= 400:
+                raise await _error_of(response)
+            if not request.stream:
+                return _whole(await response.aread(), request, route)
+            return await _streamed(response, call, route)
+        finally:
+            await response.aclose()
+
+
+def request_body(request: CompletionRequest, route: Route) -> bytes:
+    """The JSON body for ``request``: what litellm sends over this route."""
+    dialect = route.dialect
+    messages = to_provider_messages(request)
+    strip = (
+        _STRIP_REASONING
+        if not dialect.reasoning
+        else _STRIP_THINKING_BLOCKS
+        if not dialect.thinking_blocks
+        else ()
+    )
+    if strip:
+        messages = [_without(m, strip) if m.get("role") == "assistant" else m for m in messages]
+    body: dict[str, Any] = {"model": route.model, "messages": messages}
+    if request.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    elif dialect.stream_false:
+        body["stream"] = False
+    if request.tools:
+        body["tools"] = list(request.tools)
+    if request.max_tokens is not None and route.max_tokens_param is not None:
+        body[route.max_tokens_param] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if dialect.body:
+        body.update(dialect.body)
+    return _encode(body)
+
+
+def _without(message: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    if not any(k in message for k in keys):
+        return message
+    return {k: v for k, v in message.items() if k not in keys}
+
+
+async def _streamed(response: httpx.Response, call: Attempt, route: Route) -> Message:
+    assembler = StreamAssembler()
+    on_delta = call.on_delta
+    activity = call.activity
+    pending = b""
+    done = False
+    async for data in response.aiter_bytes():
+        activity()
+        if pending:
+            data = pending + data
+        lines = data.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank lines, comments (": keep-alive"), event/id/retry fields
+            payload = line[5:].strip()
+            if payload == _DONE:
+                done = True
+                continue
+            for delta in _apply(payload, assembler):
+                if on_delta is not None:
+                    on_delta(delta)
+    if pending.startswith(b"data:"):  # a last event without its blank line
+        payload = pending[5:].strip()
+        if payload == _DONE:
+            done = True
+        else:
+            for delta in _apply(payload, assembler):
+                if on_delta is not None:
+                    on_delta(delta)
+    if not done and assembler.finish_reason is None:
+        raise StreamError(None, "the stream ended before the response was complete")
+    return assembler.message(
+        model=call.request.model, usage=usage_with_cost(assembler.usage, route.prices, NAME)
+    )
+
+
+def _apply(payload: bytes, assembler: StreamAssembler) -> list[Delta]:
+    """One chunk into the assembler; the deltas it brought."""
+    try:
+        chunk = _decode_chunk(payload)
+    except msgspec.DecodeError as exc:  # a cut or mangled chunk: as litellm, a transient failure
+        raise StreamError(None, f"a stream chunk is not valid: {exc}") from None
+    if chunk.error is not None:
+        raise _stream_error(chunk.error, payload)
+    if chunk.usage is not None:
+        assembler.usage = chunk.usage
+    if assembler.model is None:
+        assembler.model = chunk.model
+    deltas: list[Delta] = []
+    for choice in chunk.choices or ():
+        if choice.finish_reason:
+            assembler.finish_reason = choice.finish_reason
+        delta = choice.delta
+        if delta is None:
+            continue
+        reasoning = delta.reasoning_content or delta.reasoning
+        if reasoning and isinstance(reasoning, str):
+            deltas.append(assembler.reasoning_piece(reasoning))
+        if delta.thinking_blocks:
+            for block in delta.thinking_blocks:
+                assembler.thinking_block(block.type, block.signature, block.data)
+        content = delta.content
+        if content:
+            if isinstance(content, str):
+                deltas.append(assembler.text_piece(content))
+            elif isinstance(content, list):  # content parts (Mistral's shape): their text
+                text = "".join(
+                    p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"
+                )
+                if text:
+                    deltas.append(assembler.text_piece(text))
+        if delta.tool_calls:
+            for call in delta.tool_calls:
+                fn = call.function
+                name, fragment = (fn.name, fn.arguments or "") if fn is not None else (None, "")
+                deltas.append(assembler.tool_call_piece(call.index or 0, call.id, name, fragment))
+    return deltas
+
+
+def _whole(data: bytes, request: CompletionRequest, route: Route) -> Message:
+    try:
+        completion = _decode_completion(data)
+    except msgspec.DecodeError as exc:
+        raise StreamError(None, f"the response is not valid: {exc}") from None
+    for choice in completion.choices or ():
+        message = choice.get("message")
+        if (
+            isinstance(message, dict)
+            and "reasoning_content" not in message
+            and isinstance(message.get("reasoning"), str)
+        ):
+            message["reasoning_content"] = message["reasoning"]
+    return message_from_response(
+        completion, model=request.model, usage=usage_with_cost(completion.usage, route.prices, NAME)
+    )
+
+
+async def _error_of(response: httpx.Response) -> ProviderHTTPError:
+    raw = b""
+    async for data in response.aiter_bytes():
+        raw += data
+        if len(raw) >= MAX_ERROR_BODY:
+            break
+    text = raw[:MAX_ERROR_BODY].decode("utf-8", "replace")
+    try:
+        body: object = _decode_any(raw) if raw and len(raw) < MAX_ERROR_BODY else text
+    except msgspec.DecodeError:
+        body = text
+    message = _message_of(body) or text.strip() or f"HTTP {response.status_code} {response.reason_phrase}"
+    return ProviderHTTPError(response.status_code, message, body, response.headers)
+
+
+def _stream_error(error: object, payload: bytes) -> ProviderHTTPError:
+    body = _decode_any(payload)
+    message = _message_of(body) or str(error)
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    if status is not None and status < 500:
+        return ProviderHTTPError(status, message, body)
+    return StreamError(status, message, body)
+
+
+def _message_of(body: object) -> str | None:
+    """The provider's own words in an error body of any vendor's shape."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        if isinstance(message, str) and message:
+            return message
+    if isinstance(error, str) and error:
+        return error
+    for key in ("message", "detail"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
