@@ -15,6 +15,22 @@ import runtime  # noqa: F401  (sets the offline environment before anything impo
 from runtime.events import Event
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gateway-transport",
+        choices=("auto", "litellm", "openai_compat"),
+        default="auto",
+        help="force gateway.transport in the `rt` fixture's runtime (the agent end-to-end tests run on it)",
+    )
+
+
+@pytest.fixture(scope="session")
+def gateway_transport(pytestconfig: pytest.Config) -> str:
+    """The gateway transport the `rt` fixture's runtime uses (``--gateway-transport``, default auto)."""
+    name: str = pytestconfig.getoption("--gateway-transport")
+    return name
+
+
 @pytest.fixture(scope="session")
 def provider() -> Iterator[Any]:
     """One local OpenAI-compatible provider for the test session; tests add their own scripts."""
@@ -39,11 +55,13 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def rt(sessions_dir: Path) -> Iterator[Any]:
+def rt(sessions_dir: Path, gateway_transport: str) -> Iterator[Any]:
     from runtime import Runtime
     from runtime.config import Config
 
-    config = Config().with_overrides({"retry.base_delay": 0.01, "retry.max_delay": 0.05})
+    config = Config().with_overrides(
+        {"retry.base_delay": 0.01, "retry.max_delay": 0.05, "gateway.transport": gateway_transport}
+    )
     with Runtime(config, sessions_dir=sessions_dir) as r:
         yield r
 
