@@ -1,9 +1,11 @@
 """The session store actor: owns one session's tree and log (SPEC 2.2, 2.3).
 
-It is the only writer of its session's log. On start it takes the session lock, replays the log (so a
-restarted store, or a resumed session, is exactly what was acknowledged before) and reports a torn last
-line with ``log_recovered``. It answers queries from its in-memory tree and appends through the
-runtime's shared :class:`~runtime.store.writer.LogWriter`, never touching the disk in a handler.
+It is the only writer of its session's log. On start it has the log writer take the session lock and read
+the log (after any write an earlier incarnation still had queued), replays it (so a restarted store, or a
+resumed session, is exactly what was acknowledged before) and reports a torn last line with
+``log_recovered``; commands and queries that arrive meanwhile wait, in order, for the log to be read. It
+answers queries from its in-memory tree and appends through the runtime's shared
+:class:`~runtime.store.writer.LogWriter`, never touching the disk, nor waiting, on a dispatcher thread.
 
 Writes are acknowledged only once the writer has confirmed them:
 
@@ -31,6 +33,7 @@ from typing import Any
 
 import msgspec
 import pykka
+from pykka.messages import _ActorStop
 
 from runtime import events as ev
 from runtime.actor import PooledActor
@@ -38,7 +41,7 @@ from runtime.events import CompactionMode, CompactionTrigger
 from runtime.ids import validate_session_id
 from runtime.messages import Message
 from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
-from runtime.store.log import SessionLog, read_log, replay
+from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay
 from runtime.store.sessions import SessionDirectory, SessionLock, SessionLockedError, SessionNotFoundError
 from runtime.store.tree import TURN_ENDED_KEY, SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
@@ -50,6 +53,7 @@ Publish = Callable[[ev.Event], Any]
 Estimator = Callable[[Sequence[Message]], int]
 
 _RELEASE_WAIT = 5.0  # seconds a restarting store waits for its stopped predecessor to let go of the lock
+_RETRY_DELAY = 0.005  # seconds between two tries meanwhile
 
 
 class _LockHolders:
@@ -179,6 +183,28 @@ class _WriteFailed(msgspec.Struct, frozen=True):
     error: Exception
 
 
+class _Opening:
+    """What the log writer found opening a store's log (filled on the writer thread, read by the store)."""
+
+    __slots__ = ("deadline", "entries", "error", "info", "lock", "retry")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # until when a lock held by a stopping store of this process is waited for
+        self.retry = False  # the lock was held by such a store: ask again shortly
+        self.lock: SessionLock | None = None
+        self.entries: list[Entry] = []
+        self.info: RecoveryInfo | None = None
+        self.error: Exception | None = None
+
+
+class _Opened(msgspec.Struct, frozen=True):
+    opening: _Opening
+
+
+class _OpenAgain(msgspec.Struct, frozen=True):
+    pass
+
+
 class StoreWriteError(RuntimeError):
     """The store stopped because its log could not be written; it restarts from what is on disk."""
 
@@ -260,42 +286,88 @@ class SessionStore(PooledActor):
         self._log = SessionLog(directory.log_path(session_id), writer, fsync=fsync)
         self._tree = SessionTree()
         self._lock: SessionLock | None = None
+        self._opening: _Opening | None = None  # set from on_start until the log is read
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        """Take the lock, wait out writes of an earlier incarnation, replay the log (or create it)."""
-        try:
-            self.directory.ensure()
-            self._lock = self._take_lock()
-            self._open()
-        except BaseException as exc:
-            self._release_lock_now()
-            self._emit(ev.Error, message=f"cannot open session {self.session_id}: {exc}", code="store_open")
-            raise
+        """Open the log off the dispatcher: the log writer takes the lock and reads the log (after any
+        write an earlier incarnation still has queued to it) and tells the result back (:class:`_Opened`).
+        Messages that arrive meanwhile are stashed and handled, in order, once the tree is built."""
+        self._opening = _Opening(time.monotonic() + _RELEASE_WAIT)
+        self._open_on_writer()
 
-    def _take_lock(self) -> SessionLock:
-        key = str(self.directory.lock_path(self.session_id))
-        deadline = time.monotonic() + _RELEASE_WAIT
-        while True:
-            self._log.reset()  # writes queued by an earlier incarnation land before we read the log
+    def _open_on_writer(self) -> None:
+        opening, me = self._opening, self.actor_ref
+        assert opening is not None
+        directory, session_id, key = (
+            self.directory,
+            self.session_id,
+            str(self.directory.lock_path(self.session_id)),
+        )
+
+        def open_log(path: str) -> None:  # on the writer thread
+            opening.retry = False
             try:
-                lock = self.directory.lock(self.session_id)
-            except SessionLockedError as exc:
-                stopping_here = exc.held_by_this_process and not _holders.alive(key)
-                if not stopping_here or time.monotonic() > deadline:
+                directory.ensure()
+                try:
+                    lock = directory.lock(session_id)
+                except SessionLockedError as exc:
+                    # A store of this process that stopped a moment ago lets go of the lock once its last
+                    # writes are done: try again shortly. A live second store is refused at once.
+                    if (
+                        exc.held_by_this_process
+                        and not _holders.alive(key)
+                        and time.monotonic() < opening.deadline
+                    ):
+                        opening.retry = True
+                        return
                     raise
-                time.sleep(0.005)
-                continue
-            _holders.add(key, self.actor_ref)
-            return lock
+                _holders.add(key, me)
+                opening.lock = lock
+                try:
+                    opening.entries, opening.info = read_log(path)
+                except FileNotFoundError:
+                    pass
+            except Exception as exc:
+                opening.error = exc
 
-    def _open(self) -> None:
-        path = self._log.path
+        def told(error: Exception | None) -> None:  # on the writer thread, after open_log
+            if error is not None and opening.error is None:
+                opening.error = error
+            try:
+                me.tell(_Opened(opening))
+            except pykka.ActorDeadError:  # stopped meanwhile: its _close_log releases what was taken
+                pass
+
+        self.writer.call(self._log.path, open_log, told, reset=True)
+
+    def _opened(self, opening: _Opening) -> None:
+        """The writer's answer: build the tree (or create the log), then handle what was stashed."""
+        if opening.retry:
+            me = self.actor_ref
+
+            def again() -> None:
+                try:
+                    me.tell(_OpenAgain())
+                except pykka.ActorDeadError:
+                    pass
+
+            assert self.actor_dispatcher is not None
+            self.actor_dispatcher.call_later(_RETRY_DELAY, again)
+            return
+        self._opening, self._lock = None, opening.lock
         try:
-            entries, info = read_log(path)
-        except FileNotFoundError:
-            entries, info = [], None
+            if opening.error is not None:
+                raise opening.error
+            self._open(opening.entries, opening.info)
+        except BaseException as exc:
+            self._emit(ev.Error, message=f"cannot open session {self.session_id}: {exc}", code="store_open")
+            raise  # the stashed asks fail as the store stops; its supervisor restarts it
+        self.unstash_all()
+
+    def _open(self, entries: list[Entry], info: RecoveryInfo | None) -> None:
+        path = self._log.path
         if info is not None and info.torn:
             self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
         if entries:
@@ -317,30 +389,44 @@ class SessionStore(PooledActor):
         self._close_log()
 
     def _close_log(self) -> None:
-        """Release the lock once the writer has written (and synced) everything queued for this log."""
+        """Release the lock once the writer has written (and synced) everything queued for this log —
+        or, when the store stops while still opening, once the writer has done with the opening."""
         lock, self._lock = self._lock, None
-        if lock is None:
+        opening, self._opening = self._opening, None
+        if lock is None and opening is None:
             return
-        key, me = str(lock.path), self.actor_ref
+        me = self.actor_ref
 
         def release(_error: Exception | None = None) -> None:
-            lock.release()
-            _holders.remove(key, me)
+            held = lock if lock is not None else opening.lock if opening is not None else None
+            if held is not None:
+                held.release()
+                _holders.remove(str(held.path), me)
 
         try:
             self._log.close(release)
         except WriterClosedError:
             release()
 
-    def _release_lock_now(self) -> None:
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
-            _holders.remove(str(lock.path), self.actor_ref)
+    def _handle_receive(self, message: Any) -> Any:
+        # pykka's own messages (proxy calls and attribute reads) wait for the opening too; a stop does not
+        if self._opening is not None and not isinstance(message, _ActorStop):
+            self.stash(message)
+            return None
+        return super()._handle_receive(message)
 
     # -- messages ---------------------------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
+        if self._opening is not None:  # the log is not read yet
+            match message:
+                case _Opened(opening=opening):
+                    self._opened(opening)
+                case _OpenAgain():
+                    self._open_on_writer()
+                case _:
+                    self.stash(message)
+            return None
         tree = self._tree
         match message:
             case GetContext(reply_to=reply_to):

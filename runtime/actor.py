@@ -613,6 +613,7 @@ class PooledActor(pykka.Actor):
     _pooled_exit_reason: ExitReason | None = None
     _pooled_exit_exception: BaseException | None = None
     _pooled_reply: pykka.Future[Any] | None = None
+    _pooled_stash: list[Envelope[Any]] | None = None  # messages put aside by stash(); None: none
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         # pykka.Actor.__init__ is replaced, not extended: its threading.Event costs ~1 KB per actor.
@@ -671,6 +672,37 @@ class PooledActor(pykka.Actor):
         reply, self._pooled_reply = self._pooled_reply, None
         return reply
 
+    def stash(self, message: Any) -> None:
+        """Put ``message``, the one being handled, aside with its reply until :meth:`unstash_all`.
+
+        For an actor that cannot handle messages yet (a store still opening its log): its handler stashes
+        them and returns. An asker keeps waiting; if the actor stops first, the ask fails with
+        :class:`pykka.ActorDeadError`, as for mail still in the inbox.
+        """
+        stash = self._pooled_stash
+        if stash is None:
+            stash = self._pooled_stash = []
+        stash.append(Envelope(message, reply_to=self.defer_reply()))
+
+    def unstash_all(self) -> None:
+        """Handle the stashed messages now, in the order they arrived, before anything still in the inbox.
+
+        Call it from a handler. Each is handled as if it had just arrived (an ask gets its reply, or its
+        exception). If one of them stops the actor, the rest are rejected like mail to a stopped actor.
+        """
+        stash, self._pooled_stash = self._pooled_stash, None
+        if not stash:
+            return
+        reply = self._pooled_reply  # the reply of the message whose handler is unstashing: keep it
+        try:
+            for envelope in stash:
+                if self.actor_stopped.is_set():
+                    self._pooled_mailbox._reject(envelope, "stopped before handling the message")
+                else:
+                    self._pooled_handle(envelope)
+        finally:
+            self._pooled_reply = reply
+
     # --- what the dispatcher calls -------------------------------------------------------------------
 
     def _pooled_start(self) -> None:
@@ -711,7 +743,8 @@ class PooledActor(pykka.Actor):
         pending, monitors = self._pooled_mailbox.close(exit_notice)
         if self._pooled_dispatcher is not None:
             self._pooled_dispatcher._unregister(self)
-        for envelope in pending:
+        stash, self._pooled_stash = self._pooled_stash, None
+        for envelope in (*stash, *pending) if stash else pending:
             self._pooled_mailbox._reject(envelope, "stopped before handling the message")
         for registration in monitors:
             registration._deliver(exit_notice)

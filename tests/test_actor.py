@@ -833,3 +833,47 @@ def test_the_default_dispatcher_is_made_on_demand_and_replaceable() -> None:
         mine.shutdown(timeout=WAIT)
     made = default_dispatcher()
     assert made is not mine and made is default_dispatcher()
+
+
+class Gated(PooledActor):
+    """Stashes everything until it gets "open"; then handles what it stashed, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = False
+        self.seen: list[Any] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "open":
+            self.open = True
+            self.unstash_all()
+            return "opened"
+        if not self.open:
+            self.stash(message)
+            return None
+        if message == "boom":
+            raise ValueError("boom")
+        self.seen.append(message)
+        return f"got {message}"
+
+
+def test_stashed_messages_are_handled_in_order_with_their_replies(dispatcher: Dispatcher) -> None:
+    ref = Gated.start(dispatcher=dispatcher)
+    first = ref.ask("a", block=False)
+    ref.tell("b")
+    failing = ref.ask("boom", block=False)
+    last = ref.ask("c", block=False)
+    assert ref.ask("open", timeout=WAIT) == "opened"  # the unstashing handler keeps its own reply
+    assert first.get(timeout=WAIT) == "got a" and last.get(timeout=WAIT) == "got c"
+    with pytest.raises(ValueError, match="boom"):
+        failing.get(timeout=WAIT)
+    assert ref.proxy().seen.get(timeout=WAIT) == ["a", "b", "c"]
+    ref.stop()
+
+
+def test_stashed_asks_fail_when_the_actor_stops(dispatcher: Dispatcher) -> None:
+    ref = Gated.start(dispatcher=dispatcher)
+    pending = ref.ask("a", block=False)
+    ref.stop()
+    with pytest.raises(ActorDeadError):
+        pending.get(timeout=WAIT)

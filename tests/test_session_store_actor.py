@@ -27,6 +27,7 @@ from actors.session_store import (
     SyncTurn,
 )
 from runtime import events as ev
+from runtime.actor import Dispatcher
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_RESULT_ARCHIVED, assistant, tool_result, user
 from runtime.store.entries import MessageEntry, new_header
 from runtime.store.log import read_log
@@ -309,3 +310,57 @@ def test_sync_turn_makes_the_log_durable_under_the_turn_policy(
     before = writer.stats.fsyncs
     stored(ref_always, Append((user("b"),)))
     assert writer.stats.fsyncs >= before + 1  # acknowledged only after its fsync
+
+
+def test_a_store_waiting_for_its_lock_does_not_hold_a_dispatcher_thread(
+    directory: SessionDirectory, writer: LogWriter, events: Events
+) -> None:
+    """SPEC 1.1: the lock wait and the log read happen off the dispatcher; queries wait for the opening."""
+    dispatcher = Dispatcher(threads=1, name="one-thread")  # one thread: a store holding it stops everything
+    try:
+        other = SessionStore.start(
+            "other", directory, writer, new_header("other", model="m"), events, dispatcher=dispatcher
+        )
+        first = SessionStore.start(
+            "s1", directory, writer, new_header("s1", model="m"), events, dispatcher=dispatcher
+        )
+        stored(first, Append((user("kept"),)))
+        first.stop()
+        wait_until(lambda: not directory.lock_path("s1").exists())
+        held = directory.lock("s1")  # held in this process by no live store: a predecessor letting go of it
+        waiting = SessionStore.start("s1", directory, writer, None, events, dispatcher=dispatcher)
+        asked = waiting.ask(GetContext(), block=False)  # arrives while the store waits: answered once open
+        proxied = waiting.proxy().leaf_id()
+        for text in ("a", "b", "c"):  # the other session's store answers meanwhile, on the same one thread
+            assert stored(other, Append((user(text),))).ok
+            assert [m.text for m in other.ask(GetContext(), timeout=1).messages][-1] == text
+        assert not asked.done() and waiting.is_alive()
+        held.release()
+        view = asked.get(timeout=5)
+        assert [m.text for m in view.messages] == ["kept"]
+        assert proxied.get(timeout=5) == view.leaf_id
+        assert not events.of(ev.Error)
+        waiting.stop()
+        wait_until(lambda: not directory.lock_path("s1").exists())
+    finally:
+        dispatcher.shutdown()
+
+
+def test_a_store_stopped_while_it_opens_lets_go_of_everything(
+    start: Callable[..., Any], directory: SessionDirectory
+) -> None:
+    first = start()
+    stored(first, Append((user("kept"),)))
+    first.stop()
+    wait_until(lambda: not directory.lock_path("s1").exists())
+    held = directory.lock("s1")
+    waiting = start(header=False)
+    asked = waiting.ask(GetContext(), block=False)
+    waiting.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        asked.get(timeout=5)
+    held.release()
+    again = start(header=False)  # nothing of the stopped store holds the lock
+    assert [m.text for m in again.ask(GetContext(), timeout=5).messages] == ["kept"]
+    again.stop()
+    wait_until(lambda: not directory.lock_path("s1").exists())

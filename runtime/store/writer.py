@@ -67,6 +67,7 @@ class _Op:
     policy: FsyncPolicy = "turn"
     fn: Callable[[str], object] | None = None
     event: threading.Event | None = None
+    reset: bool = False
 
 
 @dataclass(slots=True)
@@ -160,9 +161,20 @@ class LogWriter:
         """Write a whole file (an artifact), creating its folder; replaces an existing file atomically."""
         self._put(_Op(_WRITE_FILE, os.fspath(path), data, on_done, fsync or self.fsync))
 
-    def call(self, path: StrPath, fn: Callable[[str], object], on_done: OnDone | None = None) -> None:
-        """Run ``fn(path)`` on the writer thread, in order with the other operations on ``path``."""
-        self._put(_Op(_CALL, os.fspath(path), on_done=on_done, fn=fn))
+    def call(
+        self,
+        path: StrPath,
+        fn: Callable[[str], object],
+        on_done: OnDone | None = None,
+        *,
+        reset: bool = False,
+    ) -> None:
+        """Run ``fn(path)`` on the writer thread, in order with the other operations on ``path``.
+
+        With ``reset``, a failed earlier write to ``path`` is forgotten first, as :meth:`reset` does: a
+        store opening its log this way reads it after every write queued before, without waiting for them.
+        """
+        self._put(_Op(_CALL, os.fspath(path), on_done=on_done, fn=fn, reset=reset))
 
     def close_file(
         self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None
@@ -304,6 +316,8 @@ class LogWriter:
                 elif op.kind == _CALL:
                     assert op.fn is not None
                     self._release(path)
+                    if op.reset:
+                        self._failed.pop(path, None)
                     op.fn(path)
                 elif op.kind == _CLOSE:
                     self._sync(path, op.policy)
