@@ -249,6 +249,10 @@ class Runtime:
         )
         return sid
 
+    async def astart_session(self, session_id: str | None = None, **kwargs: Any) -> str:
+        """:meth:`start_session` from asyncio (the same arguments), run off the event loop."""
+        return await asyncio.to_thread(self.start_session, session_id, **kwargs)
+
     def resume_session(
         self,
         session_id: str,
@@ -309,6 +313,10 @@ class Runtime:
             )
         )
         return sid
+
+    async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
+        """:meth:`resume_session` from asyncio (the same arguments), run off the event loop."""
+        return await asyncio.to_thread(self.resume_session, session_id, **kwargs)
 
     def _check_log(self, sid: str, repair: str | None) -> None:
         """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
@@ -423,6 +431,10 @@ class Runtime:
         infos = self.services.directory.list()
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
+    async def alist_sessions(self) -> list[Any]:
+        """:meth:`list_sessions` from asyncio: the directory is read off the event loop."""
+        return await asyncio.to_thread(self.list_sessions)
+
     def hosted_sessions(self) -> list[str]:
         """Ids of the sessions this runtime currently hosts."""
         return list(self._sessions.keys()) if self._sessions is not None else []
@@ -432,6 +444,10 @@ class Runtime:
         session.stop()
         self._sessions.unregister(session_id)
         self.bus.publish(ev.SessionStopped(session_id=session_id))
+
+    async def astop_session(self, session_id: str) -> None:
+        """:meth:`stop_session` from asyncio: waits for the actors to stop off the event loop."""
+        await asyncio.to_thread(self.stop_session, session_id)
 
     def delete_session(self, session_id: str) -> None:
         """Stop the session if hosted and delete its log, transcript and artifacts."""
@@ -444,11 +460,19 @@ class Runtime:
         self.services.writer.flush()
         self.services.directory.delete(session_id)
 
+    async def adelete_session(self, session_id: str) -> None:
+        """:meth:`delete_session` from asyncio, run off the event loop."""
+        await asyncio.to_thread(self.delete_session, session_id)
+
     def hibernate(self, session_id: str) -> bool:
         """Park an idle session's actors (SPEC 8); its next use restarts them from the log.
 
         Returns False when the session was not running or is busy with a turn."""
         return bool(self._session(session_id).hibernate_if_idle())
+
+    async def ahibernate(self, session_id: str) -> bool:
+        """:meth:`hibernate` from asyncio, run off the event loop."""
+        return await asyncio.to_thread(self.hibernate, session_id)
 
     def _reap(self) -> None:
         """Hibernate sessions idle for ``persistence.hibernate_after`` seconds."""
@@ -553,6 +577,7 @@ class Runtime:
         )
 
     async def acontext_stats(self, session_id: str) -> Any:
+        """:meth:`context_stats` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.context_stats, session_id)
 
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
@@ -568,6 +593,7 @@ class Runtime:
         return list(store.ask(GetMessages(), timeout=timeout).messages)
 
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
+        """:meth:`messages` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.messages, session_id, view=view)
 
     def usage(self, session_id: str, timeout: float = 30.0) -> Any:
@@ -576,6 +602,10 @@ class Runtime:
 
         refs = self._session(session_id).ensure_running()
         return refs.require("usage").ask(GetTotals(), timeout=timeout)
+
+    async def ausage(self, session_id: str) -> Any:
+        """:meth:`usage` from asyncio, run off the event loop."""
+        return await asyncio.to_thread(self.usage, session_id)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
         """Switch the session's model; returns the new context window. A smaller window compacts on the
@@ -599,6 +629,10 @@ class Runtime:
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
         return window
 
+    async def aset_model(self, session_id: str, model: str) -> int:
+        """:meth:`set_model` from asyncio (the new model's tokenizer loads off the event loop)."""
+        return await asyncio.to_thread(self.set_model, session_id, model)
+
     def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
         """Move the session's leaf to ``leaf_id`` (any message id of the session; None = the start)."""
         from actors.session_store import Branch
@@ -608,6 +642,10 @@ class Runtime:
         if stored.error is not None:
             raise OSError(f"could not record the branch: {stored.error}")
         self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
+
+    async def abranch(self, session_id: str, leaf_id: str | None) -> None:
+        """:meth:`branch` from asyncio: waits for the branch to be logged off the event loop."""
+        await asyncio.to_thread(self.branch, session_id, leaf_id)
 
     # -- events ---------------------------------------------------------------------------------------
     def subscribe(

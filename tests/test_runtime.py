@@ -176,6 +176,64 @@ def test_the_api_from_asyncio(sessions_dir: Path, provider: Any, script: Any) ->
     assert text == "async answer" and ticks > 0
 
 
+def test_every_blocking_call_has_an_async_twin_that_leaves_the_loop_free(
+    sessions_dir: Path, provider: Any, script: Any
+) -> None:
+    model = script(Turn(text="A1"), Turn(text="A2"), Turn(text="B2"))
+    provider.add_script("other-model", [])
+    other = "openai/other-model"
+
+    async def main() -> dict[str, Any]:
+        async with Runtime(sessions_dir=sessions_dir) as rt:
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.002)
+                    ticks += 1
+
+            task = asyncio.create_task(ticker())
+            out: dict[str, Any] = {}
+            sid = await rt.astart_session(
+                "async-one",
+                model=model,
+                api_base=provider.url,
+                api_key="sk-local",
+                config={"models.context_windows": {other: 50_000}},
+            )
+            for text in ("q1", "q2"):
+                await rt.prompt(sid, text)
+            first_answer = (await rt.amessages(sid))[1]
+            await rt.abranch(sid, first_answer.id)
+            out["branched"] = [m.text for m in await rt.amessages(sid)]
+            out["answer"] = (await rt.prompt(sid, "q2 again")).text
+            out["usage"] = await rt.ausage(sid)
+            out["window"] = await rt.aset_model(sid, other)
+            out["listed"] = [i.id for i in await rt.alist_sessions()]
+            out["hibernated"] = await rt.ahibernate(sid)
+            await rt.astop_session(sid)
+            out["hosted"] = rt.hosted_sessions()
+            assert await rt.aresume_session(sid, api_key="sk-local") == sid
+            out["resumed"] = [m.text for m in await rt.amessages(sid)]
+            await rt.adelete_session(sid)
+            out["after_delete"] = await rt.alist_sessions()
+            with pytest.raises(SessionNotFound):
+                await rt.ausage(sid)
+            ticks_before = ticks
+            await asyncio.sleep(0.05)
+            task.cancel()
+            out["ticking"] = ticks > ticks_before > 0
+            return out
+
+    out = asyncio.run(main())
+    assert out["branched"] == ["q1", "A1"] and out["answer"] == "B2"
+    assert out["usage"].input_tokens > 0 and out["window"] == 50_000
+    assert out["listed"] == ["async-one"] and out["hibernated"] is True and out["hosted"] == []
+    assert out["resumed"] == ["q1", "A1", "q2 again", "B2"]
+    assert out["after_delete"] == [] and out["ticking"]
+
+
 def test_async_subscription_receives_events_in_order(sessions_dir: Path, provider: Any, script: Any) -> None:
     model = script(Turn(text="streamed " * 20))
 
