@@ -1,6 +1,7 @@
-"""The native transport: OpenAI chat completions over httpx, the stream decoded with msgspec (SPEC 3.2).
+"""The native transport: OpenAI chat completions over keep-alive HTTP/1.1, the stream decoded with msgspec (SPEC 3.2).
 
-One ``httpx.AsyncClient`` (a keep-alive connection pool) per base URL. The request body is the one litellm
+Keep-alive connection pools per endpoint (:mod:`runtime.gateway.transports._http`: httpx's pool costs
+O(n) to O(n^2) per call in the number of pooled connections, more than litellm's whole call at a thousand). The request body is the one litellm
 sends for the route (see :mod:`runtime.gateway._routing`), encoded once with msgspec; the response's
 server-sent events are split into lines and each ``data:`` payload decoded straight into msgspec Structs
 that hold only what the runtime reads -- no per-chunk model objects, no logging or cost callbacks. Text,
@@ -11,8 +12,8 @@ to the shared :class:`~runtime.gateway._stream.StreamAssembler`; usage comes fro
 Failures are mapped into the shared error kinds by the same classifier litellm's are: an error response is a
 :class:`ProviderHTTPError` carrying the status, the decoded JSON body (where the overflow classifier reads
 every vendor's wording) and the headers (``retry-after``); an error sent mid-stream, a stream cut short and an
-undecodable chunk are :class:`StreamError` (transient); httpx's own errors keep their names (``ReadTimeout``
-is a timeout, ``ConnectError``, ``ReadError`` and ``RemoteProtocolError`` are transient).
+undecodable chunk are :class:`StreamError` (transient); the HTTP client's errors are named as httpx's are
+(``ReadTimeout`` is a timeout, ``ConnectError``, ``ReadError`` and ``RemoteProtocolError`` are transient).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import httpx
 import msgspec
 
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest, Delta
 from runtime.gateway._stream import StreamAssembler, message_from_response
+from runtime.gateway.transports._http import Endpoint, HTTPClient, Response
 from runtime.gateway.transports.base import Attempt, Transport
 
 if TYPE_CHECKING:
@@ -119,56 +120,36 @@ class OpenAICompatTransport(Transport):
 
     name: ClassVar[str] = NAME
 
-    def __init__(self, *, max_connections: int = 1_000, keepalive_expiry: float = 30.0) -> None:
-        self._limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=keepalive_expiry,
-        )
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        self._timeouts: dict[float, httpx.Timeout] = {}
+    def __init__(self, *, max_connections: int = 1_000, keepalive_expiry: float = 5.0) -> None:
+        self._http = HTTPClient(max_connections=max_connections, keepalive_expiry=keepalive_expiry)
+        self._endpoints: dict[object, Endpoint] = {}
 
-    def _client(self, base_url: str) -> httpx.AsyncClient:
-        client = self._clients.get(base_url)
-        if client is None:
-            client = self._clients[base_url] = httpx.AsyncClient(limits=self._limits, follow_redirects=False)
-        return client
-
-    def _timeout(self, seconds: float) -> httpx.Timeout:
-        timeout = self._timeouts.get(seconds)
-        if timeout is None:  # connect, write, pool and each read: as the OpenAI client applies its timeout
-            timeout = self._timeouts[seconds] = httpx.Timeout(seconds)
-        return timeout
+    def _endpoint(self, route: Route) -> Endpoint:
+        key: object = route.url if not route.headers else (route.url, *sorted(route.headers.items()))
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            endpoint = self._endpoints[key] = Endpoint(route.url, route.headers)
+        return endpoint
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
+        await self._http.aclose()
 
     async def attempt(self, call: Attempt, route: Route) -> Message:
         request = call.request
-        client = self._client(route.base_url)
-        headers = {"content-type": "application/json", **route.headers}
         key = request.api_key or route.api_key
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        sent = client.build_request(
-            "POST",
-            route.url,
-            content=request_body(request, route),
-            headers=headers,
-            timeout=self._timeout(request.timeout),
+        auth = b"authorization: Bearer %s\r\n" % key.encode() if key else b""
+        response = await self._http.post(
+            self._endpoint(route), auth, request_body(request, route), request.timeout
         )
-        response = await client.send(sent, stream=True)
         try:
             call.activity()
-            if response.status_code >= 400:
+            if response.status >= 400:
                 raise await _error_of(response)
             if not request.stream:
-                return _whole(await response.aread(), request, route)
+                return _whole(await response.read(), request, route)
             return await _streamed(response, call, route)
         finally:
-            await response.aclose()
+            response.close()
 
 
 def request_body(request: CompletionRequest, route: Route) -> bytes:
@@ -207,13 +188,13 @@ def _without(message: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in keys}
 
 
-async def _streamed(response: httpx.Response, call: Attempt, route: Route) -> Message:
+async def _streamed(response: Response, call: Attempt, route: Route) -> Message:
     assembler = StreamAssembler()
     on_delta = call.on_delta
     activity = call.activity
     pending = b""
     done = False
-    async for data in response.aiter_bytes():
+    async for data in response.chunks():
         activity()
         if pending:
             data = pending + data
@@ -305,19 +286,15 @@ def _whole(data: bytes, request: CompletionRequest, route: Route) -> Message:
     )
 
 
-async def _error_of(response: httpx.Response) -> ProviderHTTPError:
-    raw = b""
-    async for data in response.aiter_bytes():
-        raw += data
-        if len(raw) >= MAX_ERROR_BODY:
-            break
+async def _error_of(response: Response) -> ProviderHTTPError:
+    raw = await response.read(MAX_ERROR_BODY)
     text = raw[:MAX_ERROR_BODY].decode("utf-8", "replace")
     try:
         body: object = _decode_any(raw) if raw and len(raw) < MAX_ERROR_BODY else text
     except msgspec.DecodeError:
         body = text
-    message = _message_of(body) or text.strip() or f"HTTP {response.status_code} {response.reason_phrase}"
-    return ProviderHTTPError(response.status_code, message, body, response.headers)
+    message = _message_of(body) or text.strip() or f"HTTP {response.status} {response.reason}"
+    return ProviderHTTPError(response.status, message, body, response.headers)
 
 
 def _stream_error(error: object, payload: bytes) -> ProviderHTTPError:
