@@ -258,3 +258,12 @@ def test_dialects_shape_the_body_as_litellm_does() -> None:
     assert "reasoning_content" not in groq and "thinking_blocks" not in groq
     assert body("openrouter/x")["usage"] == {"include": True}
     assert HISTORY[2].reasoning, "the caller's messages are left as they were"
+
+
+def test_an_endpoint_behind_a_proxy_goes_to_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    router = Router()
+    proxied = router.route(req("gpt-4o-mini"))
+    assert proxied.transport == "litellm" and "proxy" in proxied.reason
+    assert router.route(req("openai/x", api_base="https://127.0.0.1:9/v1")).transport == "openai_compat"

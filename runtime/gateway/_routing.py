@@ -16,7 +16,8 @@ litellm's own provider resolution (``litellm.get_llm_provider``), and the answer
 Whatever the setting, a call the native transport cannot make the same way goes to litellm: an in-process
 ``mock_response``, ``extra`` parameters (litellm maps them per provider), a ``temperature`` the model takes
 only in litellm's mapping (OpenAI's reasoning models), models litellm serves through OpenAI's Responses API,
-and providers without a known endpoint. The :class:`Route` says which transport and why.
+providers without a known endpoint, and endpoints the environment sends through a proxy
+(``HTTPS_PROXY``...). The :class:`Route` says which transport and why.
 """
 
 from __future__ import annotations
@@ -224,6 +225,11 @@ def resolve(model: str, api_base: str | None, mode: TransportMode) -> _Resolved:
     base = _base_url(litellm, provider, api_base or resolved_base)
     if not base:
         return litellm_only(f"{provider}: no endpoint known without litellm")
+    if not base.startswith(("http://", "https://")):
+        return litellm_only(f"{base}: not an http(s) endpoint")
+    proxy = _proxy_for(base)
+    if proxy:
+        return litellm_only(f"a proxy is configured for {proxy}: litellm's HTTP client goes through it")
     headers: dict[str, str] = {}
     api_key = env_key or litellm.api_key
     if provider == "openai":
@@ -286,6 +292,19 @@ def _base_url(litellm: Any, provider: str, given: str | None) -> str | None:
     if provider == "openrouter":
         return litellm.api_base or os.environ.get("OPENROUTER_API_BASE") or "https://openrouter.ai/api/v1"
     return None
+
+
+def _proxy_for(url: str) -> str | None:
+    """The host of ``url`` if the environment names a proxy for it (``HTTPS_PROXY``, ``NO_PROXY``...)."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return None
+    host = parts.hostname or ""
+    return None if urllib.request.proxy_bypass(host) else host
 
 
 _PROBE_TOKENS: Final = 1_024
