@@ -130,6 +130,17 @@ def _throughput(doc: dict[str, Any]) -> Summary:
                 row["vs_bare"] >= target,
             )
         )
+    for row in _rows(doc, bench="turns", side="native"):
+        out.append(
+            _figure(
+                "throughput",
+                f"{row['mode']} x{row['sessions']}, native transport: turns/s; CPU per turn vs bare litellm",
+                f"{row['vs_bare']:.2f}; {row['cpu_vs_bare']:.3f} ({row['turns_per_s']:.1f} turns/s,"
+                f" {row['cpu_ms_per_turn']:.2f} ms a turn)",
+                "-",
+                None,
+            )
+        )
     for row in _rows(doc, bench="turns_cpu_off", side="runtime"):
         out.append(
             _figure(
@@ -281,9 +292,54 @@ def _store(doc: dict[str, Any]) -> Summary:
 def _gateway(doc: dict[str, Any]) -> Summary:
     meta = doc["meta"]
     ratio, target = meta["ratio"], meta.get("target_ratio", 0.9)
-    return [
-        _figure("gateway", "gateway calls/s vs bare litellm", f"{ratio:.2f}", f">= {target}", ratio >= target)
+    out = [
+        _figure(
+            "gateway",
+            "gateway (litellm) calls/s vs bare litellm",
+            f"{ratio:.2f}",
+            f">= {target}",
+            ratio >= target,
+        )
     ]
+    if "native_cpu_per_call_ratio" in meta:
+        out.append(
+            _figure(
+                "gateway",
+                "gateway (native) CPU per call vs bare litellm",
+                f"{meta['native_cpu_per_call_ratio']:.3f} ({meta['median_cpu_ms_per_call']['native']:.2f} ms;"
+                f" calls/s {meta['native_ratio']:.1f}x)",
+                "-",
+                None,
+            )
+        )
+    return out
+
+
+def _capacity(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    for name, figure in doc["meta"]["figures"].items():
+        target = figure["target"]
+        sign = "<=" if "cpu" in name else ">="
+        out.append(
+            _figure(
+                "capacity",
+                name.replace("_", " "),
+                f"{figure['ratio']:.3f}",
+                f"{sign} {target}" if target is not None else "-",
+                figure["met"],
+            )
+        )
+    for row in doc["rows"]:
+        out.append(
+            _figure(
+                "capacity",
+                f"{row['side']} x{row['sessions']}: turns/s, CPU per turn",
+                f"{row['turns_per_s']:.1f}, {row['cpu_ms_per_turn']:.2f} ms",
+                "-",
+                None,
+            )
+        )
+    return out
 
 
 BENCHES: tuple[Bench, ...] = (
@@ -306,7 +362,21 @@ BENCHES: tuple[Bench, ...] = (
     Bench("tokens", ("--quick",), (), _tokens, "token accounting per turn against history length"),
     Bench("compaction", ("--repeat", "5"), (), _compaction, "compaction of 10,000 messages, every mode"),
     Bench("store", ("--quick",), (), _store, "appends, reopen, per-turn view"),
-    Bench("gateway", ("--calls", "20", "--rounds", "2"), (), _gateway, "the gateway against bare litellm"),
+    Bench(
+        "gateway",
+        ("--calls", "20", "--rounds", "2"),
+        (),
+        _gateway,
+        "the gateway on each transport against bare litellm",
+    ),
+    Bench(
+        "capacity",
+        ("--quick",),
+        (),
+        _capacity,
+        "1,000 sessions, 1-2 s provider latency: CPU per turn, turns/s; runtime (both transports) against bare"
+        " litellm, the openai SDK and the Agents SDK",
+    ),
 )
 
 

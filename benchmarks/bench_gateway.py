@@ -1,17 +1,20 @@
-"""Gateway throughput against bare litellm (SPEC 8: runtime overhead <= 10%).
+"""Gateway throughput on each transport against bare litellm (SPEC 8: runtime overhead <= 10%).
 
-Both sides make the same streamed calls (``stream_options.include_usage``) to the same local provider,
+All sides make the same streamed calls (``stream_options.include_usage``) to the same local provider,
 which runs in its own process so that it does not compete with the client for the GIL:
 
 - **bare**: ``asyncio.gather`` of ``concurrency`` workers, each awaiting ``litellm.acompletion`` and reading
   the stream to its end, on the gateway's own I/O loop;
-- **gateway**: ``Gateway.complete`` with the same concurrency, driven the way actors drive it: each result
-  is handed to another thread (the "dispatcher"), which converts nothing and immediately starts the next
-  call. The gateway converts our messages, assembles the message and usage, watches for stalls and
-  delivers results across threads; that work is the overhead measured.
+- **gateway** (``gateway.transport = "litellm"``) and **native** (``"openai_compat"``): ``Gateway.complete``
+  with the same concurrency, driven the way actors drive it: each result is handed to another thread (the
+  "dispatcher"), which converts nothing and immediately starts the next call. The gateway converts our
+  messages, assembles the message and usage, watches for stalls and delivers results across threads; on
+  the native transport it also speaks HTTP and decodes the stream itself, in place of litellm.
 
-Rounds alternate (bare, gateway, bare, ...) so that both sides of a round see the same machine load; the
-figure is the median of the per-round ratios gateway / bare. Target: >= 0.90.
+Rounds alternate the order of the sides (bare, gateway, native, then native, gateway, bare, ...) so that
+all see the same machine load; the figures are the medians of the per-round ratios to bare. Target: the
+litellm transport >= 0.90 of bare litellm's calls/s. The native one's CPU per call is reported against bare
+litellm's (``bench_capacity`` compares whole turns with the openai SDK and the Agents SDK).
 
 Run: ``python -m benchmarks.bench_gateway`` (``--quick`` for a short run).
 """
@@ -31,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 import runtime  # noqa: F401  (offline environment before litellm and tiktoken load)
 from runtime.config import RetryConfig
@@ -182,34 +187,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_litellm()
         gateway = Gateway(io, RetryConfig(max_attempts=1))
         request = CompletionRequest(
-            model=f"openai/{MODEL}", messages=_conversation(), api_base=url, api_key="sk-bench"
+            model=f"openai/{MODEL}",
+            messages=_conversation(),
+            api_base=url,
+            api_key="sk-bench",
+            transport="litellm",
         )
-        # Warm-up: connection pools, litellm's lazy imports and caches, on both paths.
+        native = msgspec.structs.replace(request, transport="openai_compat")
+        assert gateway.route(native).transport == "openai_compat"
+        # Warm-up: connection pools, litellm's lazy imports and caches, on every path.
         run_bare(io, request, max(20, args.concurrency), args.concurrency)
         run_gateway(gateway, request, max(20, args.concurrency), args.concurrency)
+        run_gateway(gateway, native, max(20, args.concurrency), args.concurrency)
+        sides: list[tuple[str, Callable[[], float]]] = [
+            ("bare", lambda: run_bare(io, request, calls, args.concurrency)),
+            ("gateway", lambda: run_gateway(gateway, request, calls, args.concurrency)),
+            ("native", lambda: run_gateway(gateway, native, calls, args.concurrency)),
+        ]
         rows: list[dict[str, Any]] = []
         for r in range(1, rounds + 1):
-            # Alternate which side goes first, so that neither always runs on a warmer (or busier) machine.
-            if r % 2:
-                bare, bare_cpu = _measured(run_bare, io, request, calls, args.concurrency)
-                gated, gated_cpu = _measured(run_gateway, gateway, request, calls, args.concurrency)
-            else:
-                gated, gated_cpu = _measured(run_gateway, gateway, request, calls, args.concurrency)
-                bare, bare_cpu = _measured(run_bare, io, request, calls, args.concurrency)
+            # Alternate the order, so that no side always runs on a warmer (or busier) machine.
+            measured = {name: _measured(run) for name, run in (sides if r % 2 else sides[::-1])}
+            bare, bare_cpu = measured["bare"]
+            gated, gated_cpu = measured["gateway"]
+            fast, fast_cpu = measured["native"]
             rows.append(
                 {
                     "round": r,
                     "calls": calls,
                     "bare_calls_per_s": bare,
                     "gateway_calls_per_s": gated,
+                    "native_calls_per_s": fast,
                     "ratio": gated / bare,
+                    "native_ratio": fast / bare,
                     "bare_cpu_ms_per_call": bare_cpu * 1000 / calls,
                     "gateway_cpu_ms_per_call": gated_cpu * 1000 / calls,
+                    "native_cpu_ms_per_call": fast_cpu * 1000 / calls,
                 }
             )
             print(
-                f"round {r}: bare {bare:7.1f} calls/s  gateway {gated:7.1f} calls/s  ratio {gated / bare:.3f}  "
-                f"(CPU per call: bare {bare_cpu * 1000 / calls:.1f} ms, gateway {gated_cpu * 1000 / calls:.1f} ms)",
+                f"round {r}: bare {bare:7.1f}  gateway {gated:7.1f}  native {fast:7.1f} calls/s  "
+                f"(CPU per call: bare {bare_cpu * 1000 / calls:.2f} ms, gateway {gated_cpu * 1000 / calls:.2f} ms, "
+                f"native {fast_cpu * 1000 / calls:.2f} ms)",
                 flush=True,
             )
     finally:
@@ -217,30 +236,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         parent.send("stop")
         server.join(10)
 
-    bare_median = statistics.median(r["bare_calls_per_s"] for r in rows)
-    gateway_median = statistics.median(r["gateway_calls_per_s"] for r in rows)
+    medians = {
+        side: statistics.median(r[f"{side}_calls_per_s"] for r in rows)
+        for side in ("bare", "gateway", "native")
+    }
+    cpu = {
+        side: statistics.median(r[f"{side}_cpu_ms_per_call"] for r in rows)
+        for side in ("bare", "gateway", "native")
+    }
     ratio = statistics.median(r["ratio"] for r in rows)
+    native_ratio = statistics.median(r["native_ratio"] for r in rows)
     print()
     _print_table(
         [
-            {"side": "bare litellm", "median_calls_per_s": bare_median},
-            {"side": "gateway", "median_calls_per_s": gateway_median},
+            {"side": "bare litellm", "median_calls_per_s": medians["bare"], "cpu_ms_per_call": cpu["bare"]},
+            {
+                "side": "gateway (litellm)",
+                "median_calls_per_s": medians["gateway"],
+                "cpu_ms_per_call": cpu["gateway"],
+            },
+            {
+                "side": "gateway (native)",
+                "median_calls_per_s": medians["native"],
+                "cpu_ms_per_call": cpu["native"],
+            },
         ],
-        ["side", "median_calls_per_s"],
+        ["side", "median_calls_per_s", "cpu_ms_per_call"],
     )
     verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
     cpu_ratio = statistics.median(r["gateway_cpu_ms_per_call"] / r["bare_cpu_ms_per_call"] for r in rows)
-    print(f"CPU per call, gateway / bare, median: {cpu_ratio:.3f} (lower is better)")
-    print(f"gateway / bare, median of {rounds} rounds: {ratio:.3f} (target >= {TARGET_RATIO}): {verdict}")
+    native_cpu_ratio = statistics.median(
+        r["native_cpu_ms_per_call"] / r["bare_cpu_ms_per_call"] for r in rows
+    )
+    print(
+        f"CPU per call, gateway (litellm) / bare, median: {cpu_ratio:.3f}; native / bare: {native_cpu_ratio:.3f}"
+    )
+    print(f"native / bare calls/s, median of {rounds} rounds: {native_ratio:.3f}")
+    print(
+        f"gateway (litellm) / bare calls/s, median of {rounds} rounds: {ratio:.3f} (target >= {TARGET_RATIO}): {verdict}"
+    )
     meta = {
         "calls_per_round": calls,
         "rounds": rounds,
         "concurrency": args.concurrency,
         "stream": True,
-        "median_bare_calls_per_s": bare_median,
-        "median_gateway_calls_per_s": gateway_median,
+        "median_bare_calls_per_s": medians["bare"],
+        "median_gateway_calls_per_s": medians["gateway"],
+        "median_native_calls_per_s": medians["native"],
         "ratio": ratio,
+        "native_ratio": native_ratio,
         "cpu_per_call_ratio": cpu_ratio,
+        "native_cpu_per_call_ratio": native_cpu_ratio,
+        "median_cpu_ms_per_call": cpu,
         "target_ratio": TARGET_RATIO,
         "python": platform.python_version(),
         "machine": platform.machine(),

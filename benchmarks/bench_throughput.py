@@ -18,15 +18,18 @@ Sides, all in this process:
   tools, no retries. It reads the stream, puts the text and tool calls back together, and runs the tool
   inline. There is no runtime.
 - ``runtime``: a default :class:`runtime.Runtime` (fsync at turn end, transcripts on, its own threads on
-  one CPU: ``runtime.cpu = "auto"``) with N sessions. Driver coroutines on one asyncio loop await each
-  prompt's handle.
+  one CPU: ``runtime.cpu = "auto"``) with N sessions, its calls on the litellm transport
+  (``gateway.transport = "litellm"``). Driver coroutines on one asyncio loop await each prompt's handle.
+- ``native`` (``http`` only): the same runtime on the native OpenAI-compatible transport
+  (``gateway.transport = "openai_compat"``, what ``auto`` picks for these calls). litellm's in-process mock
+  exists only in litellm, so ``mock`` turns have no native side.
 - ``threads``: the same runtime with one dispatcher thread per session actor (5 per session). This is the
   thread count and scheduling of pykka's ThreadingActor. The session actors rely on the pooled actors'
   non-blocking replies, so they cannot run on ``ThreadingActor`` itself.
 
-Both sides are set up once, warmed, and kept open; then they take turns. A slice is ``turns`` turns of
+The sides are set up once, warmed, and kept open; then they take turns. A slice is ``turns`` turns of
 N new conversations at once (the runtime starts its N sessions before the clock runs); the sides alternate
-slices in A B B A order, so a drift of the machine's speed hits both alike. This matters here: the same
+slices in A B B A order (A B C C B A with the native side), so a drift of the machine's speed hits all alike. This matters here: the same
 pure-Python loop runs at anything from 200 to 370 ms from one second to the next on this shared 2-core
 machine, which two long back-to-back runs cannot tell from a difference between the sides. Each side's
 slice rates are compared with the other side's slice next to it in time; the ratio reported is the median
@@ -89,7 +92,7 @@ MAX_ATTEMPTS = 3  # the runtime's default (retry.max_attempts)
 ACTORS_PER_SESSION = 5
 
 Mode = Literal["http", "mock"]
-Side = Literal["bare", "runtime", "threads"]
+Side = Literal["bare", "runtime", "native", "threads"]
 
 
 def add(a: int, b: int) -> str:
@@ -407,13 +410,15 @@ class OnRuntime:
         subscribers: int = 0,
         thread_per_actor: bool = False,
         overrides: dict[str, Any] | None = None,
+        transport: str = "litellm",
     ) -> None:
         self.work = work
         self.url = url
         self.subscribers = subscribers
         self.thread_per_actor = thread_per_actor
-        self.side: Side = "threads" if thread_per_actor else "runtime"
-        self.overrides = dict(overrides or {})
+        native = transport == "openai_compat"
+        self.side: Side = "threads" if thread_per_actor else "native" if native else "runtime"
+        self.overrides = {"gateway.transport": transport, **(overrides or {})}
         self.rt: Any = None
         self.folder: str | None = None
         self.sids: list[str] = []
@@ -586,21 +591,29 @@ async def alternate(
 
     Runs ``i`` of the two lists were measured next to each other in time.
     """
-    ones: list[Run] = []
-    twos: list[Run] = []
+    ones, twos = await alternate_all([first, second], rounds, warmup)
+    return ones, twos
+
+
+async def alternate_all(contenders: Sequence[Contender], rounds: int, warmup: int) -> list[list[Run]]:
+    """``rounds`` slices of each contender, in A B C C B A order; all stay open throughout. Runs ``i`` of
+    the lists were measured next to each other in time."""
+    runs: list[list[Run]] = [[] for _ in contenders]
+    opened: list[Contender] = []
     try:
-        await first.open(warmup)
-        await second.open(warmup)
+        for contender in contenders:
+            await contender.open(warmup)
+            opened.append(contender)
         for i in range(rounds):
-            order = ((first, ones), (second, twos)) if i % 2 == 0 else ((second, twos), (first, ones))
-            for contender, runs in order:
+            order = list(zip(contenders, runs, strict=True))
+            for contender, mine in order if i % 2 == 0 else order[::-1]:
                 run = await asyncio.wait_for(contender.slice(), SLICE_TIMEOUT)
                 _progress(run)
-                runs.append(run)
+                mine.append(run)
     finally:
-        await second.close()
-        await first.close()
-    return ones, twos
+        for contender in reversed(opened):
+            await contender.close()
+    return runs
 
 
 # -- rows, plans, main --------------------------------------------------------------------------------------
@@ -631,6 +644,8 @@ def _row(runs: list[Run], baseline: list[Run] | None) -> dict[str, Any]:
         ratios = [r.turns_per_s / b.turns_per_s for r, b in zip(runs, baseline)]
         row["vs_bare"] = round(statistics.median(ratios), 3)
         row["vs_bare_spread"] = _spread(ratios)
+        cpu = [(r.cpu_seconds / r.turns) / (b.cpu_seconds / b.turns) for r, b in zip(runs, baseline)]
+        row["cpu_vs_bare"] = round(statistics.median(cpu), 3)
     if first.subscribers:
         row["subscribers"] = first.subscribers
         row["deliveries"] = sum(r.deliveries for r in runs)
@@ -702,8 +717,8 @@ _COMMON = (
 )
 _TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "turns": (
-        "Turn throughput, runtime against bare litellm",
-        (*_COMMON, "calls_per_s", "vs_bare", "vs_bare_spread"),
+        "Turn throughput, runtime (litellm transport; native: openai_compat) against bare litellm",
+        (*_COMMON, "calls_per_s", "vs_bare", "vs_bare_spread", "cpu_vs_bare"),
     ),
     "thread_per_actor": (
         "Pooled actors against one thread per actor (ThreadingActor's thread count)",
@@ -798,6 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-one-core", action="store_true", help="skip the pinned-to-one-CPU comparison")
     parser.add_argument("--no-fanout", action="store_true", help="skip the subscriber fan-out runs")
     parser.add_argument("--no-unplaced", action="store_true", help="skip the runs with runtime.cpu = off")
+    parser.add_argument("--no-native", action="store_true", help="skip the native transport's side (http)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
@@ -810,6 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def compare(first: Contender, second: Contender, rounds: int) -> tuple[list[Run], list[Run]]:
         return loop.run_until_complete(alternate(first, second, args.rounds or rounds, plan.warmup))
+
+    def compare_all(contenders: list[Contender], rounds: int) -> list[list[Run]]:
+        return loop.run_until_complete(alternate_all(contenders, args.rounds or rounds, plan.warmup))
 
     rows: list[dict[str, Any]] = []
     unplaced = [p for p in plan.unplaced if p[0] in modes] if not args.no_unplaced else []
@@ -826,9 +845,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = provider.url if provider is not None and mode == "http" else None
             for sessions, turns, rounds in sizes:
                 work = Workload(mode, sessions, turns)  # type: ignore[arg-type]
-                bare, ours = compare(Bare(work, url, tools), OnRuntime(work, url), rounds)
+                contenders: list[Contender] = [Bare(work, url, tools), OnRuntime(work, url)]
+                if mode == "http" and not args.no_native:
+                    contenders.append(OnRuntime(work, url, transport="openai_compat"))
+                bare, *ours = compare_all(contenders, rounds)
                 rows.append(_row(bare, None))
-                rows.append(_row(ours, bare))
+                rows.extend(_row(runs, bare) for runs in ours)
         if not args.no_threads:
             for sessions, turns, rounds in plan.threads:
                 work = Workload("mock", sessions, turns)
@@ -877,7 +899,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             provider.close()
 
     ratios = {
-        f"{r['mode']}_{r['sessions']}": r["vs_bare"] for r in rows if r["bench"] == "turns" and "vs_bare" in r
+        f"{r['mode']}_{r['sessions']}": r["vs_bare"]
+        for r in rows
+        if r["bench"] == "turns" and r["side"] == "runtime" and "vs_bare" in r
+    }
+    native = {
+        f"{r['mode']}_{r['sessions']}": {"turns_vs_bare": r["vs_bare"], "cpu_vs_bare": r["cpu_vs_bare"]}
+        for r in rows
+        if r["bench"] == "turns" and r["side"] == "native"
     }
     met = {key: ratio >= TARGET_RATIO for key, ratio in ratios.items()}
     meta = {
@@ -889,9 +918,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_sessions": plan.warmup,
         "target_ratio": TARGET_RATIO,
         "runtime_vs_bare": ratios,
+        "native_vs_bare": native,
         "met": met,
         "turn": {
-            "http": "prompt -> tool call (add) -> tool result -> answer: 2 streamed calls over HTTP",
+            "http": "prompt -> tool call (add) -> tool result -> answer: 2 streamed calls over HTTP (runtime: on"
+            " the litellm transport; native: on openai_compat)",
             "mock": "prompt -> answer: 1 streamed litellm mock_response call, no network",
         },
         "config": (
@@ -906,6 +937,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, ok in met.items():
         print(
             f"runtime / bare turns/s, {key}: {ratios[key]:.3f} (target >= {TARGET_RATIO}): {'met' if ok else 'NOT met'}"
+        )
+    for key, figures in native.items():
+        print(
+            f"native transport / bare litellm, {key}: turns/s {figures['turns_vs_bare']:.3f},"
+            f" CPU per turn {figures['cpu_vs_bare']:.3f}"
         )
     return 0
 
