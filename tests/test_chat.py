@@ -11,7 +11,7 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,22 @@ class Terminal:
     def line(self, text: str) -> None:
         self.type(text + "\r")
 
+    def wait_reading(self, timeout: float = 30.0) -> None:
+        """Wait until the child's main thread sleeps waiting for a key (readline polling the terminal)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                wchan = Path(f"/proc/{self.pid}/wchan").read_text()
+            except OSError:
+                wchan = ""
+            if wchan in ("", "0"):  # the kernel does not say here: give it a moment, as a person would
+                time.sleep(0.5)
+                return
+            if any(word in wchan for word in ("poll", "select", "tty_read", "wait_woken")):
+                return
+            assert time.monotonic() < deadline, f"the chat is not reading the terminal (in {wchan})"
+            time.sleep(0.01)
+
     def wait(self, timeout: float = 20.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -121,6 +137,13 @@ def chat(tmp_path: Path) -> Iterator[Any]:
 
 
 PROMPT = r"\n> "
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_a_chat_streams_replies_and_runs_every_command(chat: Any) -> None:
@@ -196,30 +219,37 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     )
     assert 'You asked: "remember the blue door"' in out.getvalue()
 
-    term = chat("--session", "resume-me", "--latency", "30")  # every reply takes 30 s
+    # Every reply takes 120 s: a turn that ends well before that was aborted, not answered.
+    term = chat("--session", "resume-me", "--latency", "120")
     term.expect(r"resumed session resume-me")
     term.line("/branch")
     term.expect(r"1\. remember the blue door")
     term.expect(PROMPT)
 
+    transcript = chat.sessions / "resume-me.events.jsonl"
+    requests = transcript.read_bytes().count(b'"type":"request_start"')
     term.line("this reply will be slow")
-    time.sleep(1.0)  # the request is waiting on the provider
+    # Ctrl-C once the request is waiting on the provider (its request_start is in the transcript), not
+    # after a fixed pause: on a loaded machine the line may not even be read yet, and a Ctrl-C then
+    # discards it in the terminal and leaves nothing to abort.
+    wait_until(lambda: transcript.read_bytes().count(b'"type":"request_start"') > requests, timeout=60)
     started = time.monotonic()
     term.type("\x03")
-    term.expect(r"\[aborted\]", timeout=10)
+    term.expect(r"\[aborted\]", timeout=60)
     term.expect(PROMPT)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # half the reply's latency: the abort, not the answer
     # At the prompt Ctrl-C only clears the line. (Wait until input() is reading: a SIGINT in the instant
     # between readline printing the prompt and waiting for a key is only seen at the next key.)
-    time.sleep(0.3)
+    term.wait_reading()
     term.type("\x03")
     term.expect(r"Ctrl-C aborts a running turn")
     term.line("/sessions")
     term.expect(r"\* resume-me")
     term.expect(PROMPT)
-    time.sleep(0.3)  # as above: a key typed before readline reads is handled by the line discipline
+    term.wait_reading()  # as above: a key typed before readline reads is handled by the line discipline
     term.type("\x04")  # Ctrl-D leaves
     assert term.wait() == 0
+    assert 'You asked: "this reply will be slow"' not in term.seen  # it was never answered
 
 
 def stats(**overrides: Any) -> ContextStats:

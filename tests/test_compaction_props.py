@@ -24,6 +24,9 @@ from runtime.context.compaction import (
     plan_compaction,
 )
 from runtime.context.prompts import SUMMARY_PREFIX
+from runtime.store.entries import decode_entries, encode_entry, new_header
+from runtime.store.log import replay
+from runtime.store.tree import SessionTree
 
 CONFIG = CompactionConfig()
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -145,15 +148,30 @@ def test_any_history_compacts_consistently(
     summary = result.summary
     assert summary.kind == m.KIND_COMPACTION_SUMMARY and summary.text.startswith(SUMMARY_PREFIX)
     assert not set(summary.metadata["read_files"]) & set(summary.metadata["modified_files"])
-    # The store keeps every original message and shows the summary followed by the kept part.
-    log = [*msgs, summary]
-    first = next((i for i, x in enumerate(msgs) if x.id == result.first_kept_id), len(msgs))
-    view = [summary, *msgs[first:]]
-    assert [x.id for x in view] == [x.id for x in result.messages]
     ids = [x.id for x in result.messages]
     assert len(ids) == len(set(ids))
-    assert {x.id for x in msgs} <= {x.id for x in log}
     assert set(ids) - {summary.id} == {x.id for x in plan.kept}
+    # Record it as the store does, write the log, and read it back as a restarted store would: the log
+    # keeps every original message, and the model's view computed from it is the summary followed by the
+    # kept part — what the compaction reported, and worth the tokens it reported.
+    tree = SessionTree(new_header("props", model="m"))
+    for x in msgs:
+        tree.append(x)
+    tree.record_compaction(
+        summary,
+        result.first_kept_id,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        mode=result.mode,
+        trigger=result.trigger,
+    )
+    reread = replay("props.jsonl", decode_entries(b"".join(encode_entry(e) for e in tree.entries())))
+    for store in (tree, reread):
+        context = store.context()
+        assert [x.id for x in context] == [x.id for x in result.messages if x.agent_visible]
+        assert sum(count(x) for x in context) == result.tokens_after
+        assert store.usage_floor == len(context)  # nothing appended since the compaction
+        assert [x.id for x in store.messages()] == [*(x.id for x in msgs), summary.id]  # nothing lost
 
 
 @PROPS
