@@ -127,6 +127,7 @@ class _Run:
     reclipped: bool = False  # the newest step's results were clipped again to fit after compaction
     continued: bool = False  # the run was cut off by a crash of the agent and taken up by its successor
     joined: list[Prompt] = field(default_factory=list)  # steering messages applied to this run
+    child_input_tokens: int = 0  # what its sub-agents sent, counted against its spend guard (SPEC 3.10)
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     estimated_tokens: int = 0
     last_message: Message | None = None
@@ -423,7 +424,7 @@ class Agent(SessionActor):
             pending=self._pending_trigger,
             threshold_used=run.compacted,
             overflow_used=run.overflow_recoveries > 0,
-            turn_input_tokens=run.usage.input_tokens,
+            turn_input_tokens=run.usage.input_tokens + run.child_input_tokens,
             turn_budget=ws.turn_input_budget(cfg.agent.max_turn_input_tokens, self.context_window),
             tool_results_in_view=self._working_set_has_results(context),
             compactable=lambda: ws.compactable_tokens(context, self.counter.count_message),
@@ -712,6 +713,7 @@ class Agent(SessionActor):
         run.tools = None
         self._enter(AgentState.RUNNING)
         run.step_results, run.reclipped = tuple(r.message for r in results), False
+        run.child_input_tokens += sum(_child_input_tokens(m) for m in run.step_results)
         compaction = self.spec.config.compaction
         budget = ws.working_set_budget(
             limit=effective_limit(self.context_window, compaction) or self.context_window,
@@ -908,6 +910,13 @@ class Agent(SessionActor):
         self.state = state
         turn = turn_id or (self.run.turn_id if self.run is not None else None)
         self.emit(ev.StatusUpdate, state=str(state), previous=str(previous), turn_id=turn)
+
+
+def _child_input_tokens(result: Message) -> int:
+    """The input tokens a sub-agent spent on a delegation, as its tool result records them."""
+    usage = result.metadata.get("child_usage")
+    tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else 0
 
 
 def abandon(handover: Handover, reason: str) -> None:

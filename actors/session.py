@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, cast
 
+import msgspec
 import pykka
 
 from actors.agent import Agent, abandon
@@ -225,4 +226,6 @@ def header_for(spec: SessionSpec) -> Any:
         api_base=spec.api_base,
         tools=spec.tools.names,
         config=spec.overrides,
+        agents={name: msgspec.to_builtins(profile) for name, profile in spec.agents.items()},
+        parent=spec.parent,
     )

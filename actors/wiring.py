@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from runtime.config import Config
+from runtime.config import AgentProfile, Config
 
 if TYPE_CHECKING:
     from actors.agent import Handover
@@ -38,6 +38,8 @@ class SessionSpec:
     require_approval: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
     resume: bool = False
+    agents: dict[str, AgentProfile] = field(default_factory=dict)  # sub-agent profiles it may delegate to
+    parent: tuple[str, str, int] | None = None  # a sub-agent's parent session, call id and depth
 
 
 @dataclass

@@ -256,14 +256,18 @@ class BareLitellm(BareSide):
 
 
 def _openai_client(url: str, sessions: int) -> Any:
-    import httpx
+    """The SDK's client with a pool as large as the native transport's (1,000, all kept alive) and its
+    timeout for connecting too (the SDK's default gives up connecting after 5 s: a thousand connections
+    opened at once on a loaded machine take longer)."""
     import openai
 
-    limits = httpx.Limits(
-        max_connections=max(1_000, sessions), max_keepalive_connections=max(1_000, sessions)
-    )
-    http = openai.DefaultAsyncHttpxClient(limits=limits)
-    return openai.AsyncOpenAI(base_url=url, api_key=API_KEY, max_retries=0, http_client=http)
+    try:  # the openai SDK's HTTP stack: httpx, or its fork httpx2 (openai >= 3)
+        import httpx2 as hx
+    except ImportError:
+        import httpx as hx
+    limits = hx.Limits(max_connections=max(1_000, sessions), max_keepalive_connections=max(1_000, sessions))
+    http = openai.DefaultAsyncHttpxClient(limits=limits, timeout=hx.Timeout(600.0))
+    return openai.AsyncOpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=600.0, http_client=http)
 
 
 class BareOpenAI(BareSide):
@@ -381,7 +385,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 async def measure(
-    sides: list[Any], provider: ProviderProcess, sessions: int, turns: int, rounds: int, warmup: int
+    sides: list[Any],
+    provider: ProviderProcess,
+    sessions: int,
+    turns: int,
+    rounds: int,
+    warmup: int,
+    failures: dict[str, str],
 ) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {side.name: [] for side in sides}
     try:
@@ -392,9 +402,15 @@ async def measure(
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
-                runs[side.name].append(
-                    await asyncio.wait_for(_slice(side, sessions, turns, provider), SLICE_TIMEOUT)
-                )
+                if side.name in failures:
+                    continue
+                try:
+                    run = await asyncio.wait_for(_slice(side, sessions, turns, provider), SLICE_TIMEOUT)
+                except Exception as exc:  # one side failing must not lose the others' figures
+                    failures[side.name] = f"{type(exc).__name__}: {exc}"[:300]
+                    print(f"  {side.name:16} FAILED: {failures[side.name]}", flush=True)
+                    continue
+                runs[side.name].append(run)
     finally:
         for side in sides:
             with contextlib.suppress(Exception):
@@ -451,9 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = {s.strip() for s in args.sides.split(",")} if args.sides else None
     sides = [s for s in candidates if chosen is None or s.name in chosen]
     provider = ProviderProcess(low, high)
+    failures: dict[str, str] = {}
     loop = asyncio.new_event_loop()
     try:
-        runs = loop.run_until_complete(measure(sides, provider, sessions, turns, rounds, min(sessions, 50)))
+        runs = loop.run_until_complete(
+            measure(sides, provider, sessions, turns, rounds, min(sessions, 50), failures)
+        )
     finally:
         with contextlib.suppress(Exception):
             loop.run_until_complete(loop.shutdown_asyncgens())
@@ -495,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "provider_latency_s": [low, high],
         "turn": "prompt -> one streamed answer with usage (history growing); the provider in a child process",
         "agents_sdk": "measured" if missing is None else f"not installed: {missing}",
+        "failed": failures,
         "figures": figures,
     }
     print()

@@ -61,12 +61,15 @@ class Subscription:
         sessions: frozenset[str] | None,
         types: frozenset[str] | None,
         queue_size: int,
+        include_children: bool = False,
     ) -> None:
         self.sessions = sessions
         """The session ids it receives, or None for all sessions."""
         self.types = types
         """The event types it receives, or None for all (lag notices always come through)."""
         self.queue_size = queue_size
+        self.include_children = include_children
+        """Whether the sub-agent sessions of its sessions (and theirs) come through too."""
         self.dropped = 0
         """How many events it has lost so far by falling behind."""
         self._bus = bus
@@ -302,6 +305,7 @@ class EventBus:
         self._everything: tuple[Subscription, ...] = ()
         self._by_session: dict[str, tuple[Subscription, ...]] = {}
         self._tags: dict[type, str] = {}
+        self._parents: dict[str, tuple[str, str]] = {}  # sub-agent session -> (parent, call id)
 
     def publish(self, event: E) -> E:
         """Stamp ``event`` with its session's next ``seq`` (from 1) and ``ts`` (now, unless already set),
@@ -314,7 +318,17 @@ class EventBus:
         with self._lock:
             seq = self._seqs.get(sid, 0) + 1
             self._seqs[sid] = seq
-            event = replace(event, seq=seq, ts=event.ts or time.time())
+            parent = self._parents.get(sid) if self._parents else None
+            if parent is None:
+                event = replace(event, seq=seq, ts=event.ts or time.time())
+            else:
+                event = replace(
+                    event,
+                    seq=seq,
+                    ts=event.ts or time.time(),
+                    parent_session_id=parent[0],
+                    parent_call_id=parent[1],
+                )
             for sink in self._sinks:
                 try:
                     sink(event)
@@ -341,6 +355,7 @@ class EventBus:
         *,
         callback: Callable[[Event], object] | None = None,
         queue_size: int | None = None,
+        include_children: bool = False,
     ) -> Subscription:
         """Subscribe to ``sessions`` (one id, several, or ``"*"``) and ``types`` (event type names; None for all).
 
@@ -365,11 +380,13 @@ class EventBus:
         size = queue_size if queue_size is not None else self.queue_size
         if size < 1:
             raise ValueError("queue_size must be at least 1")
-        sub = Subscription(self, wanted, type_set, size)
+        sub = Subscription(self, wanted, type_set, size, include_children and wanted is not None)
         with self._lock:
             if wanted is None:
                 self._everything = (*self._everything, sub)
             else:
+                if sub.include_children:  # the sub-agents its sessions have already
+                    wanted = sub.sessions = wanted | self._descendants(wanted)
                 for sid in wanted:
                     self._by_session[sid] = (*self._by_session.get(sid, ()), sub)
         if callback is not None:
@@ -381,6 +398,28 @@ class EventBus:
             )
             sub._thread.start()
         return sub
+
+    def link_child(self, child: str, parent: str, call_id: str) -> None:
+        """``child`` is a sub-agent session of ``parent``, started by its tool call ``call_id``: its events
+        carry both, and subscribers of ``parent`` with ``include_children`` receive them."""
+        with self._lock:
+            self._parents[child] = (parent, call_id)
+            for sub in self._by_session.get(parent, ()):
+                if sub.include_children and sub.sessions is not None and child not in sub.sessions:
+                    sub.sessions = sub.sessions | {child}
+                    self._by_session[child] = (*self._by_session.get(child, ()), sub)
+
+    def parent_of(self, session_id: str) -> tuple[str, str] | None:
+        """The (parent session, call id) of a sub-agent session, or None."""
+        return self._parents.get(session_id)
+
+    def _descendants(self, sessions: frozenset[str]) -> frozenset[str]:
+        found: set[str] = set()
+        frontier = set(sessions)
+        while frontier:
+            frontier = {c for c, (p, _) in self._parents.items() if p in frontier and c not in found}
+            found |= frontier
+        return frozenset(found)
 
     def add_sink(self, sink: Sink) -> None:
         """Call ``sink(event)`` synchronously for every published event, in publish order.

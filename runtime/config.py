@@ -179,6 +179,33 @@ class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     cpu: Literal["off", "auto"] | NonNegInt = "auto"
 
 
+class AgentProfile(_Section, frozen=True, forbid_unknown_fields=True):
+    """A sub-agent a session can delegate to (SPEC 3.10): ``[agents.NAME]`` in the config file, or
+    ``Runtime(agents=...)`` / ``start_session(agents=...)``.
+
+    ``model`` None runs the child on its parent's model (and endpoint). ``tools``: ``"inherit"`` (the
+    parent's tools, delegation aside), ``"builtin"``, ``"none"``, or a list of the parent's tool names.
+    ``config`` holds per-session overrides for the child. ``delegate`` lets the child delegate in turn,
+    as deep as ``subagents.max_depth`` allows.
+    """
+
+    description: str
+    model: str | None = None
+    system_prompt: str = ""
+    tools: Literal["inherit", "builtin", "none"] | list[str] = "inherit"
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    delegate: bool = False
+
+
+class SubagentsConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """SPEC 3.10: the limits of delegation."""
+
+    max_depth: PosInt = 1  # 1: a session's children cannot delegate further
+    max_children_per_session: PosInt = 4  # children of one session running at once
+    max_children: PosInt = 32  # children running at once in the runtime
+    timeout: Seconds = 1_800.0  # the most one delegation may take, its child's whole turn
+
+
 class Config(_Section, frozen=True, forbid_unknown_fields=True):
     compaction: CompactionConfig = msgspec.field(default_factory=CompactionConfig)
     tool_output: ToolOutputConfig = msgspec.field(default_factory=ToolOutputConfig)
@@ -191,6 +218,8 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
+    subagents: SubagentsConfig = msgspec.field(default_factory=SubagentsConfig)
+    agents: dict[str, AgentProfile] = msgspec.field(default_factory=dict)
 
     @property
     def sessions_path(self) -> Path:

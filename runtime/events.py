@@ -21,6 +21,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_de
     session_id: str
     seq: int = 0
     ts: float = 0.0
+    parent_session_id: str | None = None  # a sub-agent's event: the session that delegated to it ...
+    parent_call_id: str | None = None  # ... and the tool call that did (SPEC 3.10)
 
     @property
     def type(self) -> str:

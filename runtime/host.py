@@ -55,12 +55,18 @@ class Runtime:
         sessions_dir: str | os.PathLike[str] | None = None,
         config_path: str | os.PathLike[str] | None = None,
         approval: Callable[[str, Any], bool | str] | None = None,
+        agents: Mapping[str, Any] | None = None,
     ) -> None:
+        from runtime.subagents import Delegations, parse_profiles
+
         cfg = config if config is not None else load_config(config_path)
         if sessions_dir is not None:
             cfg = cfg.with_overrides({"persistence.sessions_dir": os.fspath(sessions_dir)})
         self.config = cfg
         self.approval = approval
+        self.agents = {**cfg.agents, **parse_profiles(agents)}
+        """The sub-agent profiles every session can delegate to (``[agents.NAME]`` and ``agents=``)."""
+        self.delegations = Delegations(self)
         self._lock = threading.RLock()
         self._sessions: Any = None
         self._started = False
@@ -199,13 +205,19 @@ class Runtime:
         api_key: str | None = None,
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
+        agents: Mapping[str, Any] | None = None,
+        _parent: tuple[str, str, int] | None = None,
     ) -> str:
         """Create a session and return its id.
 
         ``config`` holds per-session overrides (``{"compaction.mode": "truncate"}``). ``tools`` is a
         ``ToolRegistry``, functions, ``"builtin"`` (the file tools; shell only when
-        ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only.
+        ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only. ``agents``
+        adds sub-agent profiles to the runtime's (name → :class:`~runtime.config.AgentProfile` or a
+        mapping of its fields): the session gets the ``agent`` delegation tool.
         """
+        from runtime.subagents import parse_profiles
+
         self._require_started()
         _require_unicode(system_prompt, "the system prompt")
         if session_id is None:
@@ -234,6 +246,11 @@ class Runtime:
             approval=approval,
             require_approval=require_approval,
             resume=False,
+            # a sub-agent delegates only with the profiles its parent passes on; others with the runtime's
+            agents=parse_profiles(agents)
+            if _parent is not None
+            else {**self.agents, **parse_profiles(agents)},
+            parent=_parent,
         )
         session = self._host(spec)
         # The header goes to the log now; the actors start on first use (a session that is never used
@@ -244,6 +261,8 @@ class Runtime:
         directory = self.services.directory
         self.services.writer.append(directory.log_file(sid), encode_entry(header_for(spec)))
         spec.resume = True
+        if _parent is not None:
+            self.delegations.adopt(sid, _parent[0], _parent[1])
         self.bus.publish(
             ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window)
         )
@@ -279,6 +298,8 @@ class Runtime:
             raise ValueError(f"repair must be None or 'truncate', not {repair!r}")
         if sid in self._sessions:
             return sid
+        from runtime.subagents import parse_profiles
+
         header = self.services.directory.read_header(sid)
         if header is None:
             raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
@@ -303,9 +324,17 @@ class Runtime:
             approval=approval,
             require_approval=require_approval,
             resume=True,
+            agents=parse_profiles(header.agents)
+            if header.parent_session_id
+            else {**self.agents, **parse_profiles(header.agents)},
+            parent=(header.parent_session_id, header.parent_call_id or "", header.depth)
+            if header.parent_session_id
+            else None,
         )
         self._continue_numbering(sid)
         session = self._host(spec)
+        if header.parent_session_id:  # a sub-agent: its events carry its parent again
+            self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
         session.ensure_running()
         self.bus.publish(
             ev.SessionStarted(
@@ -378,7 +407,19 @@ class Runtime:
         if root is not None and not root.is_dir():
             raise ValueError(f"workspace {root} is not a directory")
         kw["approval"] = kw.get("approval") or self.approval
-        return SessionSpec(session_id=sid, config=cfg, tools=_registry(tools, cfg), workspace=root, **kw)
+        parent = kw.pop("parent", None)
+        agents = kw.pop("agents", None) or {}
+        depth = parent[2] if parent is not None else 0
+        registry = self.delegations.equip(_registry(tools, cfg), sid, agents, depth, cfg)
+        return SessionSpec(
+            session_id=sid,
+            config=cfg,
+            tools=registry,
+            workspace=root,
+            agents=agents,
+            parent=parent,
+            **kw,
+        )
 
     def _host(self, spec: Any) -> Any:
         from actors.session import Session
@@ -440,6 +481,10 @@ class Runtime:
         return list(self._sessions.keys()) if self._sessions is not None else []
 
     def stop_session(self, session_id: str) -> None:
+        """Stop a hosted session (its log stays): its sub-agents hosted here are stopped first."""
+        for child in self.delegations.children(session_id):
+            if child in self._sessions:
+                self.stop_session(child)
         session = self._session(session_id)
         session.stop()
         self._sessions.unregister(session_id)
@@ -450,29 +495,48 @@ class Runtime:
         await asyncio.to_thread(self.stop_session, session_id)
 
     def delete_session(self, session_id: str) -> None:
-        """Stop the session if hosted and delete its log, transcript and artifacts."""
+        """Stop the session if hosted and delete its log, transcript and artifacts, and those of its
+        sub-agents (they exist to serve it; their answers stay in its record until then)."""
         self._require_started()
         validate_session_id(session_id)
+        for child in self.delegations.children(session_id):
+            if child in self._sessions or self.services.directory.exists(child):
+                self.delete_session(child)
         if session_id in self._sessions:
             self.stop_session(session_id)
         if not self.services.directory.exists(session_id):
             raise SessionNotFound(f"no stored session {session_id!r}")
         self.services.writer.flush()
         self.services.directory.delete(session_id)
+        self.delegations.forget(session_id)
 
     async def adelete_session(self, session_id: str) -> None:
         """:meth:`delete_session` from asyncio, run off the event loop."""
         await asyncio.to_thread(self.delete_session, session_id)
 
     def hibernate(self, session_id: str) -> bool:
-        """Park an idle session's actors (SPEC 8); its next use restarts them from the log.
+        """Park an idle session's actors (SPEC 8); its next use restarts them from the log. Its idle
+        sub-agents are parked with it.
 
         Returns False when the session was not running or is busy with a turn."""
-        return bool(self._session(session_id).hibernate_if_idle())
+        parked = bool(self._session(session_id).hibernate_if_idle())
+        if parked:
+            for child in self.delegations.children(session_id):
+                if child in self._sessions:
+                    self.hibernate(child)
+        return parked
 
     async def ahibernate(self, session_id: str) -> bool:
         """:meth:`hibernate` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.hibernate, session_id)
+
+    def children(self, session_id: str) -> list[str]:
+        """The sub-agent sessions ``session_id`` delegated to (started or resumed in this runtime, or
+        found in the logs), oldest first."""
+        self._require_started()
+        known = self.delegations.children(session_id)
+        stored = [i.id for i in self.services.directory.list() if i.parent_id == session_id]
+        return known + [c for c in stored if c not in known]
 
     def _reap(self) -> None:
         """Hibernate sessions idle for ``persistence.hibernate_after`` seconds."""
@@ -596,12 +660,24 @@ class Runtime:
         """:meth:`messages` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.messages, session_id, view=view)
 
-    def usage(self, session_id: str, timeout: float = 30.0) -> Any:
-        """Session totals (input, output, reasoning, cache read/write, cost)."""
+    def usage(self, session_id: str, timeout: float = 30.0, *, include_children: bool = False) -> Any:
+        """Session totals (input, output, reasoning, cache read/write, cost). With ``include_children``,
+        a :class:`~runtime.subagents.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
+        and the total."""
         from actors.usage_tracker import GetTotals
 
         refs = self._session(session_id).ensure_running()
-        return refs.require("usage").ask(GetTotals(), timeout=timeout)
+        own = refs.require("usage").ask(GetTotals(), timeout=timeout)
+        if not include_children:
+            return own
+        from runtime.subagents import UsageReport
+
+        children = {}
+        for child in self.children(session_id):
+            if child not in self._sessions:
+                self.resume_session(child)
+            children[child] = self.usage(child, timeout, include_children=True).total
+        return UsageReport.of(own, children)
 
     async def ausage(self, session_id: str) -> Any:
         """:meth:`usage` from asyncio, run off the event loop."""
@@ -655,11 +731,13 @@ class Runtime:
         *,
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
+        include_children: bool = False,
     ) -> Any:
         """Subscribe to one session, several, or all (``"*"``), optionally to some event types.
 
         With ``callback`` events are pushed to it; otherwise iterate the subscription (``for`` or
-        ``async for``). Close it (or use ``with``) when done.
+        ``async for``). Close it (or use ``with``) when done. ``include_children`` adds the events of
+        the sessions' sub-agents (and theirs), each with ``parent_session_id`` and ``parent_call_id``.
         """
         self._require_started()
         if types is not None:
@@ -667,7 +745,9 @@ class Runtime:
             unknown = types - ev.EVENT_TYPES
             if unknown:
                 raise ValueError(f"unknown event types: {', '.join(sorted(unknown))}")
-        return self.bus.subscribe(sessions, types, callback=callback, queue_size=queue_size)
+        return self.bus.subscribe(
+            sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
+        )
 
 
 def _require_unicode(text: str, what: str) -> None:

@@ -13,7 +13,8 @@ workspace), a session may turn the shell tool on only when ``server.allow_shell`
 resumed only if its workspace and config pass the same policy.
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
-                                          "workspace", "config", "api_base", "api_key"} → 201
+                                          "workspace", "config", "api_base", "api_key",
+                                          "agents": {name: profile}} → 201
     GET    /sessions                     the stored sessions, newest first
     GET    /sessions/{id}                one session: model, window, usage totals
     DELETE /sessions/{id}                stop it and delete its files
@@ -56,7 +57,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from runtime import events as ev
-from runtime.config import Config, ConfigError, ServerConfig
+from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.store.log import CorruptLogError
@@ -147,6 +148,7 @@ class CreateSession(_Body, frozen=True):
     config: dict[str, Any] | None = None
     api_base: str | None = None
     api_key: str | None = None
+    agents: dict[str, AgentProfile] | None = None  # sub-agent profiles: the session gets the agent tool
 
 
 class PromptBody(_Body, frozen=True):
@@ -360,6 +362,10 @@ def create_app(
             if _is_hosted(runtime, body.session_id) or runtime.services.directory.exists(body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
+        for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
+            policy.check_config(
+                runtime.config.for_session({**(body.config or {}), **profile.config}), runtime.config
+            )
         new = await asyncio.to_thread(
             runtime.start_session,
             body.session_id,
@@ -370,6 +376,7 @@ def create_app(
             config=body.config,
             api_base=body.api_base,
             api_key=body.api_key,
+            agents=body.agents,
         )
         session = runtime._session(new)
         payload = {"id": new, "model": session.spec.model, "context_window": session.context_window}

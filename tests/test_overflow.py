@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.context.overflow import OPAL_PATTERNS, OVERFLOW_PATTERNS, is_context_overflow, is_usage_overflow
+from runtime.context.overflow import (
+    OPAL_PATTERNS,
+    OVERFLOW_PATTERNS,
+    is_context_overflow,
+    is_usage_overflow,
+    overflow_reason,
+)
+from runtime.provider.errors import OVERFLOW_FORMATS, overflow_error
 
 
 def _openai_body(
@@ -322,6 +329,129 @@ OVERFLOWS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("code only", {"code": "context_length_exceeded"}),
+    # Checked against each server's source (2026): the wordings that changed across releases.
+    (
+        "vllm (>= 0.10, prompt + max_tokens)",  # the prompt leaves no room for the output asked for
+        {
+            "status_code": 400,
+            "body": {
+                "error": {
+                    "message": "'max_tokens' or 'max_completion_tokens' is too large: 16384. This model's maximum "
+                    "context length is 65536 tokens and your request has 52189 input tokens (16384 > 65536 - "
+                    "52189). (parameter=max_tokens, value=16384)",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            },
+        },
+    ),
+    (
+        "vllm (newest, prompt + max_tokens)",
+        {
+            "message": "This model's maximum context length is 131072 tokens. However, you requested 64000 output "
+            "tokens and your prompt contains at least 67073 input tokens, for a total of at least 131073 tokens."
+        },
+    ),
+    (
+        "vllm (engine input check)",
+        {
+            "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096. Make "
+            "sure that `max_model_len` is no smaller than the number of text tokens."
+        },
+    ),
+    (
+        "sglang",
+        {
+            "status_code": 400,
+            "body": {
+                "object": "error",
+                "message": "The input (291793 tokens) is longer than the model's context length (262144 tokens).",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            },
+        },
+    ),
+    (
+        "sglang (prompt + max_new_tokens)",
+        {
+            "message": "Requested token count exceeds the model's maximum context length of 32768 tokens. You "
+            "requested a total of 34000 tokens: 30000 tokens from the input messages and 4000 tokens for the "
+            "completion. Please reduce the number of tokens in the input messages or the completion to fit within "
+            "the limit."
+        },
+    ),
+    (
+        "tgi (input length)",
+        {
+            "status_code": 422,
+            "body": {
+                "error": "Input validation error: `inputs` must have less than 4096 tokens. Given: 5000",
+                "error_type": "validation",
+            },
+        },
+    ),
+    ("llama.cpp (2024)", {"message": "input is larger than the max context size. skipping"}),
+    (
+        "llama.cpp (no context shift)",
+        {"message": "input (70000 tokens) is larger than the max context size (65536 tokens). skipping"},
+    ),
+    (
+        "llama.cpp (late 2025)",
+        {
+            "status_code": 400,
+            "body": {
+                "error": {
+                    "code": 400,
+                    "message": "request (66000 tokens) exceeds the available context size (65536 tokens), try "
+                    "increasing it",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": 66000,
+                    "n_ctx": 65536,
+                }
+            },
+        },
+    ),
+    (
+        "ollama (2026, no context shift)",
+        {
+            "status_code": 400,
+            "message": "the prompt is longer than the context length currently available to the model; shorten the "
+            "prompt, adjust the context length in settings, or use a model with a longer context length",
+        },
+    ),
+    (
+        "ollama (mlx runner)",
+        {"message": "input length (9000 tokens) exceeds the model's maximum context length (8192 tokens)"},
+    ),
+    (
+        "vertex ai (gemini)",
+        {
+            "status_code": 400,
+            "body": {
+                "error": {
+                    "code": 400,
+                    "message": "Unable to submit request because the input token count is 1052710 but model only "
+                    "supports up to 1048576. Reduce the input token count and try again.",
+                    "status": "INVALID_ARGUMENT",
+                }
+            },
+        },
+    ),
+    (
+        "lm studio (newer)",
+        {
+            "message": "The number of tokens to keep from the initial prompt is greater than the context length"
+        },
+    ),
+    (
+        "poolside via openrouter",
+        {"message": "Input length 131393 exceeds the maximum allowed input length of 131040 tokens."},
+    ),
+    ("z.ai", {"message": "tokens in request more than max tokens allowed"}),
+    ("kimi", {"message": "Input token length too long"}),
+    ("litellm (maximum input length)", {"message": "The maximum input length is 8192 tokens."}),
 ]
 
 NOT_OVERFLOWS: list[tuple[str, dict[str, Any]]] = [
@@ -500,6 +630,37 @@ NOT_OVERFLOWS: list[tuple[str, dict[str, Any]]] = [
         "model not found",
         {"status_code": 404, "message": "The model `gpt-9` does not exist or you do not have access to it."},
     ),
+    (
+        "dashscope max_tokens range",
+        {"message": "<400> InternalError.Algo.InvalidParameter: Range of max_tokens should be [1, 8192]"},
+    ),
+    (
+        "vllm output alone over the window (newest)",
+        {
+            "message": "This model's maximum context length is 8192 tokens. However, you requested 10000 output "
+            "tokens and your prompt contains at least 12 input tokens, for a total of at least 10012 tokens."
+        },
+    ),
+    (
+        "sglang max_new_tokens over the window",
+        {
+            "message": "Requested token count exceeds the model's maximum context length of 4096 tokens. You "
+            "requested a total of 5010 tokens: 10 tokens from the input messages and 5000 tokens for the "
+            "completion."
+        },
+    ),
+    (
+        "tgi max_new_tokens over the window",
+        {
+            "status_code": 422,
+            "message": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 10 "
+            "`inputs` tokens and 5000 `max_new_tokens`",
+        },
+    ),
+    (
+        "anthropic max_tokens over the window",
+        {"message": "input length and `max_tokens` exceed context limit: 120 + 250000 > 200000"},
+    ),
     ("connection", {"message": "Connection error."}),
     ("nothing", {}),
 ]
@@ -520,9 +681,57 @@ def test_the_table_covers_every_provider_of_the_spec() -> None:
     names = " ".join(p for p, _ in OVERFLOWS)
     for provider in (
         "openai", "azure", "anthropic", "gemini", "vertex", "bedrock", "mistral", "groq", "cohere",
-        "deepseek", "xai", "openrouter", "ollama", "llama.cpp", "vllm", "lm studio",
+        "deepseek", "xai", "openrouter", "ollama", "llama.cpp", "vllm", "lm studio", "sglang", "tgi",
     ):  # fmt: skip
         assert provider in names
+
+
+@pytest.mark.parametrize("fmt", sorted(OVERFLOW_FORMATS))
+def test_every_local_provider_dialect_is_an_overflow_by_its_body_alone(fmt: str) -> None:
+    error = overflow_error(fmt, prompt=9_000, window=8_192, completion=500)
+    assert is_context_overflow(status_code=error.status, body=error.body), fmt
+    assert is_context_overflow(message=json.dumps(error.body)), fmt  # as a transport's str(exc) shows it
+
+
+def test_a_sum_too_large_is_an_overflow_only_when_a_smaller_prompt_could_make_room() -> None:
+    def vllm(max_tokens: int, window: int, prompt: int) -> str:
+        return (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+            f"length is {window} tokens and your request has {prompt} input tokens "
+            f"({max_tokens} > {window} - {prompt})."
+        )
+
+    assert overflow_reason(message=vllm(4_000, 8_192, 6_000)) == (
+        "the prompt leaves no room for the 4000 output tokens asked for (window 8192)"
+    )
+    assert not is_context_overflow(message=vllm(8_192, 8_192, 1))  # no prompt is small enough
+    assert not is_context_overflow(message=vllm(4_000, 8_192, 6_000), status_code=429)
+    assert is_context_overflow(  # numbers written with thousands separators
+        message="This endpoint's maximum context length is 200,000 tokens. However, you requested about "
+        "210,000 tokens (190,000 of text input, 20,000 in the output). Please reduce the length of either one."
+    )
+
+
+def test_every_substring_litellm_checks_is_an_overflow() -> None:
+    """litellm 1.110's ``is_error_str_context_window_exceeded`` list and its other shapes (SPEC 6.1: the union)."""
+    for text in (
+        "exceed context limit",
+        "This model's maximum context length is 4096",
+        "Requested token count exceeds the model's maximum context length of 4096 tokens",
+        "String too long. Expected a string with maximum length 10485760",
+        "the model's maximum context limit",
+        "The input is longer than the model's context length",
+        "Input tokens exceed the configured limit of 272000 tokens.",
+        "`inputs` tokens + `max_new_tokens` must be <= 2048",
+        "the request exceeds the available context size",
+        "The input token count exceeds the maximum number of tokens allowed",
+        '{"code": "context_length_exceeded"}',
+        "prompt is too long",
+        "Current length is 9012 while limit is 8192",
+        "maximum input length is 8192 tokens",
+        "Input too long: 5000 input tokens, limit is 4096",
+    ):
+        assert is_context_overflow(message=text), text
 
 
 def test_each_of_opals_17_substrings_alone_is_overflow() -> None:

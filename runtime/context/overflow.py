@@ -9,13 +9,18 @@ How a verdict is reached, first rule that applies wins:
 1. litellm's ``ContextWindowExceededError`` (anywhere in the exception's class hierarchy or cause chain)
    → overflow. litellm raises it after running its own checks, so those are trusted as they are.
 2. An explicit overflow error code (``context_length_exceeded``, ``request_too_large``, …) → overflow.
-3. A *negative*: rate limits ("tokens per minute" requests are too large for a quota, not for the window),
+3. A request whose *sum* was too large — the prompt plus the output it asked for, stated with both numbers
+   (vLLM, SGLang, TGI, DeepSeek, OpenRouter) — is an overflow when a smaller prompt could make room, and not
+   one when the requested output alone fills the window (a ``max_tokens`` parameter error that no
+   compaction can fix). vLLM's "'max_tokens' … is too large: X. This model's maximum context length is N
+   tokens and your request has M input tokens" is one of these, not the parameter error it starts like.
+4. A *negative*: rate limits ("tokens per minute" requests are too large for a quota, not for the window),
    ``max_tokens`` parameter validation ("max_tokens is too large: …"), authentication, content policy,
    throttling, overload, or an HTTP 401/402/403/429 status → not an overflow, even when the message also
    contains a phrase from the positive list (Opal's broad ``"max_tokens"`` and ``"request too large"``
    would otherwise fire on exactly these).
-4. HTTP 413 (payload too large) → overflow.
-5. Any phrase of :data:`OVERFLOW_PATTERNS` (or :data:`OVERFLOW_REGEXES`) in the text → overflow.
+5. HTTP 413 (payload too large) → overflow.
+6. Any phrase of :data:`OVERFLOW_PATTERNS` (or :data:`OVERFLOW_REGEXES`) in the text → overflow.
 
 The text searched is the union of everything the error says: its message, its ``str()``, its body (nested
 JSON included: OpenRouter relays the upstream provider's error as a JSON *string* inside its own JSON), and
@@ -99,13 +104,10 @@ OVERFLOW_PATTERNS: Final[Mapping[str, tuple[str, ...]]] = {
     # limit: …"; 413 "request_too_large".
     "anthropic": ("request_too_large", "exceed context limit"),
     # "The input token count (1196265) exceeds the maximum number of tokens allowed (1048575)."
-    # Vertex: "Unable to submit request because the input token count is 1052710 but model only supports
-    # up to 1048576."
-    "gemini": (
-        "input token count",
-        "but model only supports up to",
-        "request payload size exceeds the limit",
-    ),
+    "gemini": ("input token count", "request payload size exceeds the limit"),
+    # "Unable to submit request because the input token count is 1052710 but model only supports up to
+    # 1048576. Reduce the input token count and try again. You can also use the CountTokens API …"
+    "vertex": ("but model only supports up to", "reduce the input token count"),
     # "Input is too long for requested model."; Mantle: "prompt tokens (210000) exceed model maximum (200000)"
     "bedrock": ("input is too long for requested model", "exceed model maximum"),
     # "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length"
@@ -121,28 +123,68 @@ OVERFLOW_PATTERNS: Final[Mapping[str, tuple[str, ...]]] = {
     "xai": ("maximum prompt length",),
     # "This endpoint's maximum context length is 200000 tokens. However, you requested about …"
     "openrouter": ("endpoint's maximum context length", "middle-out"),
-    # "the input length exceeds the context length"; "prompt too long; exceeded max context length by …"
-    "ollama": ("exceeds the context length", "exceeded max context length", "prompt too long"),
-    # "the request exceeds the available context size, try increasing it" (type exceed_context_size_error)
-    "llama.cpp": ("exceed_context_size_error", "available context size", "context size has been exceeded"),
-    # "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (…)."
-    # newer: "… However, your request has 40000 input tokens. Please reduce the length of the input messages."
-    "vllm": ("reduce the length of the input", "input tokens. please reduce"),
+    # "the input length exceeds the context length"; the runner's "prompt too long; exceeded max context
+    # length by …"; since 2026-06 (no context shift): "the prompt is longer than the context length currently
+    # available to the model; shorten the prompt, …"; MLX: "input length (N tokens) exceeds the model's
+    # maximum context length (M tokens)" (server/routes.go, llm/llama_server.go, x/mlxrunner/pipeline.go)
+    "ollama": (
+        "exceeds the context length",
+        "exceeded max context length",
+        "prompt too long",
+        "longer than the context length",
+    ),
+    # tools/server: "input is larger than the max context size. skipping" (2024), then "input (N tokens) is
+    # larger than the max context size (M tokens). skipping", "the request exceeds the available context
+    # size, try increasing it" (2025), "request (N tokens) exceeds the available context size (M tokens), try
+    # increasing it"; mid-generation "Context size has been exceeded." Type exceed_context_size_error.
+    "llama.cpp": (
+        "exceed_context_size_error",
+        "available context size",
+        "context size has been exceeded",
+        "larger than the max context size",
+    ),
+    # ≤ 0.9: "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in
+    # the messages, 1000 in the completion). …"; the engine: "The decoder prompt (length 5000) is longer than
+    # the maximum model length of 4096. Make sure that `max_model_len` is …"; ≥ 0.10: "… However, your request
+    # has 40000 input tokens. Please reduce the length of the input messages." and, for prompt + max_tokens,
+    # "'max_tokens' or 'max_completion_tokens' is too large: X. This model's maximum context length is N
+    # tokens and your request has M input tokens (X > N - M)." (rule 3).
+    "vllm": (
+        "reduce the length of the input",
+        "input tokens. please reduce",
+        "longer than the maximum model length",
+    ),
+    # "The input (N tokens) is longer than the model's context length (M tokens)."; with max_new_tokens:
+    # "Requested token count exceeds the model's maximum context length of M tokens. You requested a total of
+    # T tokens: N tokens from the input messages and X tokens for the completion. …" (tokenizer_manager.py)
+    "sglang": ("is longer than the model's context length", "requested token count exceeds"),
+    # router/src/validation.rs: "Input validation error: `inputs` must have less than 4096 tokens. Given: 5000"
+    # (a 422), and "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: …" (litellm's, above)
+    "tgi": ("`inputs` must have less than",),
     # "Trying to keep the first 5000 tokens when context the overflows. However, the model is loaded with
     # context length of only 4096 tokens, which is not enough."
     "lm studio": ("when context the overflows", "context length of only", "context overflow"),
-    # Others met in the wild: Moonshot/Kimi "exceeded model token limit", MiniMax "context window exceeds
-    # limit", Copilot "model_max_prompt_tokens_exceeded", Fireworks "the prompt is too long", DashScope
-    # "range of input length should be".
+    # Others met in the wild: Moonshot/Kimi "exceeded model token limit" and "Input token length too long",
+    # MiniMax "context window exceeds limit", Copilot "model_max_prompt_tokens_exceeded", Fireworks "the
+    # prompt is too long", DashScope "range of input length should be", Poolside (through OpenRouter) "Input
+    # length N exceeds the maximum allowed input length of M tokens.", Z.ai "tokens in request more than max
+    # tokens allowed", LM Studio "… tokens to keep from the initial prompt is greater than the context
+    # length", a bare 413's reason phrase, and Anthropic's and Z.ai's model_context_window_exceeded.
     "other": (
         "input token count",
         "greater than the context length",
         "context window exceeds limit",
         "exceeded model token limit",
+        "token length too long",
         "token limit exceeded",
         "model_max_prompt_tokens_exceeded",
         "range of input length should be",
         "exceeds the limit of",
+        "maximum allowed input length",
+        "exceeds the maximum input length",
+        "tokens in request more than max tokens allowed",
+        "request entity too large",
+        "model_context_window_exceeded",
     ),
 }
 """Overflow phrases by provider (lower case; matched as substrings of the lower-cased error text)."""
@@ -151,6 +193,9 @@ OVERFLOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
     re.compile(r"current length is \d+ while limit is \d+"),  # Cerebras (litellm checks this too)
     re.compile(r"prompt tokens \(\d+\) exceed model maximum"),  # Bedrock Mantle
     re.compile(r"requested \d+ tokens?,? (?:but|while) (?:the )?(?:model|context)\D{0,40}\d+"),
+    re.compile(
+        r"maximum input length is [^.\n]{0,40}tokens"
+    ),  # litellm: "maximum input length is" + "tokens"
 )
 """Overflow messages whose shape, not a fixed phrase, gives them away."""
 
@@ -163,6 +208,7 @@ OVERFLOW_CODES: Final[frozenset[str]] = frozenset(
         "prompt_tokens_exceeded",
         "content_too_large",
         "tokens_limit_reached",  # Azure AI Foundry
+        "model_context_window_exceeded",  # Anthropic, Z.ai
     }
 )
 """Error codes / types that mean overflow whatever the message says."""
@@ -194,6 +240,7 @@ NEGATIVE_PHRASES: Final[tuple[str, ...]] = (
     "maximum allowed number of output tokens",
     "completion tokens, whereas you provided",
     "valid range of max_tokens",
+    "range of max_tokens should be",  # DashScope: "Range of max_tokens should be [1, 8192]"
     "invalid max_tokens",
     "invalid 'max_tokens'",
     "invalid 'max_completion_tokens'",
@@ -249,6 +296,40 @@ NEGATIVE_CODES: Final[frozenset[str]] = frozenset(
 
 NEGATIVE_STATUSES: Final[frozenset[int]] = frozenset({401, 402, 403, 429})
 """Authentication, payment, permission and rate-limit statuses are never an overflow."""
+
+_NUM = r"\d[\d,]*"
+_OUT = rf"(?P<output>{_NUM})"
+_WIN = rf"(?P<window>{_NUM})"
+OUTPUT_BUDGET_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
+    # vLLM ≥ 0.10 and NVIDIA NIM
+    re.compile(
+        rf"is too large: {_OUT}\. this model's maximum context length is {_WIN} tokens and your request has"
+    ),
+    # vLLM, newest wording
+    re.compile(rf"maximum context length is {_WIN} tokens\. however, you requested {_OUT} output tokens"),
+    # vLLM ≤ 0.9, DeepSeek, OpenAI's old wording
+    re.compile(
+        rf"maximum context length is {_WIN} tokens\. however, you requested {_NUM} tokens "
+        rf"\({_NUM} in the messages, {_OUT} in the completion\)"
+    ),
+    # OpenRouter
+    re.compile(
+        rf"maximum context length is {_WIN} tokens\. however, you requested about {_NUM} tokens "
+        rf"\({_NUM} of text input, {_OUT} in the output\)"
+    ),
+    # SGLang
+    re.compile(
+        rf"maximum context length of {_WIN} tokens\. you requested a total of {_NUM} tokens: "
+        rf"{_NUM} tokens from the input messages and {_OUT} tokens for the completion"
+    ),
+    # Anthropic
+    re.compile(rf"input length and `max_tokens` exceed context limit: {_NUM} \+ {_OUT} > {_WIN}"),
+    # TGI
+    re.compile(
+        rf"`inputs` tokens \+ `max_new_tokens` must be <= {_WIN}\. given: {_NUM} `inputs` tokens and {_OUT} `max_new_tokens`"
+    ),
+)
+"""Messages that state both the window and the output the request asked for (rule 3)."""
 
 # Bounds that keep the classifier fast and safe on hostile input (a 100 MB body, a recursive dict).
 _MAX_TEXT = 64 * 1024
@@ -402,6 +483,12 @@ class _Facts:
         if explicit:
             return f"error code {min(explicit)}"
         text = "\n".join(self.texts)
+        budget = _output_budget(text)
+        if budget is not None:
+            output, window = budget
+            if output >= window or self.statuses & NEGATIVE_STATUSES or self.codes & NEGATIVE_CODES:
+                return None  # the output asked for fills the window by itself: max_tokens, not the prompt
+            return f"the prompt leaves no room for the {output} output tokens asked for (window {window})"
         if self._negative(text):
             return None
         if 413 in self.statuses:
@@ -420,6 +507,15 @@ class _Facts:
         if any(phrase in text for phrase in NEGATIVE_PHRASES):
             return True
         return any(regex.search(text) for regex in NEGATIVE_REGEXES)
+
+
+def _output_budget(text: str) -> tuple[int, int] | None:
+    """The output tokens a request asked for and the window, when its error states both (rule 3)."""
+    for regex in OUTPUT_BUDGET_REGEXES:
+        match = regex.search(text)
+        if match is not None:
+            return int(match["output"].replace(",", "")), int(match["window"].replace(",", ""))
+    return None
 
 
 def _bounded(items: Iterable[_T]) -> Iterator[_T]:

@@ -69,8 +69,19 @@ def anthropic_overflow(prompt: int, window: int, completion: int) -> ErrorRespon
 
 
 def gemini_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
-    """Google Gemini API / Vertex AI."""
+    """Google Gemini API (and Vertex AI for some models)."""
     message = f"The input token count ({prompt}) exceeds the maximum number of tokens allowed ({window})."
+    return ErrorResponse(400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
+
+
+def vertex_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """Vertex AI (Gemini through Google Cloud): its own wording, in Google's error shape."""
+    message = (
+        f"Unable to submit request because the input token count is {prompt} but model only supports up to "
+        f"{window}. Reduce the input token count and try again. You can also use the CountTokens API to "
+        "calculate prompt token count and billable characters. Learn more: "
+        "https://cloud.google.com/vertex-ai/generative-ai/docs/learn/models"
+    )
     return ErrorResponse(400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
 
 
@@ -89,7 +100,7 @@ def llamacpp_overflow(prompt: int, window: int, completion: int) -> ErrorRespons
 
 
 def vllm_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
-    """vLLM's OpenAI-compatible server (counts the requested completion tokens too)."""
+    """vLLM's OpenAI-compatible server up to 0.9 (counts the requested completion tokens too)."""
     message = (
         f"This model's maximum context length is {window} tokens. However, you requested "
         f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
@@ -99,10 +110,42 @@ def vllm_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     return ErrorResponse(400, body)
 
 
+def vllm_new_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """vLLM from 0.10: the prompt alone, counted as "input tokens", in an ``error`` object."""
+    message = (
+        f"This model's maximum context length is {window} tokens. However, your request has {prompt} input "
+        "tokens. Please reduce the length of the input messages."
+    )
+    body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+    return ErrorResponse(400, body)
+
+
+def sglang_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """SGLang's OpenAI-compatible server."""
+    message = f"The input ({prompt} tokens) is longer than the model's context length ({window} tokens)."
+    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return ErrorResponse(400, body)
+
+
+def tgi_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """Hugging Face Text Generation Inference: a 422 from the router's input validation."""
+    message = f"Input validation error: `inputs` must have less than {window} tokens. Given: {prompt}"
+    return ErrorResponse(422, {"error": message, "error_type": "validation"})
+
+
 def ollama_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     """Ollama's OpenAI-compatible endpoint when truncation is off: the runner's error relayed as a 500."""
     message = "the input length exceeds the context length"
     return ErrorResponse(500, _openai_error(message, "api_error", None))
+
+
+def ollama_new_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """Ollama since mid-2026 when the prompt does not fit and context shift is off: a 400."""
+    message = (
+        "the prompt is longer than the context length currently available to the model; shorten the prompt, "
+        "adjust the context length in settings, or use a model with a longer context length"
+    )
+    return ErrorResponse(400, _openai_error(message, "invalid_request_error", None))
 
 
 def bedrock_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
@@ -201,9 +244,14 @@ OVERFLOW_FORMATS: dict[str, OverflowFormat] = {
     "openai_new": openai_new_overflow,
     "anthropic": anthropic_overflow,
     "gemini": gemini_overflow,
+    "vertex": vertex_overflow,
     "llamacpp": llamacpp_overflow,
     "vllm": vllm_overflow,
+    "vllm_new": vllm_new_overflow,
+    "sglang": sglang_overflow,
+    "tgi": tgi_overflow,
     "ollama": ollama_overflow,
+    "ollama_new": ollama_new_overflow,
     "bedrock": bedrock_overflow,
     "mistral": mistral_overflow,
     "groq": groq_overflow,

@@ -56,6 +56,7 @@ _WANTS_EDIT = re.compile(
     r"\b(edit|change|modify|update|fix|replace|append|add|insert|annotate)\b", re.IGNORECASE
 )
 _WANTS_WRITE = re.compile(r"\b(create|write|save)\b", re.IGNORECASE)
+_WANTS_DELEGATE = re.compile(r"\b(delegate|ask a sub-?agent)\b[^:]*:?", re.IGNORECASE)
 _SUMMARIZE = re.compile(r"\bsummar(y|ies|ize|ise|izing|ising)\b", re.IGNORECASE)
 _LINE_NUMBER = re.compile(r"^\s*\d+(?:\t|: |\| |→ ?)")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -117,6 +118,7 @@ class _Done:
     modified: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     steps: int = 0
+    delegated: str | None = None  # the sub-agent's answer, once the agent tool answered
 
 
 def _agent_turn(messages: Chat, tools: Sequence[dict[str, Any]]) -> Turn:
@@ -132,6 +134,9 @@ def _agent_turn(messages: Chat, tools: Sequence[dict[str, Any]]) -> Turn:
     reasoning = ""
     seed = f"{len(messages)}:{done.steps}"
 
+    delegation = _delegation(user_text, schemas, tools, done, seed)
+    if delegation is not None:
+        return delegation
     if "list_dir" in schemas and _WANTS_LIST.search(user_text):
         directory = _mentioned_dir(user_text)
         if directory not in done.listed:
@@ -152,6 +157,41 @@ def _agent_turn(messages: Chat, tools: Sequence[dict[str, Any]]) -> Turn:
     if calls:
         return Turn(reasoning=reasoning, tool_calls=tuple(calls))
     return Turn(reasoning=_final_reasoning(done, user_text), text=_answer(user_text, files, done))
+
+
+def _delegation(
+    user_text: str,
+    schemas: dict[str, dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    done: _Done,
+    seed: str,
+) -> Turn | None:
+    """A prompt that asks to delegate ("Delegate to a sub-agent: <task>") calls the ``agent`` tool with
+    the first profile it offers, once; with the sub-agent's answer in view, the turn reports it."""
+    match = _WANTS_DELEGATE.search(user_text)
+    if match is None or "agent" not in schemas:
+        return None
+    if done.delegated is not None:
+        return Turn(text=f"The sub-agent reported:\n{done.delegated.strip()}")
+    profiles = _profiles(tools)
+    if not profiles:
+        return None
+    task = user_text[match.end() :].strip(" :.-") or user_text
+    args = json.dumps({"profile": profiles[0], "task": task}, ensure_ascii=False)
+    digest = hashlib.sha256(f"{seed}:agent:{args}".encode()).hexdigest()[:24]
+    call = ToolCallSpec(name="agent", arguments=args, id=f"call_{digest}")
+    return Turn(
+        reasoning=f"This is a task for the {profiles[0]} sub-agent; I'll delegate it.", tool_calls=(call,)
+    )
+
+
+def _profiles(tools: Sequence[dict[str, Any]]) -> list[str]:
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("name") == "agent":
+            enum = (((fn.get("parameters") or {}).get("properties") or {}).get("profile") or {}).get("enum")
+            return [str(p) for p in enum] if isinstance(enum, list) else []
+    return []
 
 
 def _edit_step(
@@ -230,6 +270,8 @@ def _turn_progress(turn: Chat) -> _Done:
                 done.listed[path or "."] = result
             elif name in ("write_file", "edit_file") and path:
                 done.modified[path] = result
+            elif name == "agent":
+                done.delegated = result
     return done
 
 

@@ -39,6 +39,10 @@ class Header(_Entry, frozen=True, tag="header"):
     api_base: str | None = None  # the provider endpoint; the API key is never stored
     tools: list[str] = msgspec.field(default_factory=list)
     config: dict[str, Any] = msgspec.field(default_factory=dict)  # per-session overrides, secrets removed
+    agents: dict[str, Any] = msgspec.field(default_factory=dict)  # its sub-agent profiles (SPEC 3.10)
+    parent_session_id: str | None = None  # a sub-agent: the session that delegated to it ...
+    parent_call_id: str | None = None  # ... by this tool call
+    depth: int = 0  # how many delegations deep it is (0: a top-level session)
 
 
 class MessageEntry(_Entry, frozen=True, tag="message"):
@@ -165,6 +169,8 @@ def new_header(
     api_base: str | None = None,
     tools: list[str] | None = None,
     config: Mapping[str, Any] | None = None,
+    agents: Mapping[str, Any] | None = None,
+    parent: tuple[str, str, int] | None = None,
 ) -> Header:
     """A header for a new session, with credentials removed from the per-session config."""
     return Header(
@@ -175,4 +181,8 @@ def new_header(
         api_base=api_base,
         tools=list(tools or ()),
         config=scrub_secrets(config or {}),
+        agents=dict(agents or {}),
+        parent_session_id=parent[0] if parent else None,
+        parent_call_id=parent[1] if parent else None,
+        depth=parent[2] if parent else 0,
     )

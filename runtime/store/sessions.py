@@ -78,6 +78,7 @@ class SessionInfo(msgspec.Struct, frozen=True):
     model: str | None
     size: int
     error: str | None = None
+    parent_id: str | None = None  # a sub-agent: the session that delegated to it (list_sessions's tree)
 
 
 _identity: list[Any] = [0, "", ""]  # pid, host, start time of this process
@@ -330,7 +331,9 @@ def _summarize(session_id: str, path: Path, data: bytes, mtime: float, size: int
         return SessionInfo(session_id, mtime, mtime, 0, None, size, error=str(exc))
     if header is None:
         return SessionInfo(session_id, mtime, mtime, 0, None, size, error="the log has no header yet")
-    return SessionInfo(session_id, header.created_at, mtime, messages, model, size)
+    return SessionInfo(
+        session_id, header.created_at, mtime, messages, model, size, parent_id=header.parent_session_id
+    )
 
 
 def _header(path: Path, line: bytes) -> Header:

@@ -244,9 +244,10 @@ class ToolBatchHandle:
 class _Call:
     """The mutable state of one call within a batch (guarded by the batch's lock)."""
 
-    __slots__ = ("abandoned", "cancelled", "deadline", "started", "state", "worker_busy")
+    __slots__ = ("abandoned", "cancelled", "ctx", "deadline", "started", "state", "worker_busy")
 
     def __init__(self) -> None:
+        self.ctx: ToolContext | None = None  # the running call's context (its result metadata)
         self.state = _PENDING
         self.started = 0.0
         self.cancelled = threading.Event()
@@ -337,6 +338,7 @@ class _Batch:
                 self._deliver(index, prepared.text, is_error=True, error=prepared.kind)
             return
         tool, arguments, ctx = prepared
+        st.ctx = ctx
         timeout = tool.timeout if tool.timeout is not None else self.timeout
         with self.lock:
             if st.state != _PREPARING:
@@ -457,6 +459,8 @@ class _Batch:
             )
         if spilled is not None and limited.spill is not None:
             metadata.update(spill_path=str(spilled), spill_sha256=limited.spill.sha256)
+        if st.ctx is not None and st.ctx.metadata:  # what the tool recorded about its call
+            metadata.update(st.ctx.metadata)
         message = tool_result(call.id, call.name, limited.text, is_error=is_error, metadata=metadata)
         return ToolRunResult(call, message, duration, limited.truncated, spilled)
 

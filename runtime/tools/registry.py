@@ -50,6 +50,7 @@ class ToolContext:
     shell_timeout: float = 120.0
     shell_env: tuple[str, ...] = ()  # names (or shell-style patterns) passed to shell beyond its allow-list
     logs_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "agentcell_logs")
+    metadata: dict[str, Any] = field(default_factory=dict)  # the tool's notes, kept on its result message
 
     def require_workspace(self) -> Workspace:
         """The session's workspace; a clear :class:`ToolError` when the session has none."""

@@ -1,0 +1,267 @@
+"""Sub-agents (SPEC 3.10): a session delegates a task to a child session started from a named profile.
+
+A session that has profiles gets one more tool, ``agent(profile, task)``. Calling it starts a **child
+session** from the profile (its own log, window, usage, compaction and overflow recovery), sends it the task
+as a prompt, waits for its turn to end, and returns the child's final answer as the tool result, so the
+parent's context grows by the answer, not by the child's work. The call runs on a tool worker like any
+tool: several delegations in one step run in parallel, approval and output limits apply, and aborting the
+parent's turn aborts the child's (the tool's cancellation reaches it).
+
+The link is kept everywhere a user looks: the child's log header names its parent and the delegating call,
+its events carry ``parent_session_id`` and ``parent_call_id``, ``subscribe(parent, include_children=True)``
+delivers them, the tool result records ``child_session_id`` and the child's usage, and ``list_sessions()``
+shows the tree. Limits (``[subagents]``): depth, children per session and per runtime, and a time limit
+for one delegation; a limit reached is an error result to the model, never a crash. The child's input
+tokens count against the parent turn's spend guard.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from runtime.config import AgentProfile, Config, ConfigError
+from runtime.messages import Usage
+from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
+
+if TYPE_CHECKING:
+    from runtime.host import Runtime
+
+__all__ = ["DELEGATION_TOOL", "AgentProfile", "Delegations", "UsageReport", "parse_profiles"]
+
+DELEGATION_TOOL: Final = "agent"
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_POLL: Final = 0.05  # seconds between looks at a delegation's cancellation while its child works
+
+
+def parse_profiles(raw: Mapping[str, AgentProfile | Mapping[str, Any]] | None) -> dict[str, AgentProfile]:
+    """Profiles by name, from :class:`AgentProfile` objects or plain mappings; a clear error for a bad one."""
+    profiles: dict[str, AgentProfile] = {}
+    for name, value in (raw or {}).items():
+        if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+            raise ConfigError(f"agents: invalid profile name {name!r} (use 1-64 letters, digits, '_' or '-')")
+        try:
+            profile = value if isinstance(value, AgentProfile) else msgspec.convert(value, AgentProfile)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"agents.{name}: {exc}") from None
+        profiles[name] = profile
+    return profiles
+
+
+class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's usage with its sub-agents': ``own`` (its own calls), ``children`` (each sub-agent's
+    total, its own sub-agents rolled in) and ``total`` (all of it)."""
+
+    own: Usage
+    children: dict[str, Usage]
+    total: Usage
+
+    @classmethod
+    def of(cls, own: Usage, children: Mapping[str, Usage]) -> UsageReport:
+        total = own
+        for usage in children.values():
+            total = total + usage
+        return cls(own=own, children=dict(children), total=total)
+
+
+def _description(profiles: Mapping[str, AgentProfile]) -> str:
+    lines = [
+        "Delegate a self-contained task to a sub-agent: it works in its own context (reading, searching, "
+        "running tools as its profile allows) and returns only its final answer. Give it everything it "
+        "needs in `task`: it does not see this conversation. Several calls in one step run in parallel.",
+        "Profiles:",
+    ]
+    lines += [f"- {name}: {profile.description}" for name, profile in sorted(profiles.items())]
+    return "\n".join(lines)
+
+
+class Delegations:
+    """The runtime's book of delegations: which children each session has, how many run, and the limits."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._lock = threading.Lock()
+        self._running: dict[str, int] = {}  # parent -> children running now
+        self._total = 0
+        self._children: dict[str, list[str]] = {}  # parent -> children started or resumed in this process
+
+    # -- equipping a session ------------------------------------------------------------------------
+    def tool(self, parent_id: str, profiles: Mapping[str, AgentProfile], depth: int, config: Config) -> Tool:
+        """The delegation tool of session ``parent_id`` (at ``depth``: 0 for a top-level session)."""
+        names = sorted(profiles)
+        parameters = {
+            "type": "object",
+            "properties": {
+                "profile": {"type": "string", "enum": names, "description": "Which sub-agent to use."},
+                "task": {
+                    "type": "string",
+                    "description": "The task, complete and self-contained: the sub-agent sees nothing else.",
+                },
+            },
+            "required": ["profile", "task"],
+            "additionalProperties": False,
+        }
+
+        def delegate(profile: str, task: str, ctx: ToolContext) -> str:
+            return self.run(parent_id, dict(profiles), depth, profile, task, ctx)
+
+        return Tool(
+            name=DELEGATION_TOOL,
+            description=_description(profiles),
+            parameters=parameters,
+            fn=delegate,
+            timeout=config.subagents.timeout,
+            context_param="ctx",
+        )
+
+    def equip(
+        self,
+        registry: ToolRegistry,
+        parent_id: str,
+        profiles: Mapping[str, AgentProfile],
+        depth: int,
+        config: Config,
+    ) -> ToolRegistry:
+        """``registry`` plus the delegation tool, when the session has profiles and may still delegate."""
+        if not profiles or depth >= config.subagents.max_depth:
+            return registry
+        equipped = ToolRegistry([t for t in registry.tools() if t.name != DELEGATION_TOOL])
+        equipped.register(self.tool(parent_id, profiles, depth, config))
+        return equipped
+
+    # -- running one delegation -----------------------------------------------------------------------
+    def run(
+        self,
+        parent_id: str,
+        profiles: dict[str, AgentProfile],
+        depth: int,
+        name: str,
+        task: str,
+        ctx: ToolContext,
+    ) -> str:
+        profile = profiles.get(name)
+        if profile is None:
+            raise ToolError(f"no sub-agent profile {name!r}; the profiles are: {', '.join(sorted(profiles))}")
+        if not task.strip():
+            raise ToolError("the task is empty: say what the sub-agent should do")
+        self._reserve(parent_id)
+        try:
+            child = self._start_child(parent_id, profiles, depth, name, profile, ctx.call_id)
+            ctx.metadata["child_session_id"] = child
+            ctx.metadata["profile"] = name
+            result = self._await(child, task, ctx)
+        finally:
+            self._release(parent_id)
+        usage = result.usage
+        ctx.metadata["child_usage"] = {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": usage.cost,
+        }
+        if result.status != "ok":
+            why = result.error or result.status
+            raise ToolError(f"the sub-agent {name!r} (session {child}) did not finish its task: {why}")
+        return result.text or "(the sub-agent finished without a text answer)"
+
+    def _reserve(self, parent_id: str) -> None:
+        limits = self._rt.config.subagents
+        with self._lock:
+            running = self._running.get(parent_id, 0)
+            if running >= limits.max_children_per_session:
+                raise ToolError(
+                    f"limit reached: this session already has {running} sub-agents running "
+                    f"(subagents.max_children_per_session = {limits.max_children_per_session}); "
+                    "wait for their answers, or do the task yourself"
+                )
+            if self._total >= limits.max_children:
+                raise ToolError(
+                    f"limit reached: {self._total} sub-agents are running in this runtime "
+                    f"(subagents.max_children = {limits.max_children}); try again later"
+                )
+            self._running[parent_id] = running + 1
+            self._total += 1
+
+    def _release(self, parent_id: str) -> None:
+        with self._lock:
+            left = self._running.get(parent_id, 1) - 1
+            if left:
+                self._running[parent_id] = left
+            else:
+                self._running.pop(parent_id, None)
+            self._total -= 1
+
+    def _start_child(
+        self,
+        parent_id: str,
+        profiles: dict[str, AgentProfile],
+        depth: int,
+        name: str,
+        profile: AgentProfile,
+        call_id: str,
+    ) -> str:
+        rt = self._rt
+        parent = rt._session(parent_id).spec
+        tools: Any
+        if profile.tools == "inherit":
+            tools = ToolRegistry([t for t in parent.tools.tools() if t.name != DELEGATION_TOOL])
+        elif profile.tools == "none":
+            tools = None
+        elif profile.tools == "builtin":
+            tools = "builtin"
+        else:
+            missing = [t for t in profile.tools if parent.tools.get(t) is None]
+            if missing:
+                raise ToolError(f"the profile {name!r} names tools this session does not have: {missing}")
+            tools = ToolRegistry([parent.tools[t] for t in profile.tools])
+        config = {**parent.overrides, **profile.config}
+        child = rt.start_session(
+            model=profile.model or parent.model,
+            system_prompt=profile.system_prompt,
+            tools=tools,
+            workspace=parent.workspace,
+            config=config,
+            api_base=parent.api_base,
+            api_key=parent.api_key,
+            approval=parent.approval,
+            require_approval=parent.require_approval,
+            agents=profiles if profile.delegate else {},
+            _parent=(parent_id, call_id, depth + 1),
+        )
+        return child
+
+    def _await(self, child: str, task: str, ctx: ToolContext) -> Any:
+        """Prompt ``child`` with ``task`` and wait for its turn; a cancelled delegation aborts it."""
+        rt = self._rt
+        handle = rt.prompt(child, task)
+        while True:
+            try:
+                return handle.result(timeout=_POLL)
+            except TimeoutError:
+                if ctx.cancelled.is_set():  # the parent's turn was aborted, or this call timed out
+                    rt.abort(child)
+                    return handle.result(timeout=60)
+
+    # -- the tree -------------------------------------------------------------------------------------
+    def adopt(self, child: str, parent: str, call_id: str) -> None:
+        """Record ``child`` as a sub-agent of ``parent`` (started, or resumed, in this process)."""
+        with self._lock:
+            children = self._children.setdefault(parent, [])
+            if child not in children:
+                children.append(child)
+        self._rt.bus.link_child(child, parent, call_id)
+
+    def children(self, parent: str) -> list[str]:
+        """The sub-agent sessions of ``parent`` known in this process, oldest first."""
+        with self._lock:
+            return list(self._children.get(parent, ()))
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._children.pop(session_id, None)
+            for children in self._children.values():
+                if session_id in children:
+                    children.remove(session_id)

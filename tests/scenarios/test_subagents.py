@@ -1,0 +1,227 @@
+"""Sub-agents (SPEC 3.10), end to end: a parent session delegates to child sessions through its ``agent`` tool.
+
+The parent's model is scripted to call the tool; each child runs its own scripted model through the local
+provider, with its own log, usage and compaction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime import Runtime
+from runtime.config import Config
+from runtime.provider.script import ToolCallSpec, Turn
+from tests.conftest import Recorder
+
+_names = itertools.count(1)
+
+
+def delegate(profile: str, task: str, id: str | None = None) -> ToolCallSpec:
+    return ToolCallSpec(name="agent", arguments=json.dumps({"profile": profile, "task": task}), id=id)
+
+
+def child_model(provider: Any, *turns: Turn, loop: bool = False) -> str:
+    name = f"child-{next(_names)}"
+    provider.add_script(name, list(turns), loop=loop)
+    return f"openai/{name}"
+
+
+def profiles(model: str, **extra: Any) -> dict[str, Any]:
+    return {"researcher": {"description": "reads and reports", "model": model, "tools": "none", **extra}}
+
+
+def tool_results(rt: Any, sid: str) -> list[Any]:
+    return [m for m in rt.messages(sid) if m.role == "tool"]
+
+
+def test_a_child_answers_and_the_link_is_kept_everywhere(
+    rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder
+) -> None:
+    """The parent's tool result is the child's final answer; the child is a real session whose log,
+    events, listing and usage all name its parent."""
+    child = child_model(provider, Turn(text="The answer is 42."))
+    parent_model = script(
+        Turn(tool_calls=(delegate("researcher", "Find the answer.", "call_d1"),)), Turn(text="It is 42.")
+    )
+    parent = session(parent_model, tools=None, agents=profiles(child))
+    events = rt.subscribe(parent, include_children=True)
+    result = rt.prompt(parent, "What is the answer?").result(timeout=60)
+    assert result.status == "ok" and result.text == "It is 42."
+
+    (delegation,) = tool_results(rt, parent)
+    assert delegation.text == "The answer is 42." and not delegation.is_error
+    kid = delegation.metadata["child_session_id"]
+    assert delegation.metadata["child_usage"]["input_tokens"] > 0
+    assert [m.text for m in rt.messages(kid)] == ["Find the answer.", "The answer is 42."]
+    assert rt.children(parent) == [kid]
+
+    events.flush(timeout=10)
+    seen = events.drain()
+    mine = [e for e in seen if e.session_id == kid]
+    assert mine and all(e.parent_session_id == parent and e.parent_call_id == "call_d1" for e in mine)
+    assert {e.session_id for e in seen} == {parent, kid}
+    assert [e.seq for e in mine] == sorted(e.seq for e in mine)
+
+    info = {i.id: i for i in rt.list_sessions()}
+    assert info[kid].parent_id == parent and info[parent].parent_id is None
+    report = rt.usage(parent, include_children=True)
+    assert report.children[kid].input_tokens > 0
+    assert report.total.input_tokens == report.own.input_tokens + report.children[kid].input_tokens
+    # the child can be prompted directly
+    provider.add_script(child.removeprefix("openai/"), [Turn(text="Still 42.")])
+    assert rt.prompt(kid, "Sure?").result(timeout=30).text == "Still 42."
+
+
+def test_three_children_run_in_parallel(rt: Any, provider: Any, session: Any, script: Any) -> None:
+    """Three delegations in one step run at once: the step takes about one child's time, not three."""
+    child = child_model(provider, Turn(text="done", latency=1.0), loop=True)
+    calls = tuple(delegate("researcher", f"part {i}") for i in range(3))
+    parent = session(
+        script(Turn(tool_calls=calls), Turn(text="all done")), tools=None, agents=profiles(child)
+    )
+    started = time.monotonic()
+    assert rt.prompt(parent, "go").result(timeout=60).text == "all done"
+    assert time.monotonic() - started < 2.5
+    results = tool_results(rt, parent)
+    assert [r.text for r in results] == ["done"] * 3
+    assert len({r.metadata["child_session_id"] for r in results}) == 3
+
+
+def test_a_failing_child_is_an_error_result_not_a_failed_parent(
+    rt: Any, provider: Any, session: Any, script: Any
+) -> None:
+    """A child whose provider refuses it gives the parent an error result; the parent's turn goes on."""
+    child = child_model(provider, Turn(fault={"kind": "auth"}))  # type: ignore[arg-type]
+    parent_model = script(
+        Turn(tool_calls=(delegate("researcher", "try"),)), Turn(text="it failed, moving on")
+    )
+    parent = session(parent_model, tools=None, agents=profiles(child))
+    assert rt.prompt(parent, "go").result(timeout=60).text == "it failed, moving on"
+    (delegation,) = tool_results(rt, parent)
+    assert delegation.is_error and "did not finish" in delegation.text
+
+
+def test_aborting_the_parent_aborts_its_running_children(
+    rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder
+) -> None:
+    """abort(parent) while a child works: the child's turn is aborted too, and nothing waits forever."""
+    child = child_model(provider, Turn(text="slow", latency=5.0))
+    parent = session(
+        script(Turn(tool_calls=(delegate("researcher", "take your time"),))),
+        tools=None,
+        agents=profiles(child),
+    )
+    handle = rt.prompt(parent, "go")
+    recorder.wait_for(lambda evs: any(e.type == "agent_start" and e.session_id != parent for e in evs), 20)
+    (kid,) = rt.children(parent)
+    assert rt.abort(parent).result(timeout=10)
+    assert handle.result(timeout=10).status == "aborted"
+    recorder.wait_for(lambda evs: any(e.type == "agent_abort" and e.session_id == kid for e in evs), 20)
+
+
+def test_limits_are_error_results_to_the_model(rt: Any, provider: Any, session: Any, script: Any) -> None:
+    """Over subagents.max_children_per_session, a delegation is an error result that says why; a child
+    whose profile does not delegate has no agent tool (depth 1)."""
+    child = child_model(provider, Turn(text="ok", latency=0.5), loop=True)
+    calls = (delegate("researcher", "one"), delegate("researcher", "two"))
+    parent = session(script(Turn(tool_calls=calls), Turn(text="fine")), tools=None, agents=profiles(child))
+    rt.config = rt.config.with_overrides({"subagents.max_children_per_session": 1})
+    try:
+        assert rt.prompt(parent, "go").result(timeout=60).text == "fine"
+    finally:
+        rt.config = rt.config.with_overrides({"subagents.max_children_per_session": 4})
+    results = tool_results(rt, parent)
+    assert sorted(r.is_error for r in results) == [False, True]
+    refused = next(r for r in results if r.is_error)
+    assert "limit reached" in refused.text and "max_children_per_session" in refused.text
+    assert len(rt.children(parent)) == 1
+    child_request = next(r for r in provider.request_log if r.model == child.removeprefix("openai/"))
+    assert not child_request.body.get("tools")  # the child cannot delegate
+
+
+def test_the_parents_spend_guard_counts_its_childrens_tokens(
+    rt: Any, provider: Any, session: Any, script: Any
+) -> None:
+    """A parent turn whose child spent most of its input budget stops before its next request."""
+    child = child_model(provider, Turn(text="a long report " * 200))
+    parent_model = script(Turn(tool_calls=(delegate("researcher", "x " * 4_500),)), Turn(text="never sent"))
+    parent = session(
+        parent_model, tools=None, agents=profiles(child), config={"agent.max_turn_input_tokens": 5_000}
+    )
+    result = rt.prompt(parent, "go").result(timeout=60)
+    assert result.status == "error" and "budget" in (result.error or "")
+    (delegation,) = tool_results(rt, parent)
+    assert 4_000 < delegation.metadata["child_usage"]["input_tokens"] < 5_000, delegation.text
+    assert result.usage.input_tokens < 1_000  # the parent's own requests alone were far under it
+
+
+def test_after_a_restart_the_parent_knows_its_children(
+    provider: Any, sessions_dir: Path, workspace: Path
+) -> None:
+    """The link is in the logs: a new runtime resumes the parent, lists its children, and the child can
+    be resumed and prompted directly, its events carrying its parent again."""
+    child = child_model(provider, Turn(text="first"), Turn(text="second"))
+    parent_model = f"openai/parent-{next(_names)}"
+    provider.add_script(
+        parent_model.removeprefix("openai/"),
+        [Turn(tool_calls=(delegate("researcher", "work", "call_r"),)), Turn(text="done")],
+    )
+    fast = Config().with_overrides({"retry.base_delay": 0.01})
+    with Runtime(fast, sessions_dir=sessions_dir) as rt:
+        parent = rt.start_session(
+            model=parent_model, api_base=provider.url, api_key="sk-local", agents=profiles(child)
+        )
+        assert rt.prompt(parent, "go").result(timeout=60).text == "done"
+        (kid,) = rt.children(parent)
+    with Runtime(fast, sessions_dir=sessions_dir) as rt:
+        rt.resume_session(parent, api_base=provider.url, api_key="sk-local")
+        assert rt.children(parent) == [kid]
+        rt.resume_session(kid, api_base=provider.url, api_key="sk-local")
+        events = rt.subscribe(parent, include_children=True)
+        assert rt.prompt(kid, "again").result(timeout=30).text == "second"
+        events.flush(timeout=10)
+        assert {(e.parent_session_id, e.parent_call_id) for e in events.drain()} == {(parent, "call_r")}
+        assert any(t.name == "agent" for t in rt._session(parent).spec.tools.tools())
+
+
+def test_a_child_compacts_on_its_own_and_survives_a_crash(
+    rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder, workspace: Path
+) -> None:
+    """A child with a small window compacts its own context while the parent's is untouched; a crash of
+    the child's agent mid-turn is recovered inside the child, and the parent still gets the answer."""
+    for name in ("a.txt", "b.txt"):
+        (workspace / name).write_text("".join(f"line {i} of {name}: some detail here\n" for i in range(120)))
+    read = [ToolCallSpec(name="read_file", arguments=json.dumps({"path": p})) for p in ("a.txt", "b.txt")]
+    child = child_model(
+        provider,
+        Turn(tool_calls=(read[0],)),
+        Turn(tool_calls=(read[1],), latency=1.0),
+        Turn(tool_calls=(read[1],)),  # after the crash, the successor asks again
+        Turn(text="both files read"),
+    )
+    small = {
+        "models.context_windows": {child: 5_000, "openai/summarizer": 32_000},
+        "compaction.summarizer_model": "openai/summarizer",
+    }
+    agents = profiles(child, tools="builtin", config=small)
+    parent = session(
+        script(Turn(tool_calls=(delegate("researcher", "read a.txt then b.txt"),)), Turn(text="ok")),
+        agents=agents,
+    )
+    handle = rt.prompt(parent, "go")
+    recorder.wait_for(
+        lambda evs: sum(e.type == "request_start" and e.session_id != parent for e in evs) >= 2, 30
+    )
+    (kid,) = rt.children(parent)
+    rt._session(kid).refs.agent.tell(object())  # the child's agent crashes while its model streams
+    assert handle.result(timeout=60).text == "ok"
+    (delegation,) = tool_results(rt, parent)
+    assert delegation.text == "both files read"
+    recorder.wait_for(lambda evs: any(e.type == "agent_recovered" and e.session_id == kid for e in evs), 20)
+    assert recorder.of("agent_recovered", kid)[0].continued
+    assert recorder.of("compaction_end", kid) and not recorder.of("compaction_start", parent)
+    assert not recorder.of("actor_restarted", parent)
