@@ -6,8 +6,9 @@ import itertools
 from typing import Any
 
 from runtime.context.integrity import check_integrity
-from runtime.messages import KIND_COMPACTION_SUMMARY
-from runtime.provider.script import ToolCallSpec, Turn
+from runtime.context.prompts import TOOL_SUMMARIZER_SYSTEM, TOOL_SUMMARY_PREFIX
+from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_OUTPUT_CLEARED, KIND_TOOL_SUMMARY
+from runtime.provider.script import Fault, ToolCallSpec, Turn
 from tests.conftest import Recorder
 
 _names = itertools.count(1)
@@ -312,3 +313,120 @@ def test_a_failed_automatic_compaction_is_not_retried_in_the_same_turn(
     # A manual retry is always allowed.
     assert rt.compact(sid).result(timeout=30).compacted is False
     recorder.wait_type("compaction_failed", 3)
+
+
+def test_old_tool_results_are_archived_with_a_summary_the_summarizer_wrote(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
+) -> None:
+    """The ``llm`` strategy (SPEC 5.9): the archived steps go to the summarizer as a digest, no tools; its
+    answer, clipped to ``tool_summary_output_chars``, is what the model reads instead of them."""
+    (workspace / "notes.txt").write_text("alpha\nbeta\n")
+    name = f"tools-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "notes.txt"}')
+    provider.add_script(name, [Turn(tool_calls=(read,)) for _ in range(5)] + [Turn(text="read it all")])
+    summarizer = f"tool-summarizer-{next(_names)}"
+    written = "The agent read notes.txt (alpha, beta) again and again. " + "Nothing changed. " * 100
+    provider.add_script(summarizer, [Turn(text=written)], loop=True)
+    config = {
+        "compaction.tool_call_cutoff": 2,
+        "compaction.tool_summary_strategy": "llm",
+        "compaction.tool_summary_output_chars": 300,
+        "compaction.summarizer_model": f"openai/{summarizer}",
+    }
+    sid = session(f"openai/{name}", config=config)
+    provider.clear_log()
+    assert rt.prompt(sid, "read notes five times").result(timeout=60).status == "ok"
+    recorder.wait_type("agent_end")
+
+    archived = recorder.of("tool_results_archived", sid)
+    assert len(archived) >= 2 and all(a.strategy == "llm" for a in archived)
+    requests = [r for r in provider.request_log if r.model == summarizer]
+    assert len(requests) == len(archived)
+    for request in requests:  # an isolated call: the digest as data, no tools, a small output budget
+        system, prompt = request.messages[0], request.messages[-1]
+        assert system["role"] == "system" and system["content"] == TOOL_SUMMARIZER_SYSTEM
+        assert "<tool-results>" in prompt["content"] and "alpha" in prompt["content"]
+        assert "tools" not in request.body and request.body.get("max_tokens") == 100
+    assert "The agent read notes.txt" in requests[-1].messages[-1]["content"]  # the earlier summary folded in
+
+    context = rt.messages(sid, view="model")
+    (summary,) = [m for m in context if m.kind == KIND_TOOL_SUMMARY]
+    assert summary.metadata["strategy"] == "llm"
+    assert summary.text.startswith(f"{TOOL_SUMMARY_PREFIX}\nThe agent read notes.txt")
+    assert len(summary.text) < len(TOOL_SUMMARY_PREFIX) + 300 + 100  # clipped (head and tail, and a notice)
+    assert sum(m.role == "tool" for m in context) <= 2 and check_integrity(context).ok
+    last_turn = [r for r in provider.request_log if r.model == name][-1]
+    assert any(summary.text == m.get("content") for m in last_turn.messages)  # what the model read
+    everything = rt.messages(sid)
+    assert sum(m.role == "tool" for m in everything) == 5  # archived, not deleted
+
+
+def test_a_failed_tool_summarizer_falls_back_to_the_heuristic_summary(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
+) -> None:
+    (workspace / "notes.txt").write_text("alpha\nbeta\n")
+    name = f"tools-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "notes.txt"}')
+    provider.add_script(name, [Turn(tool_calls=(read,)) for _ in range(4)] + [Turn(text="done")])
+    summarizer = f"tool-summarizer-{next(_names)}"
+    provider.add_script(summarizer, [Turn(fault=Fault(kind="auth"))], loop=True)
+    config = {
+        "compaction.tool_call_cutoff": 2,
+        "compaction.tool_summary_strategy": "llm",
+        "compaction.summarizer_model": f"openai/{summarizer}",
+    }
+    sid = session(f"openai/{name}", config=config)
+    provider.clear_log()
+    assert rt.prompt(sid, "read notes four times").result(timeout=60).status == "ok"
+    recorder.wait_type("agent_end")
+    archived = recorder.of("tool_results_archived", sid)
+    assert archived and all(a.strategy == "heuristic" for a in archived)
+    assert any(r.model == summarizer and r.outcome == "auth" for r in provider.request_log)  # it was asked
+    (summary,) = [m for m in rt.messages(sid, view="model") if m.kind == KIND_TOOL_SUMMARY]
+    assert summary.metadata["strategy"] == "heuristic" and "read_file" in summary.text
+
+
+def test_old_tool_outputs_are_cleared_to_a_placeholder(
+    rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any, sessions_dir: Any
+) -> None:
+    """``compaction.clear_old_tool_outputs`` (SPEC 5.9): outputs older than the newest
+    ``clear_protect_tokens`` become a placeholder once that frees ``clear_min_freed_tokens``; the newest
+    step's are kept, calls keep their results, and the log keeps the outputs."""
+    lines = [f"line {i}: " + " ".join(f"w{i}x{j}" for j in range(12)) for i in range(150)]
+    (workspace / "big.txt").write_text("\n".join(lines) + "\n")
+    name = f"clearer-{next(_names)}"
+    read = ToolCallSpec(name="read_file", arguments='{"path": "big.txt"}')
+    provider.add_script(name, [Turn(tool_calls=(read,)) for _ in range(4)] + [Turn(text="done")])
+    config = {
+        "compaction.tool_summary_strategy": "off",
+        "compaction.clear_old_tool_outputs": True,
+        "compaction.clear_protect_tokens": 5_000,
+        "compaction.clear_min_freed_tokens": 2_000,
+        "compaction.auto": False,  # only the clearing shrinks this context
+    }
+    sid = session(f"openai/{name}", config=config)
+    provider.clear_log()
+    assert rt.prompt(sid, "read big.txt four times").result(timeout=60).status == "ok"
+    recorder.wait_type("agent_end")
+
+    cleared_events = recorder.of("tool_outputs_cleared", sid)
+    assert cleared_events and all(e.tokens_freed >= 2_000 for e in cleared_events)
+    context = rt.messages(sid, view="model")
+    results = [m for m in context if m.role == "tool"]
+    assert len(results) == 4 and check_integrity(context).ok  # every call keeps its (cleared) result
+    cleared = [m for m in results if m.kind == KIND_TOOL_OUTPUT_CLEARED]
+    kept = [m for m in results if m.kind != KIND_TOOL_OUTPUT_CLEARED]
+    assert cleared and kept and results[-1] in kept  # the oldest cleared, the newest step's kept
+    assert results.index(cleared[-1]) < results.index(kept[0])
+    for message in cleared:
+        assert message.text.startswith("[Old tool output cleared to save context:")
+        assert message.metadata["cleared_chars"] > 5_000
+    count = rt._session(sid).counter.count_message
+    assert len(kept) == 1 or sum(count(m) for m in kept) <= 5_000  # the newest outputs within the protection
+    one_output = count(results[-1])
+    last = [r for r in provider.request_log if r.model == name][-1]
+    sent = [m.get("content") or "" for m in last.messages if m.get("role") == "tool"]
+    assert sum("Old tool output cleared" in text for text in sent) == len(cleared)  # what the model read
+    assert last.prompt_tokens < (len(kept) + 1) * one_output  # not four whole files
+    log = (sessions_dir / f"{sid}.jsonl").read_text()
+    assert log.count("line 149: w149x0") >= 4  # every output is still in the log
