@@ -1,5 +1,6 @@
-"""The dashboard of ``agentcell serve`` over plain HTTP: its page is public and self-contained, and its one
-endpoint (``GET /overview``) needs the token and tells every hosted session without waking one."""
+"""The dashboard of ``agentcell serve`` over plain HTTP: its page is public and self-contained, its one
+endpoint (``GET /overview``) needs the token and tells every hosted session without waking one. The page
+itself is driven in a real browser in ``test_dashboard_browser.py``."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def test_the_page_ships_as_package_data() -> None:
     assert files == ["static/app.js", "static/favicon.svg", "static/index.html", "static/style.css"]
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)
     assert {name for name, _ in PAGES.values()} == {p.name for p in STATIC.iterdir()}
+    assert "playwright" in " ".join(pyproject["project"]["optional-dependencies"]["dev"])
 
 
 def test_the_overview_tells_every_hosted_session_without_waking_one(
