@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runtime import events as ev
-from runtime.wording import plural
 
 DEMO_MODEL = "openai/agentcell-demo"
 """The sessions' model: no script has this name, so the local provider's built-in policy answers."""
@@ -708,9 +707,8 @@ def _rows(outcome: DemoOutcome) -> list[tuple[str, ...]]:
 
 def _verdict(outcome: DemoOutcome) -> str:
     return (
-        f"{plural(outcome.threshold_compactions, 'threshold compaction')}, "
-        f"{plural(outcome.overflow_recoveries, 'overflow recovery', 'overflow recoveries')}, "
-        f"{outcome.seconds:.1f} s"
+        f"{outcome.threshold_compactions} threshold compaction(s), "
+        f"{outcome.overflow_recoveries} overflow recovery(ies), {outcome.seconds:.1f} s"
     )
 
 

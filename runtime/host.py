@@ -553,13 +553,21 @@ class Runtime:
 
     # -- turns ----------------------------------------------------------------------------------------
     def prompt(
-        self, session_id: str, text: str, *, images: Sequence[str] = (), steer: bool = False
+        self,
+        session_id: str,
+        text: str,
+        *,
+        images: Sequence[str] = (),
+        steer: bool = False,
+        prompt_id: str | None = None,
     ) -> PromptHandle:
         """Send a user message. Returns at once; the handle resolves when the run ends.
 
         While the session is busy the prompt is queued (``message_queued``) and runs next. With ``steer``
         it joins the running turn instead, at its next step boundary (after the running tools' results),
         and its handle resolves with that turn; when the turn ends first, it runs next like a queued one.
+        ``prompt_id`` is the handle's id (default: a new one; a cluster front passes the id of its own
+        handle, so that both and the session's events agree).
         """
         from actors.agent import Prompt
 
@@ -569,7 +577,7 @@ class Runtime:
             raise ValueError("prompt text must not be empty (or send an image)")
         _require_unicode(text, "prompt text")
         session = self._session(session_id)
-        handle = PromptHandle(new_id())
+        handle = PromptHandle(prompt_id or new_id())
         refs = session.ensure_running()
         refs.require("agent").tell(Prompt(user(text, *images), handle, steer=steer))
         return handle

@@ -29,8 +29,6 @@ resumed only if its workspace and config pass the same policy.
     POST   /sessions/{id}/branch         {"leaf_id": "<message id>" | null}
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
     GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
-    GET    /overview                     every hosted session at a glance (the dashboard's table)
-    GET    /                             the live dashboard (runtime/dashboard): its files need no token
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
 ``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
@@ -54,16 +52,19 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
 from runtime import events as ev
 from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
-from runtime.dashboard import DashboardFiles, SessionBoard
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
+from runtime.served import served
 from runtime.store.log import CorruptLogError
+
+if TYPE_CHECKING:
+    from runtime.served import AnyRuntime
 
 log = logging.getLogger("agentcell.server")
 
@@ -121,10 +122,10 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 "(its operator can allow it with server.allow_shell or --allow-shell)",
             )
 
-    def check_stored(self, runtime: Runtime, session_id: str, workspace: str | None) -> str | None:
+    def check_stored(self, runtime: AnyRuntime, session_id: str, workspace: str | None) -> str | None:
         """Check a stored session against the policy before it is resumed; the workspace to resume it with
         (``workspace`` if the request names one, else the one it was stored with)."""
-        header = runtime.services.directory.read_header(session_id)
+        header = served(runtime).stored_header(session_id)
         if header is None:
             raise SessionNotFound(f"no session {session_id!r}")
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
@@ -280,14 +281,15 @@ async def _event_stream(
 
 
 def create_app(
-    runtime: Runtime,
+    runtime: AnyRuntime,
     token: str,
     *,
     stopping: Callable[[], bool] | None = None,
     policy: ServerPolicy | None = None,
     max_body_bytes: int | None = None,
 ) -> Any:
-    """The Starlette application serving ``runtime``; every route requires ``token``.
+    """The Starlette application serving ``runtime`` (a ``Runtime`` or a ``ClusterRuntime``); every route
+    requires ``token``.
 
     ``stopping`` tells open event streams to end (the server is shutting down). ``policy`` and
     ``max_body_bytes`` default to the runtime's ``server.*`` settings.
@@ -352,9 +354,9 @@ def create_app(
         async with resuming:
             if _is_hosted(runtime, session_id):
                 return session_id
-            if not runtime.services.directory.exists(session_id):
+            if not await asyncio.to_thread(_is_stored, runtime, session_id):
                 raise SessionNotFound(f"no session {session_id!r}")
-            workspace = policy.check_stored(runtime, session_id, None)
+            workspace = await asyncio.to_thread(policy.check_stored, runtime, session_id, None)
             await asyncio.to_thread(runtime.resume_session, session_id, workspace=workspace)
         return session_id
 
@@ -362,7 +364,7 @@ def create_app(
         body: CreateSession = _decode(await request.body(), CreateSession)
         if body.session_id is not None:
             validate_session_id(body.session_id)
-            if _is_hosted(runtime, body.session_id) or runtime.services.directory.exists(body.session_id):
+            if _is_hosted(runtime, body.session_id) or _is_stored(runtime, body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
         for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
@@ -381,8 +383,8 @@ def create_app(
             api_key=body.api_key,
             agents=body.agents,
         )
-        session = runtime._session(new)
-        payload = {"id": new, "model": session.spec.model, "context_window": session.context_window}
+        session = await asyncio.to_thread(served(runtime).session_summary, new)
+        payload = {"id": new, "model": session.model, "context_window": session.context_window}
         return JSONResponse(payload, status_code=201)
 
     async def list_sessions(request: Request) -> Any:
@@ -393,10 +395,10 @@ def create_app(
     async def get_session(request: Request) -> Any:
         session_id = await hosted(request)
         usage = await asyncio.to_thread(runtime.usage, session_id)
-        session = runtime._session(session_id)
+        session = await asyncio.to_thread(served(runtime).session_summary, session_id)
         return {
             "id": session_id,
-            "model": session.spec.model,
+            "model": session.model,
             "context_window": session.context_window,
             "running": session.running,
             "usage": msgspec.to_builtins(usage),
@@ -412,7 +414,7 @@ def create_app(
         body: ResumeBody = _decode(await request.body(), ResumeBody)
         if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
-        workspace = policy.check_stored(runtime, session_id, body.workspace)
+        workspace = await asyncio.to_thread(policy.check_stored, runtime, session_id, body.workspace)
         await asyncio.to_thread(
             runtime.resume_session,
             session_id,
@@ -422,8 +424,8 @@ def create_app(
             api_base=body.api_base,
             repair=body.repair,
         )
-        session = runtime._session(session_id)
-        return {"id": session_id, "model": session.spec.model, "context_window": session.context_window}
+        session = await asyncio.to_thread(served(runtime).session_summary, session_id)
+        return {"id": session_id, "model": session.model, "context_window": session.context_window}
 
     async def prompt(request: Request) -> Any:
         session_id = await hosted(request)
@@ -436,7 +438,7 @@ def create_app(
     async def abort(request: Request) -> Any:
         session_id = validate_session_id(request.path_params["session_id"])
         if not _is_hosted(runtime, session_id):  # a session this server does not host runs no turn
-            if not runtime.services.directory.exists(session_id):
+            if not await asyncio.to_thread(_is_stored, runtime, session_id):
                 raise SessionNotFound(f"no session {session_id!r}")
             return {"aborted": False}
         return {"aborted": await runtime.abort(session_id)}
@@ -473,11 +475,6 @@ def create_app(
         window = await asyncio.to_thread(runtime.set_model, session_id, body.model)
         return {"model": body.model, "context_window": window}
 
-    board = SessionBoard.for_runtime(runtime)
-
-    async def overview(request: Request) -> Any:
-        return await asyncio.to_thread(board.snapshot)
-
     async def events(request: Request) -> Response:
         params = request.query_params
         sessions: list[str] | None = None
@@ -487,16 +484,14 @@ def create_app(
                 raise HttpError(
                     400, f"a stream covers at most {MAX_CURSOR_SESSIONS} sessions; omit 'session' for all"
                 )
-            directory = runtime.services.directory
-            unknown = [s for s in sessions if not _is_hosted(runtime, s) and not directory.exists(s)]
+            unknown = [s for s in sessions if not _is_hosted(runtime, s) and not _is_stored(runtime, s)]
             if unknown:
                 raise SessionNotFound(f"no session {', '.join(map(repr, unknown))}")
         types = [t.strip() for t in params["type"].split(",") if t.strip()] if params.get("type") else None
         last_id = request.headers.get("last-event-id") or params.get("last_event_id")
         resume = parse_cursor(last_id) if last_id else None
-        subscription = runtime.subscribe(
-            sessions or "*", types
-        )  # first: nothing published from now is missed
+        # first: nothing published from now is missed (off the loop: a cluster asks every shard)
+        subscription = await asyncio.to_thread(runtime.subscribe, sessions or "*", types)
         try:
             cursor, backlog = await asyncio.to_thread(_replay, runtime, sessions, types, resume)
         except BaseException:
@@ -522,7 +517,6 @@ def create_app(
         Route("/sessions/{session_id}/branch", endpoint(branch), methods=["POST"]),
         Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
         Route("/events", endpoint(events), methods=["GET"]),
-        Route("/overview", endpoint(overview), methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -531,7 +525,7 @@ def create_app(
         return error(exc.status_code, message, dict(exc.headers or {}))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token))
+    return _BearerAuth(_BodyLimit(app, limit), token)
 
 
 class _BearerAuth:
@@ -612,12 +606,16 @@ async def _send_error(send: Any, status: int, message: str, *, close: bool = Fal
     await send({"type": "http.response.body", "body": body})
 
 
-def _is_hosted(runtime: Runtime, session_id: str) -> bool:
+def _is_hosted(runtime: AnyRuntime, session_id: str) -> bool:
     """O(1), unlike ``session_id in runtime.hosted_sessions()`` (a list of every hosted id)."""
-    return runtime._sessions is not None and runtime._sessions.get(session_id) is not None
+    return served(runtime).is_hosted(session_id)
 
 
-def _tools(tools: str | list[str] | None, runtime: Runtime) -> Any:
+def _is_stored(runtime: AnyRuntime, session_id: str) -> bool:
+    return served(runtime).is_stored(session_id)
+
+
+def _tools(tools: str | list[str] | None, runtime: AnyRuntime) -> Any:
     """``"builtin"``, None, or a list of built-in tool names (a subset)."""
     if tools is None or tools == "builtin":
         return tools
@@ -631,7 +629,7 @@ def _tools(tools: str | list[str] | None, runtime: Runtime) -> Any:
 
 
 def _replay(
-    runtime: Runtime,
+    runtime: AnyRuntime,
     sessions: list[str] | None,
     types: Iterable[str] | None,
     resume: dict[str, int] | None,
@@ -642,24 +640,19 @@ def _replay(
     replayed. With it, each session of the cursor (that the filter lets through) replays from where the
     cursor says, and a filtered session missing from the cursor from its beginning.
     """
+    view = served(runtime)
     if resume is None:
-        return ({sid: runtime.bus.last_seq(sid) for sid in sessions} if sessions else {}), []
-    from runtime.store.transcript import read_transcript
-
-    wanted = set(types) if types is not None else None
-    directory = runtime.services.directory
+        return ({sid: view.last_seq(sid) for sid in sessions} if sessions else {}), []
     cursor = {  # sessions of the cursor that exist and that the stream covers; made-up ones are dropped
         sid: seq
         for sid, seq in resume.items()
-        if (sessions is None or sid in sessions) and (_is_hosted(runtime, sid) or directory.exists(sid))
+        if (sessions is None or sid in sessions) and (view.is_hosted(sid) or view.is_stored(sid))
     }
     for sid in sessions or ():
         cursor.setdefault(sid, 0)
-    runtime.services.writer.flush(timeout=10)  # events published before we subscribed reach the disk
     backlog: list[ev.Event] = []
-    for sid, seq in cursor.items():
-        path = runtime.services.directory.transcript_path(sid)
-        backlog.extend(e for e in read_transcript(path, seq) if wanted is None or e.type in wanted)
+    for sid, seq in cursor.items():  # (replay first writes what was published before we subscribed)
+        backlog.extend(view.replay(sid, seq, types))
     return cursor, backlog
 
 
@@ -675,7 +668,7 @@ class ApiServer:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: AnyRuntime,
         token: str,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -762,8 +755,14 @@ def run_server(
     sessions_dir: str | None = None,
     workspace_root: str | None = None,
     allow_shell: bool | None = None,
+    shards: int | None = None,
+    ray_address: str | None = None,
 ) -> int:
     """The ``serve`` command: serve until interrupted; returns the exit status.
+
+    With ``shards`` or ``ray_address`` the sessions live on shards of a Ray cluster
+    (:class:`runtime.cluster.ClusterRuntime`: ``shards`` of them, 2 by default, on the cluster at
+    ``ray_address`` or on a local one).
 
     The token comes from ``token``, else the file ``token_file``, else ``server.token`` (which
     ``AGENTCELL_SERVER__TOKEN`` sets), else the file ``server.token_file``; else one is generated.
@@ -788,13 +787,25 @@ def run_server(
         token = secrets.token_urlsafe(24)
         print(f"agentcell serve: generated bearer token: {token}", file=sys.stderr, flush=True)
     bind_host = host or cfg.server.host
-    with Runtime(cfg) as rt:
+    try:
+        host_runtime = _host_runtime(cfg, shards, ray_address)
+    except ValueError as exc:
+        print(f"agentcell serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        host_runtime.start()
+    except RuntimeError as exc:  # a ClusterError: Ray missing, no cluster at the address, shards not started
+        print(f"agentcell serve: {exc}", file=sys.stderr)
+        return 1
+    with host_runtime as rt:
         try:
             server = ApiServer(rt, token, bind_host, cfg.server.port if port is None else port, policy=policy)
         except OSError as exc:
             print(f"agentcell serve: cannot listen on {bind_host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1
         where = f"workspaces under {policy.workspace_root}" if policy.workspace_root else "no workspaces"
+        if shards is not None or ray_address is not None:
+            where += f"; {len(getattr(rt, 'shards', ()))} shards on Ray"
         print(
             f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
             f"shell {'allowed' if policy.allow_shell else 'off'})",
@@ -804,6 +815,15 @@ def run_server(
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
             server.run()
     return 0
+
+
+def _host_runtime(cfg: Config, shards: int | None, ray_address: str | None) -> AnyRuntime:
+    """A local ``Runtime``, or a ``ClusterRuntime`` when asked for shards or a Ray address."""
+    if shards is None and ray_address is None:
+        return Runtime(cfg)
+    from runtime.cluster import ClusterRuntime
+
+    return ClusterRuntime(cfg, shards=shards if shards is not None else 2, address=ray_address)
 
 
 def _read_token(path: str | None) -> str | None:

@@ -1,0 +1,697 @@
+"""The cluster runtime (SPEC 10): the public API of :class:`~runtime.host.Runtime`, over shards on Ray.
+
+    from runtime.cluster import ClusterRuntime
+
+    with ClusterRuntime(sessions_dir="/shared/sessions", shards=2) as rt:   # or address="head:6379"
+        sid = rt.start_session(model="openai/gpt-4o-mini")
+        print(rt.prompt(sid, "Hello").result(timeout=60).text)
+
+Each shard is a Ray actor hosting a ``Runtime`` in its own process (:mod:`runtime.cluster._shard`); this
+object is the front. It places each session on a shard by rendezvous hashing of its id
+(:mod:`runtime.cluster._placement`), sends each call to the session's shard (:mod:`runtime.cluster._fleet`
+keeps track of where sessions are, and moves and fails them over), and relays events from every shard to
+its subscribers (:mod:`runtime.cluster._events`).
+
+The sessions directory must be one every shard sees (a shared filesystem path; the same path on every
+node). A session's lock file keeps it to one owner. When a shard's process dies, its sessions are resumed
+on the shards left, from their logs, and calls to them wait until they are back. A turn that was running
+on the dead shard is **not retried**: its handle resolves with ``status="error"`` and an error starting
+with ``shard_lost:``. Whatever the turn had written before the shard died stays in the log (the resumed
+session records the turn as interrupted), and everything acknowledged before (every turn whose handle
+resolved) had been written to the log by then.
+
+Adding a shard (:meth:`ClusterRuntime.add_shard`) or removing one (:meth:`ClusterRuntime.remove_shard`)
+moves only the sessions whose place changes, each resumed on its new shard from its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from runtime import events as ev
+from runtime.cluster import _wire
+from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
+from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied, first_line
+from runtime.cluster._events import Relay, check_types
+from runtime.cluster._fleet import Fleet, Hosted, ShardRef
+from runtime.cluster._loop import Loop
+from runtime.cluster._placement import owner
+from runtime.cluster._shard import Shard, ShardInfo
+from runtime.config import Config, load_config
+from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
+from runtime.host import SessionNotFound, _require_unicode
+from runtime.ids import validate_session_id
+from runtime.messages import Message, new_id
+from runtime.served import SessionSummary
+
+log = logging.getLogger("agentcell.cluster")
+
+__all__ = ["ClusterRuntime"]
+
+POLL_SECONDS = 1.0
+"""How long one poll of a shard's event feed waits for events."""
+
+_RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "require_approval")
+"""What resuming a session needs that its log does not keep (the API key above all): kept in memory."""
+
+
+class ClusterRuntime:
+    """Hosts sessions on N shards, each a Ray actor running a :class:`~runtime.host.Runtime`.
+
+    The same public API as ``Runtime`` (start/resume/stop/delete sessions, prompt, abort, compact,
+    approve, the queries and their ``a``-twins, subscribe), usable from threads and asyncio, plus
+    :meth:`add_shard`, :meth:`remove_shard`, :meth:`shard_of` and :attr:`shards`.
+
+    Args:
+        config, sessions_dir, config_path, approval: as for ``Runtime``. The sessions directory must be a
+            path every shard sees (made absolute here). ``approval`` runs in the shards' processes.
+        shards: how many shards to start.
+        address: a Ray cluster to connect to (``HOST:PORT`` of its head's GCS, ``ray://HOST:PORT`` or
+            ``"auto"``); None starts a local cluster unless this process is connected to one already.
+        shard_cpus: the CPUs Ray reserves for each shard (each shard is one busy process).
+        start_timeout: seconds to wait for the shards to start (a cluster too small for them never does).
+        ray_init: more keyword arguments for ``ray.init``.
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        sessions_dir: str | os.PathLike[str] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+        shards: int = 2,
+        address: str | None = None,
+        shard_cpus: float = 1.0,
+        start_timeout: float = 120.0,
+        ray_init: Mapping[str, Any] | None = None,
+    ) -> None:
+        if shards < 1:
+            raise ValueError(f"a cluster needs at least one shard, not {shards}")
+        if shard_cpus < 0:
+            raise ValueError("shard_cpus must be >= 0")
+        cfg = config if config is not None else load_config(config_path)
+        if sessions_dir is not None:
+            cfg = cfg.with_overrides({"persistence.sessions_dir": os.fspath(sessions_dir)})
+        # One path for every shard: ~ and relative paths would mean something else in another process.
+        cfg = cfg.with_overrides({"persistence.sessions_dir": str(cfg.sessions_path.expanduser().resolve())})
+        if address is not None:
+            check_address_form(address)
+        self.config = cfg
+        self.sessions_path = Path(cfg.persistence.sessions_dir)
+        self.approval = approval
+        self.address = address
+        self.shard_count = shards
+        self.shard_cpus = shard_cpus
+        self.start_timeout = start_timeout
+        self._ray_init = dict(ray_init or {})
+        self._owns_ray = False
+        self._fleet = Fleet(
+            cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> ClusterRuntime:
+        """Connect to (or start) the Ray cluster and start the shards. Idempotent; returns ``self``.
+
+        Raises:
+            ClusterUnavailable: nothing answers as a Ray cluster at ``address``.
+            ClusterError: Ray is not installed, or the shards did not start (the error says why).
+        """
+        fleet = self._fleet
+        with fleet.lock:
+            if fleet.started:
+                return self
+            ray = import_ray()
+            self._connect(ray)
+            fleet.loop = Loop().start()
+            fleet.actor_class = ray.remote(Shard)
+            try:
+                fleet.spawn([fleet.next_name() for _ in range(self.shard_count)])
+            except BaseException:
+                fleet.loop.stop()
+                self._disconnect(ray)
+                raise
+            fleet.gone = None
+            fleet.started = True
+            return self
+
+    def _connect(self, ray: Any) -> None:
+        if self.address is not None:
+            probe(self.address)
+        if ray.is_initialized():
+            current = ray.get_runtime_context().gcs_address
+            if self.address not in (None, "auto") and not same_address(self.address, current):
+                raise ClusterError(
+                    f"this process is connected to the Ray cluster at {current} already; a process talks "
+                    f"to one cluster at a time (ray.shutdown() first to use {self.address})"
+                )
+        elif self.address is not None:
+            try:
+                ray.init(address=self.address, **self._ray_init)
+            except Exception as exc:  # ConnectionError, RuntimeError, ...: Ray's own words say why
+                raise ClusterUnavailable(
+                    f"cannot connect to the Ray cluster at {self.address}: {exc}"
+                ) from None
+            self._owns_ray = True
+        else:
+            options: dict[str, Any] = {
+                "num_cpus": max(os.cpu_count() or 1, math.ceil(self.shard_count * self.shard_cpus)),
+                "include_dashboard": False,
+                **self._ray_init,
+            }
+            ray.init(**options)
+            self._owns_ray = True
+        self._fleet.gcs_address = ray.get_runtime_context().gcs_address
+
+    def _disconnect(self, ray: Any) -> None:
+        if self._owns_ray:
+            self._owns_ray = False
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every session on every shard (logs flushed), end the subscriptions after what they have
+        queued, and stop the shards; disconnect from Ray if this runtime connected."""
+        import ray
+
+        with self._fleet.lock:
+            if not self._fleet.started:
+                return
+            self._fleet.started = False
+            shards = [s for s in self._fleet.shards.values() if s.alive]
+            relays = list(self._fleet.relays.values())
+        with contextlib.suppress(Exception):
+            ray.get([s.actor.stop.remote(timeout) for s in shards], timeout=timeout + 10)
+        # The feeds end once each shard's bus has closed and they have passed on what it queued.
+        deadline = time.monotonic() + 5.0
+        for relay in relays:
+            relay.wait_feeds_ended(max(0.0, deadline - time.monotonic()))
+            relay.close()
+        for shard in shards:
+            shard.alive = False
+            with contextlib.suppress(Exception):
+                ray.kill(shard.actor)
+        assert self._fleet.loop is not None
+        self._fleet.loop.stop()
+        with self._fleet.lock:
+            self._fleet.shards.clear()
+            self._fleet.sessions.clear()
+            self._fleet.relays.clear()
+        self._disconnect(ray)
+
+    def __enter__(self) -> ClusterRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ClusterRuntime:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop)
+
+    @property
+    def running(self) -> bool:
+        return self._fleet.started
+
+    # -- shards -------------------------------------------------------------------------------------------
+    @property
+    def shards(self) -> list[str]:
+        """The names of the live shards (those sessions are placed on, and any being removed)."""
+        with self._fleet.lock:
+            return [s.name for s in self._fleet.shards.values() if s.alive]
+
+    def shard_info(self, name: str) -> ShardInfo:
+        """Process, host and CPUs of a shard."""
+        with self._fleet.lock:
+            shard = self._fleet.shards.get(name)
+        if shard is None:
+            raise KeyError(f"no shard {name!r}")
+        return shard.info
+
+    def shard_of(self, session_id: str) -> str:
+        """The shard hosting a session of this runtime (``SessionNotFound`` if it hosts none by that id);
+        while the session moves, the shard it is moving to, once it is there."""
+        return self._fleet.ready(session_id, 60.0)[1].name
+
+    def placement(self, session_id: str) -> str:
+        """The shard a session with this id goes to now (whether or not it exists)."""
+        return owner(validate_session_id(session_id), self._fleet.placing())
+
+    def add_shard(self) -> str:
+        """Start one more shard; the sessions it now outscores the others for move to it. Returns its name."""
+        self._fleet.require_started()
+        (shard,) = self._fleet.spawn([self._fleet.next_name()])
+        with self._fleet.lock:
+            relays = list(self._fleet.relays.values())
+        self._open_feeds(relays, [shard])
+        self._fleet.rebalance()
+        return shard.name
+
+    def remove_shard(self, name: str, timeout: float = 60.0) -> None:
+        """Move a shard's sessions to the others (each to its next place), then stop it."""
+        import ray
+
+        self._fleet.require_started()
+        with self._fleet.lock:
+            shard = self._fleet.shards.get(name)
+            if shard is None or not shard.alive:
+                raise KeyError(f"no live shard {name!r}")
+            if len([s for s in self._fleet.shards.values() if s.alive and s.placing]) < 2:
+                raise ClusterError(f"{name} is the last shard; add another before removing it")
+            shard.placing = False
+        self._fleet.rebalance(timeout)
+        with contextlib.suppress(Exception):
+            ray.get(shard.actor.stop.remote(), timeout=timeout)
+        with self._fleet.lock:
+            shard.alive = False
+            self._fleet.shards.pop(name, None)
+        with contextlib.suppress(Exception):
+            ray.kill(shard.actor)
+
+    def start_session(
+        self,
+        session_id: str | None = None,
+        *,
+        model: str | None = None,
+        system_prompt: str = "",
+        tools: Any = None,
+        workspace: str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+        require_approval: bool = False,
+        **more: Any,
+    ) -> str:
+        """Create a session on its shard and return its id; as ``Runtime.start_session`` (``more``: any
+        other keyword it takes). ``tools`` and ``approval`` are pickled to the shard's process."""
+        import ray
+
+        self._fleet.require_started()
+        _require_unicode(system_prompt, "the system prompt")
+        sid = new_id() if session_id is None else validate_session_id(session_id)
+        if sid in self._fleet.sessions:
+            raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
+        workspace = os.fspath(Path(workspace).expanduser().resolve()) if workspace is not None else None
+        options = {
+            "model": model,
+            "system_prompt": system_prompt,
+            "tools": tools,
+            "workspace": workspace,
+            "config": dict(config) if config is not None else None,
+            "api_base": api_base,
+            "api_key": api_key,
+            "approval": approval,
+            "require_approval": require_approval,
+            **more,
+        }
+        shard = self._fleet.place(sid)
+        try:
+            summary = ray.get(shard.actor.start_session.remote(sid, options), timeout=60)
+        except ray.exceptions.RayError as exc:
+            raise self._fleet.failure(exc, shard) from None
+        self._fleet.register(sid, shard, summary, {k: options[k] for k in _RESUME_KEYS})
+        return sid
+
+    async def astart_session(self, session_id: str | None = None, **kwargs: Any) -> str:
+        """:meth:`start_session` from asyncio, run off the event loop."""
+        return await asyncio.to_thread(lambda: self.start_session(session_id, **kwargs))
+
+    def resume_session(
+        self,
+        session_id: str,
+        *,
+        tools: Any = None,
+        workspace: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
+        api_base: str | None = None,
+        approval: Callable[[str, Any], bool | str] | None = None,
+        require_approval: bool = False,
+        repair: Literal["truncate"] | None = None,
+    ) -> str:
+        """Host a stored session on its shard; as ``Runtime.resume_session``."""
+        import ray
+
+        self._fleet.require_started()
+        sid = validate_session_id(session_id)
+        if repair not in (None, "truncate"):
+            raise ValueError(f"repair must be None or 'truncate', not {repair!r}")
+        if sid in self._fleet.sessions:
+            return sid
+        workspace = os.fspath(Path(workspace).expanduser().resolve()) if workspace is not None else None
+        options = {
+            "tools": tools,
+            "workspace": workspace,
+            "api_key": api_key,
+            "api_base": api_base,
+            "approval": approval,
+            "require_approval": require_approval,
+        }
+        shard = self._fleet.place(sid)
+        try:
+            summary = ray.get(
+                shard.actor.resume_session.remote(sid, {**options, "repair": repair}), timeout=120
+            )
+        except ray.exceptions.RayError as exc:
+            raise self._fleet.failure(exc, shard) from None
+        self._fleet.register(sid, shard, summary, options)
+        return sid
+
+    async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
+        """:meth:`resume_session` from asyncio, run off the event loop."""
+        return await asyncio.to_thread(lambda: self.resume_session(session_id, **kwargs))
+
+    def list_sessions(self) -> list[Any]:
+        """Every stored session (running or not), newest first."""
+        infos: list[Any] = self._fleet.any("list_sessions")
+        return infos
+
+    async def alist_sessions(self) -> list[Any]:
+        return await asyncio.to_thread(self.list_sessions)
+
+    def hosted_sessions(self) -> list[str]:
+        """Ids of the sessions this runtime hosts (on any shard)."""
+        with self._fleet.lock:
+            return list(self._fleet.sessions)
+
+    def stop_session(self, session_id: str) -> None:
+        """Stop a hosted session on its shard (its log stays)."""
+        self._fleet.call(session_id, "stop_session")
+        with self._fleet.lock:
+            self._fleet.sessions.pop(session_id, None)
+
+    async def astop_session(self, session_id: str) -> None:
+        await asyncio.to_thread(self.stop_session, session_id)
+
+    def delete_session(self, session_id: str) -> None:
+        """Stop the session if hosted and delete its log, transcript and artifacts."""
+        self._fleet.require_started()
+        validate_session_id(session_id)
+        if session_id in self._fleet.sessions:
+            self._fleet.call(session_id, "delete_session")
+            with self._fleet.lock:
+                self._fleet.sessions.pop(session_id, None)
+        else:
+            self._fleet.any("delete_session", session_id)
+
+    async def adelete_session(self, session_id: str) -> None:
+        await asyncio.to_thread(self.delete_session, session_id)
+
+    def hibernate(self, session_id: str) -> bool:
+        """Park an idle session's actors on its shard; False when it was not running or is busy."""
+        return bool(self._fleet.call(session_id, "hibernate"))
+
+    async def ahibernate(self, session_id: str) -> bool:
+        return await asyncio.to_thread(self.hibernate, session_id)
+
+    # -- turns --------------------------------------------------------------------------------------------
+    def prompt(
+        self, session_id: str, text: str, *, images: Sequence[str] = (), steer: bool = False
+    ) -> PromptHandle:
+        """Send a user message to the session's shard. Returns at once; the handle resolves when the run
+        ends, or with ``status="error"`` and an error starting with ``shard_lost:`` if the shard died first
+        (the turn is not retried)."""
+        if not isinstance(text, str):
+            raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
+        if not text.strip() and not images:
+            raise ValueError("prompt text must not be empty (or send an image)")
+        _require_unicode(text, "prompt text")
+        entry = self._fleet.hosted(session_id)
+        handle = PromptHandle(new_id())
+        send = partial(self._send, session_id, handle, "prompt", (text, list(images), steer, handle.id))
+        entry.gate.then(send)
+        return handle
+
+    def abort(self, session_id: str) -> Handle[bool]:
+        """Stop the running turn; resolves to whether a turn was running."""
+        entry = self._fleet.hosted(session_id)
+        handle: Handle[bool] = Handle(new_id())
+        entry.gate.then(partial(self._send, session_id, handle, "abort", ()))
+        return handle
+
+    def compact(
+        self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
+    ) -> Handle[CompactionResult]:
+        """Compact now (SPEC 5.12), on the session's shard."""
+        if keep_recent_tokens is not None and keep_recent_tokens < 0:
+            raise ValueError("keep_recent_tokens must be >= 0")
+        entry = self._fleet.hosted(session_id)
+        handle: Handle[CompactionResult] = Handle(new_id())
+        send = partial(self._send, session_id, handle, "compact", (keep_recent_tokens, instructions))
+        entry.gate.then(send)
+        return handle
+
+    def _send(self, session_id: str, handle: Handle[Any], method: str, args: tuple[Any, ...]) -> None:
+        """Send a call whose answer resolves ``handle`` (once the session is not moving)."""
+        entry = self._fleet.sessions.get(session_id)
+        with self._fleet.lock:
+            shard = self._fleet.shards.get(entry.shard) if entry is not None else None
+        if entry is None or shard is None or not self._fleet.started:
+            handle.set_exception(SessionNotFound(f"no running session {session_id!r}"))
+            return
+        if entry.error is not None:
+            handle.set_exception(entry.error)
+            return
+        if not shard.alive:  # died a moment ago: send it once the session is resumed
+            entry.gate.then(partial(self._send, session_id, handle, method, args))
+            return
+        with self._fleet.lock:
+            entry.inflight += 1
+        ref = getattr(shard.actor, method).remote(session_id, *args)
+        ref.future().add_done_callback(partial(self._answered, entry, shard, handle, method))
+
+    def _answered(
+        self,
+        entry: Hosted,
+        shard: ShardRef,
+        handle: Handle[Any],
+        method: str,
+        future: concurrent.futures.Future[Any],
+    ) -> None:
+        with self._fleet.lock:
+            entry.inflight -= 1
+        try:
+            value = future.result()
+        except BaseException as exc:
+            error = self._fleet.failure(exc, shard)
+            if not isinstance(error, ShardDied):
+                handle.set_exception(error)
+                return
+            note = (
+                f"{SHARD_LOST}: {error}; the session is resumed from its log on another shard and this turn "
+                "is not retried (what it wrote before is kept): send the prompt again"
+            )
+            if method == "prompt":
+                handle.set_result(TurnResult(prompt_id=handle.id, status="error", error=note))
+            elif method == "compact":
+                handle.set_result(CompactionResult(compacted=False, reason=note))
+            else:  # abort: no turn runs on a dead shard
+                handle.set_result(False)
+            return
+        if method == "prompt":
+            data, positions = value
+            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
+        elif method == "compact":
+            data, positions = value
+            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_compaction(data)))
+        else:
+            handle.set_result(value)
+
+    def _after_events(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
+        """Call ``fn`` once every subscription of the session has received what its shard had queued for it
+        when the answer was sent (``positions``: feed id -> items): as on the local bus, a turn's events
+        are queued to every subscriber before its handle resolves."""
+        with self._fleet.lock:
+            waits = [(self._fleet.relays[f], n) for f, n in positions.items() if f in self._fleet.relays]
+        if not waits:
+            fn()
+            return
+        left = [len(waits)]
+        lock = threading.Lock()
+
+        def one_done() -> None:
+            with lock:
+                left[0] -= 1
+                done = left[0] == 0
+            if done:
+                fn()
+
+        for relay, count in waits:
+            relay.when_received(shard.name, count, one_done)
+
+    def approve(
+        self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
+    ) -> bool:
+        """Answer an ``approval_request`` event. Returns False when no such request is waiting."""
+        return bool(self._fleet.call(session_id, "approve", call_id, approved, reason))
+
+    # -- queries ------------------------------------------------------------------------------------------
+    def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
+        """The context breakdown of SPEC 4.6, from the session's shard."""
+        return self._fleet.call(session_id, "context_stats", timeout, timeout=timeout)
+
+    async def acontext_stats(self, session_id: str) -> Any:
+        return await asyncio.to_thread(self.context_stats, session_id)
+
+    def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
+        """The conversation: ``"user"`` (everything on the path) or ``"model"``."""
+        if view not in ("user", "model"):
+            raise ValueError("view must be 'user' or 'model'")
+        return _wire.decode_messages(self._fleet.call(session_id, "messages", view, timeout, timeout=timeout))
+
+    async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
+        return await asyncio.to_thread(lambda: self.messages(session_id, view=view))
+
+    def usage(self, session_id: str, timeout: float = 30.0) -> Any:
+        """Session totals (input, output, reasoning, cache read/write, cost)."""
+        return self._fleet.call(session_id, "usage", timeout, timeout=timeout)
+
+    async def ausage(self, session_id: str) -> Any:
+        return await asyncio.to_thread(self.usage, session_id)
+
+    def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
+        """Switch the session's model; returns the new context window."""
+        window = int(self._fleet.call(session_id, "set_model", model, timeout, timeout=timeout))
+        entry = self._fleet.sessions.get(session_id)
+        if entry is not None:
+            entry.model, entry.context_window = model, window
+        return window
+
+    async def aset_model(self, session_id: str, model: str) -> int:
+        return await asyncio.to_thread(self.set_model, session_id, model)
+
+    def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
+        """Move the session's leaf to ``leaf_id`` (None = the start)."""
+        self._fleet.call(session_id, "branch", leaf_id, timeout, timeout=timeout)
+
+    async def abranch(self, session_id: str, leaf_id: str | None) -> None:
+        await asyncio.to_thread(self.branch, session_id, leaf_id)
+
+    def children(self, session_id: str) -> list[str]:
+        """The sub-agent sessions ``session_id`` delegated to (they live on its shard)."""
+        found: list[str] = self._fleet.call(session_id, "call", "children", {})
+        return found
+
+    # -- what a front asks (runtime.served.Served) -------------------------------------------------------
+    def is_hosted(self, session_id: str) -> bool:
+        return session_id in self._fleet.sessions
+
+    def is_stored(self, session_id: str) -> bool:
+        return bool(self._fleet.any("is_stored", session_id))
+
+    def stored_header(self, session_id: str) -> Any:
+        return self._fleet.any("stored_header", session_id)
+
+    def session_summary(self, session_id: str) -> SessionSummary:
+        summary: SessionSummary = self._fleet.call(session_id, "session_summary")
+        return summary
+
+    def last_seq(self, session_id: str) -> int:
+        if session_id not in self._fleet.sessions:
+            return 0
+        return int(self._fleet.call(session_id, "last_seq"))
+
+    def replay(self, session_id: str, after_seq: int, types: Iterable[str] | None = None) -> list[ev.Event]:
+        wanted = sorted(types) if types is not None else None
+        if session_id in self._fleet.sessions:
+            data = self._fleet.call(session_id, "replay", after_seq, wanted)
+        else:
+            data = self._fleet.any("replay", session_id, after_seq, wanted)
+        return _wire.decode_events(data)
+
+    # -- events -------------------------------------------------------------------------------------------
+    def subscribe(
+        self,
+        sessions: str | Iterable[str] = "*",
+        types: Iterable[str] | None = None,
+        *,
+        callback: Callable[[ev.Event], Any] | None = None,
+        queue_size: int | None = None,
+        include_children: bool = False,
+    ) -> Any:
+        """Subscribe to sessions on every shard, as ``Runtime.subscribe``: the same filters, order per
+        session, bounded queue and ``subscriber_lagged`` notices. Events published once this returns are
+        not missed. ``include_children`` adds the events of the sessions' sub-agents (on their shards)."""
+        self._fleet.require_started()
+        check_types(types)
+        size = queue_size if queue_size is not None else self.config.bus.subscriber_queue
+        relay = Relay(
+            new_id(), sessions, types, queue_size=size, callback=callback, include_children=include_children
+        )
+        with self._fleet.lock:
+            self._fleet.relays[relay.id] = relay
+            shards = [s for s in self._fleet.shards.values() if s.alive]
+        try:
+            self._open_feeds([relay], shards)
+        except BaseException:
+            relay.subscription.close()
+            with self._fleet.lock:
+                self._fleet.relays.pop(relay.id, None)
+            raise
+        return relay.subscription
+
+    def _open_feeds(self, relays: list[Relay], shards: list[ShardRef]) -> None:
+        """Subscribe each relay on each shard (every shard has it before this returns), then poll them."""
+        import ray
+
+        pending = []
+        for relay in relays:
+            for shard in shards:
+                # The shard's queue only waits for the next poll: losses are the slow reader's, here.
+                size = max(relay.subscription.queue_size, self.config.bus.subscriber_queue)
+                ref = shard.actor.subscribe.remote(
+                    relay.id, relay.shard_sessions(), relay.shard_types(), size, relay.include_children
+                )
+                pending.append((relay, shard, ref))
+        for relay, shard, ref in pending:
+            try:
+                ray.get(ref, timeout=30)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"{shard.name} did not take the subscription within 30 s") from None
+            except ray.exceptions.RayError as exc:
+                error = self._fleet.failure(exc, shard)
+                if isinstance(error, ShardDied):
+                    continue  # its sessions are resumed on the others, whose feeds carry them
+                raise error from None
+            relay.feed_opened(shard.name)
+            self._fleet.submit(self._pump(relay, shard))
+
+    async def _pump(self, relay: Relay, shard: ShardRef) -> None:
+        """Poll one shard's feed for one relay until either ends."""
+        import ray
+
+        try:
+            while not relay.closed and shard.alive and self._fleet.started:
+                data = await shard.actor.poll.remote(relay.id, POLL_SECONDS)
+                if data is None:  # the shard's bus closed: everything it queued has come through
+                    break
+                events = _wire.decode_events(data)
+                if events:
+                    relay.deliver(shard.name, events)
+        except ray.exceptions.ActorDiedError:
+            self._fleet.lost(shard.name)
+        except ray.exceptions.RayError as exc:
+            if self._fleet.started and shard.alive:
+                log.warning("event feed from %s ended: %s", shard.name, first_line(exc))
+        finally:
+            relay.feed_ended(shard.name)
+            if relay.closed:
+                with self._fleet.lock:
+                    self._fleet.relays.pop(relay.id, None)
+                if shard.alive:
+                    with contextlib.suppress(Exception):
+                        shard.actor.unsubscribe.remote(relay.id)

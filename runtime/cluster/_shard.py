@@ -1,0 +1,275 @@
+"""The shard: a Ray actor hosting one :class:`~runtime.host.Runtime` in its own process.
+
+:class:`Shard` is a plain class; the cluster runtime wraps it with ``ray.remote`` when it starts, so that
+importing this module does not import Ray. It is an async actor: every method runs on the actor's event
+loop, and whatever blocks (reading a log, asking a session's actors) runs on a worker thread, so one slow
+call never holds up the others. Turns and events travel as msgpack bytes (:mod:`runtime.cluster._wire`).
+
+Events leave a shard by long polling: the front subscribes once per cluster subscription
+(:meth:`Shard.subscribe`) and then calls :meth:`Shard.poll`, which answers as soon as events are queued
+(all of them, up to a batch) or after a timeout with none. A subscription that nobody polls for
+:data:`ABANDONED_AFTER` seconds (its front died) is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from runtime.cluster import _wire
+from runtime.config import Config
+from runtime.served import LocalServed, SessionSummary
+
+ABANDONED_AFTER = 120.0
+"""Seconds without a poll after which a shard closes a subscription (its front is gone)."""
+MAX_BATCH = 2_000
+"""The most events one poll returns."""
+
+
+class ShardInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a shard is: its name, process, host and the CPUs its runtime's threads run on."""
+
+    name: str
+    pid: int
+    host: str
+    node_ip: str
+    cpus: list[int] | None
+    sessions_path: str
+
+
+class _Feed:
+    """One front's subscription on this shard, when it was last polled, and how many items (events and
+    lag notices) polls have taken from it."""
+
+    __slots__ = ("polled", "subscription", "taken")
+
+    def __init__(self, subscription: Any) -> None:
+        self.subscription = subscription
+        self.polled = time.monotonic()
+        self.taken = 0
+
+    def covers(self, session_id: str) -> bool:
+        sessions = self.subscription.sessions
+        return sessions is None or session_id in sessions
+
+
+class Shard:
+    """Hosts a :class:`~runtime.host.Runtime` whose sessions directory is the cluster's shared one."""
+
+    def __init__(self, name: str, config: Config, approval: Any = None) -> None:
+        from runtime.host import Runtime
+
+        self.name = name
+        self.runtime = Runtime(config, approval=approval).start()
+        self.served = LocalServed(self.runtime)
+        self._feeds: dict[str, _Feed] = {}
+        self._forever: asyncio.Event | None = None
+
+    # -- the shard itself ---------------------------------------------------------------------------------
+    async def info(self) -> ShardInfo:
+        import ray
+
+        cpus = sorted(self.runtime.cpus) if self.runtime.cpus is not None else None
+        node_ip = ray.util.get_node_ip_address()
+        path = str(self.runtime.sessions_path)
+        return ShardInfo(
+            name=self.name,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            node_ip=node_ip,
+            cpus=cpus,
+            sessions_path=path,
+        )
+
+    async def watch(self) -> None:
+        """Never returns: the front awaits it to learn at once when this shard's process dies."""
+        if self._forever is None:
+            self._forever = asyncio.Event()
+        await self._forever.wait()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop every session (logs flushed) and the runtime. Its bus closes: each feed hands out what it
+        has queued (``session_stopped`` of every session among it), then polls answer None."""
+        await asyncio.to_thread(self.runtime.stop, timeout)
+
+    # -- sessions -----------------------------------------------------------------------------------------
+    async def start_session(self, session_id: str | None, options: dict[str, Any]) -> SessionSummary:
+        sid = await asyncio.to_thread(lambda: self.runtime.start_session(session_id, **options))
+        return self.served.session_summary(sid)
+
+    async def resume_session(
+        self, session_id: str, options: dict[str, Any], stale_owner: tuple[str, int] | None = None
+    ) -> SessionSummary:
+        """Host a stored session. ``stale_owner`` (host, pid): a shard known dead whose lock may be broken
+        (on its own host the lock is seen to be stale anyway; on another host only the cluster knows)."""
+        from runtime.store.sessions import SessionLockedError
+
+        try:
+            await asyncio.to_thread(lambda: self.runtime.resume_session(session_id, **options))
+        except SessionLockedError as exc:
+            if stale_owner is None or (exc.owner_host, exc.owner_pid) != tuple(stale_owner):
+                raise
+            lock = self.runtime.services.directory.lock_path(session_id)
+            lock.unlink(missing_ok=True)  # its owner is dead: Ray said so
+            await asyncio.to_thread(lambda: self.runtime.resume_session(session_id, **options))
+        return self.served.session_summary(session_id)
+
+    async def stop_session(self, session_id: str) -> int:
+        """Stop a hosted session; returns the ``seq`` of its last event (``session_stopped``)."""
+        await asyncio.to_thread(self.runtime.stop_session, session_id)
+        return self.runtime.bus.last_seq(session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        await asyncio.to_thread(self.runtime.delete_session, session_id)
+
+    async def list_sessions(self) -> list[Any]:
+        return await asyncio.to_thread(self.runtime.list_sessions)
+
+    async def hosted_sessions(self) -> list[str]:
+        return self.runtime.hosted_sessions()
+
+    async def hibernate(self, session_id: str) -> bool:
+        return await asyncio.to_thread(self.runtime.hibernate, session_id)
+
+    # -- turns --------------------------------------------------------------------------------------------
+    async def prompt(
+        self, session_id: str, text: str, images: Sequence[str], steer: bool, prompt_id: str
+    ) -> tuple[bytes, dict[str, int]]:
+        """Run a prompt; its result, and where each feed of the session stood when it resolved."""
+        handle = self.runtime.prompt(session_id, text, images=images, steer=steer, prompt_id=prompt_id)
+        result = await handle
+        return _wire.encode(result), self._positions(session_id)
+
+    async def abort(self, session_id: str) -> bool:
+        return await self.runtime.abort(session_id)
+
+    async def compact(
+        self, session_id: str, keep_recent_tokens: int | None, instructions: str | None
+    ) -> tuple[bytes, dict[str, int]]:
+        handle = self.runtime.compact(session_id, keep_recent_tokens, instructions)
+        result = await handle
+        return _wire.encode(result), self._positions(session_id)
+
+    def _positions(self, session_id: str) -> dict[str, int]:
+        """For each feed of the session: how many items it will have handed out once everything queued
+        now is polled. A handle resolves after its events are queued, so once a front has received that
+        many from each feed, its subscribers have every event of the turn (the local bus's promise)."""
+        return {
+            feed_id: feed.taken + feed.subscription.pending
+            for feed_id, feed in self._feeds.items()
+            if feed.covers(session_id)
+        }
+
+    async def approve(self, session_id: str, call_id: str, approved: bool, reason: str | None) -> bool:
+        return self.runtime.approve(session_id, call_id, approved, reason)
+
+    # -- queries ------------------------------------------------------------------------------------------
+    async def context_stats(self, session_id: str, timeout: float) -> Any:
+        return await asyncio.to_thread(self.runtime.context_stats, session_id, timeout)
+
+    async def messages(self, session_id: str, view: str, timeout: float) -> bytes:
+        found = await asyncio.to_thread(lambda: self.runtime.messages(session_id, view=view, timeout=timeout))
+        return _wire.encode(found)
+
+    async def usage(self, session_id: str, timeout: float) -> Any:
+        return await asyncio.to_thread(self.runtime.usage, session_id, timeout)
+
+    async def set_model(self, session_id: str, model: str, timeout: float) -> int:
+        return await asyncio.to_thread(self.runtime.set_model, session_id, model, timeout)
+
+    async def branch(self, session_id: str, leaf_id: str | None, timeout: float) -> None:
+        await asyncio.to_thread(self.runtime.branch, session_id, leaf_id, timeout)
+
+    async def call(self, session_id: str, method: str, kwargs: dict[str, Any]) -> Any:
+        """Any other method of the runtime that takes a session id first (``children``, ...)."""
+        return await asyncio.to_thread(lambda: getattr(self.runtime, method)(session_id, **kwargs))
+
+    async def hosts(self, session_id: str) -> SessionSummary | None:
+        """The session if this shard hosts it (a sub-agent session its parent started here), else None."""
+        if not self.served.is_hosted(session_id):
+            return None
+        return self.served.session_summary(session_id)
+
+    # -- what a front asks (runtime.served) ---------------------------------------------------------------
+    async def is_stored(self, session_id: str) -> bool:
+        return await asyncio.to_thread(self.served.is_stored, session_id)
+
+    async def stored_header(self, session_id: str) -> Any:
+        return await asyncio.to_thread(self.served.stored_header, session_id)
+
+    async def session_summary(self, session_id: str) -> SessionSummary:
+        return self.served.session_summary(session_id)
+
+    async def last_seq(self, session_id: str) -> int:
+        return self.served.last_seq(session_id)
+
+    async def replay(self, session_id: str, after_seq: int, types: list[str] | None) -> bytes:
+        events = await asyncio.to_thread(self.served.replay, session_id, after_seq, types)
+        return _wire.encode_events(events)
+
+    # -- events -------------------------------------------------------------------------------------------
+    async def subscribe(
+        self,
+        feed_id: str,
+        sessions: str | list[str],
+        types: list[str] | None,
+        queue_size: int | None,
+        include_children: bool = False,
+    ) -> None:
+        """Start queueing the events a front's subscription asked for (see :class:`runtime.bus.EventBus`)."""
+        self._sweep()
+        old = self._feeds.pop(feed_id, None)
+        if old is not None:
+            old.subscription.close()
+        more: dict[str, Any] = (
+            {"include_children": True} if include_children else {}
+        )  # (only runtimes with sub-agents)
+        subscription = self.runtime.subscribe(sessions, types, queue_size=queue_size, **more)
+        self._feeds[feed_id] = _Feed(subscription)
+
+    async def poll(self, feed_id: str, timeout: float) -> bytes | None:
+        """The feed's queued events (waiting up to ``timeout`` seconds for the first), as msgpack; None
+        once the feed is closed (unknown, abandoned, or the shard stopping)."""
+        feed = self._feeds.get(feed_id)
+        if feed is None:
+            return None
+        feed.polled = time.monotonic()
+        subscription = feed.subscription
+        if not subscription.pending:
+            try:
+                first = await asyncio.wait_for(subscription.__anext__(), timeout)
+            except TimeoutError:
+                return _wire.encode_events([])
+            except StopAsyncIteration:
+                self._feeds.pop(feed_id, None)
+                return None
+            events = [first]
+        else:
+            events = []
+        while len(events) < MAX_BATCH:  # what is queued now, without waiting (the rest: next poll)
+            event = subscription.get(0)
+            if event is None:
+                break
+            events.append(event)
+        feed.polled = time.monotonic()
+        feed.taken += len(events)
+        return _wire.encode_events(events)
+
+    async def unsubscribe(self, feed_id: str) -> None:
+        feed = self._feeds.pop(feed_id, None)
+        if feed is not None:
+            feed.subscription.close()
+
+    def _sweep(self) -> None:
+        """Close the feeds nobody has polled for :data:`ABANDONED_AFTER` seconds."""
+        now = time.monotonic()
+        for feed_id, feed in list(self._feeds.items()):
+            if now - feed.polled > ABANDONED_AFTER:
+                feed.subscription.close()
+                del self._feeds[feed_id]

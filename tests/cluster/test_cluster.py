@@ -1,0 +1,320 @@
+"""The cluster runtime on a local Ray cluster with 2 CPUs (SPEC 10): sessions on two shards, events from
+both, the same API as ``Runtime``, shards joining and leaving, a shard SIGKILLed mid-turn, the HTTP server
+in front of it, and bad addresses.
+
+One cluster runtime with two shards serves the whole module (the tests run in file order: the one that
+kills a shard comes last).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime import events as ev
+from runtime.cluster import SHARD_LOST, ClusterRuntime, ClusterUnavailable, owner
+from runtime.host import Runtime, RuntimeStopped, SessionNotFound
+from runtime.provider.script import Turn
+from runtime.server import ApiServer
+from tests.conftest import Recorder
+
+TOKEN = "cluster-token"
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRuntime]:
+    sessions = tmp_path_factory.mktemp("cluster") / "sessions"
+    config_overrides = {"retry.base_delay": 0.01, "retry.max_delay": 0.05}
+    from runtime.config import Config
+
+    rt = ClusterRuntime(
+        Config().with_overrides(config_overrides), sessions_dir=sessions, shards=2, shard_cpus=0.5
+    )
+    with rt:
+        yield rt
+
+
+def start(rt: ClusterRuntime, provider: Any, sid: str, model: str = "openai/agentcell-local") -> str:
+    return rt.start_session(sid, model=model, api_base=provider.url, api_key="sk-local")
+
+
+def ids_on_each_shard(rt: ClusterRuntime, prefix: str, per_shard: int) -> list[str]:
+    """Session ids that the placement puts ``per_shard`` on each live shard."""
+    found: dict[str, list[str]] = {name: [] for name in rt.shards}
+    n = 0
+    while any(len(v) < per_shard for v in found.values()):
+        sid = f"{prefix}-{n}"
+        n += 1
+        bucket = found[rt.placement(sid)]
+        if len(bucket) < per_shard:
+            bucket.append(sid)
+    return [sid for bucket in found.values() for sid in bucket]
+
+
+def test_the_cluster_runtime_has_the_public_api_of_runtime() -> None:
+    public = {name for name in dir(Runtime) if not name.startswith("_")}
+    missing = public - set(dir(ClusterRuntime))
+    assert not missing, f"ClusterRuntime lacks {sorted(missing)}"
+    for name in ("prompt", "abort", "compact", "subscribe", "messages", "resume_session", "set_model"):
+        local = inspect.signature(getattr(Runtime, name)).parameters
+        remote = inspect.signature(getattr(ClusterRuntime, name)).parameters
+        assert set(local) - {"prompt_id"} <= set(remote), name
+
+
+def test_sessions_on_two_shards_and_events_from_both(cluster: ClusterRuntime, provider: Any) -> None:
+    sids = [start(cluster, provider, sid) for sid in ids_on_each_shard(cluster, "both", 3)]
+    assert {cluster.shard_of(sid) for sid in sids} == set(cluster.shards) and len(cluster.shards) == 2
+    pids = {cluster.shard_info(name).pid for name in cluster.shards}
+    assert len(pids) == 2 and os.getpid() not in pids  # two processes of their own
+
+    recorder = Recorder()
+    with cluster.subscribe(sids, types={"agent_start", "text_delta", "agent_end"}, callback=recorder) as sub:
+        handles = {sid: cluster.prompt(sid, f"Hello from {sid}") for sid in sids}
+        results = {sid: handle.result(timeout=60) for sid, handle in handles.items()}
+        assert all(r.status == "ok" and r.prompt_id == handles[sid].id for sid, r in results.items())
+        assert sub.flush(timeout=10)
+        recorder.wait_for(lambda evs: sum(e.type == "agent_end" for e in evs) == len(sids), timeout=10)
+    for sid in sids:
+        mine = [e for e in recorder.events if e.session_id == sid]
+        assert mine[0].type == "agent_start" and mine[-1].type == "agent_end"
+        assert mine[0].prompt_id == handles[sid].id  # the front's handle and the shard's events agree
+        assert [e.seq for e in mine] == sorted(e.seq for e in mine)  # in order, numbered by the shard
+        assert "".join(e.delta for e in mine if isinstance(e, ev.TextDelta)) == results[sid].text
+    assert {e.type for e in recorder.events} == {"agent_start", "text_delta", "agent_end"}
+
+
+def test_queries_and_controls_reach_the_sessions_shard(cluster: ClusterRuntime, provider: Any) -> None:
+    sid = start(cluster, provider, "controls")
+    with pytest.raises(ValueError, match="already exists"):
+        start(cluster, provider, "controls")
+    with pytest.raises(SessionNotFound):
+        cluster.prompt("nobody-here", "hi")
+    with pytest.raises(ValueError, match="must not be empty"):
+        cluster.prompt(sid, "   ")
+
+    first = cluster.prompt(sid, "one").result(timeout=60)
+    assert first.status == "ok"
+    messages = cluster.messages(sid)
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[0].text == "one"
+    assert cluster.messages(sid, view="model")[-1].text == first.text
+    assert cluster.usage(sid).input_tokens > 0
+    assert cluster.context_stats(sid).total > 0
+    assert cluster.set_model(sid, "openai/gpt-4o-mini") == 128_000
+    cluster.branch(sid, None)
+    assert cluster.messages(sid) == []
+    assert cluster.abort(sid).result(timeout=10) is False
+    compaction = cluster.compact(sid).result(timeout=30)
+    assert compaction.compacted is False and compaction.reason
+    assert sid in cluster.hosted_sessions() and sid in {i.id for i in cluster.list_sessions()}
+    assert cluster.session_summary(sid).model == "openai/gpt-4o-mini"
+
+    cluster.stop_session(sid)
+    with pytest.raises(SessionNotFound):
+        cluster.usage(sid)
+    assert cluster.is_stored(sid) and not cluster.is_hosted(sid)
+    assert cluster.resume_session(sid, api_key="sk-local") == sid
+    assert [m.text for m in cluster.messages(sid)] == []  # the branch was logged
+    cluster.delete_session(sid)
+    assert not cluster.is_stored(sid)
+    with pytest.raises(SessionNotFound):
+        cluster.resume_session(sid)
+
+
+def test_the_cluster_works_from_asyncio(cluster: ClusterRuntime, provider: Any) -> None:
+    async def main() -> list[str]:
+        sid = await cluster.astart_session(
+            "async-1", model="openai/agentcell-local", api_base=provider.url, api_key="sk-local"
+        )
+        events = cluster.subscribe(sid, types={"agent_end"})
+        result = await cluster.prompt(sid, "hi")
+        seen = []
+        async for event in events:
+            seen.append(event.type)
+            break
+        events.close()
+        stats = await cluster.acontext_stats(sid)
+        assert stats.total > 0 and (await cluster.amessages(sid))[-1].text == result.text
+        await cluster.adelete_session(sid)
+        return seen
+
+    assert asyncio.run(main()) == ["agent_end"]
+
+
+def test_a_slow_subscriber_lags_as_on_the_local_bus(
+    cluster: ClusterRuntime, provider: Any, script: Any
+) -> None:
+    model = script(Turn(text=" ".join(f"word{n}" for n in range(300))))
+    provider.chunk_chars, chunk_chars = 4, provider.chunk_chars
+    try:
+        sid = start(cluster, provider, "laggy", model)
+        sub = cluster.subscribe(sid, types={"text_delta", "agent_end"}, queue_size=5)
+        assert cluster.prompt(sid, "talk").result(timeout=60).status == "ok"
+        time.sleep(0.5)  # the relay has everything by now; the subscriber has read nothing
+        events = sub.drain()
+    finally:
+        provider.chunk_chars = chunk_chars
+    lagged = [e for e in events if isinstance(e, ev.SubscriberLagged)]
+    assert lagged and sum(e.dropped for e in lagged) == sub.dropped > 0
+    rest = [e for e in events if not isinstance(e, ev.SubscriberLagged)]
+    assert len(rest) == 5 and rest[-1].type == "agent_end"  # the newest kept, the oldest lost
+    assert [e.seq for e in rest] == sorted(e.seq for e in rest)
+    sub.close()
+
+
+def test_the_http_server_fronts_the_cluster(cluster: ClusterRuntime, provider: Any) -> None:
+    with (
+        ApiServer(cluster, TOKEN) as server,
+        httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client,
+    ):
+        sids = ids_on_each_shard(cluster, "http", 1)
+        for sid in sids:
+            body = {
+                "session_id": sid,
+                "model": "openai/agentcell-local",
+                "api_base": provider.url,
+                "api_key": "k",
+            }
+            created = client.post("/sessions", json=body)
+            assert created.status_code == 201, created.text
+            assert created.json()["context_window"] > 0
+        seen: list[dict[str, Any]] = []
+        ready = threading.Event()
+
+        def listen() -> None:
+            with client.stream("GET", "/events", params={"type": "agent_end"}) as stream:
+                ready.set()
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        import json
+
+                        seen.append(json.loads(line[6:]))
+                        if len(seen) == len(sids):
+                            return
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        assert ready.wait(30)
+        for sid in sids:
+            reply = client.post(f"/sessions/{sid}/prompt", json={"text": "over http", "wait": True})
+            assert reply.status_code == 200 and reply.json()["status"] == "ok", reply.text
+        listener.join(30)
+        assert {e["session_id"] for e in seen} == set(sids)  # events from both shards on one stream
+        got = client.get(f"/sessions/{sids[0]}").json()
+        assert got["model"] == "openai/agentcell-local" and got["usage"]["input_tokens"] > 0
+        assert client.get("/sessions/nobody").status_code == 404
+        listed = {s["id"]: s["hosted"] for s in client.get("/sessions").json()["sessions"]}
+        assert all(listed[sid] for sid in sids)
+        assert client.delete(f"/sessions/{sids[0]}").status_code == 200
+
+
+def test_shards_joining_and_leaving_move_only_the_sessions_that_must(
+    cluster: ClusterRuntime, provider: Any
+) -> None:
+    sids = [start(cluster, provider, f"move-{n}") for n in range(12)]
+    for sid in sids:
+        assert cluster.prompt(sid, f"before {sid}").result(timeout=60).status == "ok"
+    before = {sid: cluster.shard_of(sid) for sid in sids}
+    recorder = Recorder()
+    sub = cluster.subscribe(sids, types={"session_stopped", "session_started"}, callback=recorder)
+
+    new = cluster.add_shard()
+    try:
+        after = {sid: cluster.shard_of(sid) for sid in sids}
+        moved = {sid for sid in sids if after[sid] != before[sid]}
+        assert moved == {sid for sid in sids if owner(sid, cluster.shards) == new}
+        assert all(after[sid] == new for sid in moved)  # nothing moved between the old shards
+        for sid in sids:  # every session goes on where it was, moved or not
+            assert cluster.prompt(sid, f"after {sid}").result(timeout=60).status == "ok"
+            assert [m.text for m in cluster.messages(sid) if m.role == "user"] == [
+                f"before {sid}",
+                f"after {sid}",
+            ]
+        sub.flush(timeout=10)
+        for sid in moved:  # subscribers see it stop on the old shard, then start on the new one
+            mine = [(e.type, getattr(e, "resumed", None)) for e in recorder.events if e.session_id == sid]
+            assert mine == [("session_stopped", None), ("session_started", True)]
+    finally:
+        cluster.remove_shard(new)
+    assert {sid: cluster.shard_of(sid) for sid in sids} == before  # back where they were
+    assert len(cluster.shards) == 2
+    for sid in moved:
+        assert cluster.prompt(sid, "home again").result(timeout=60).status == "ok"
+    sub.close()
+
+
+def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
+    cluster: ClusterRuntime, provider: Any, script: Any
+) -> None:
+    sids = ids_on_each_shard(cluster, "kill", 2)
+    for sid in sids:
+        start(cluster, provider, sid)
+    acknowledged: dict[str, list[str]] = {sid: [] for sid in sids}
+    for n in range(2):
+        for sid in sids:
+            result = cluster.prompt(sid, f"turn {n} of {sid}").result(timeout=60)
+            assert result.status == "ok"
+            acknowledged[sid] += [f"turn {n} of {sid}", result.text]
+    victim_shard = cluster.shard_of(sids[0])
+    survivor = next(name for name in cluster.shards if name != victim_shard)
+    doomed = [sid for sid in sids if cluster.shard_of(sid) == victim_shard]
+    safe = [sid for sid in sids if sid not in doomed]
+
+    recorder = Recorder()
+    sub = cluster.subscribe("*", callback=recorder)
+    slow = script(Turn(text="never finished", latency=10))
+    cluster.set_model(doomed[0], slow)
+    in_flight = cluster.prompt(doomed[0], "the turn in flight")
+    recorder.wait_for(lambda evs: any(e.type == "agent_start" and e.session_id == doomed[0] for e in evs), 30)
+    elsewhere = cluster.prompt(safe[0], "a turn on the other shard")
+    numbered = max(e.seq for e in recorder.events if e.session_id == doomed[0])
+
+    os.kill(cluster.shard_info(victim_shard).pid, signal.SIGKILL)
+    result = in_flight.result(timeout=60)
+    assert result.status == "error" and result.error is not None and result.error.startswith(SHARD_LOST)
+    assert elsewhere.result(timeout=60).status == "ok"  # the other shard's sessions never noticed
+
+    assert cluster.shards == [survivor]
+    for sid in doomed:  # resumed on the survivor from their logs, everything acknowledged there
+        assert cluster.shard_of(sid) == survivor
+        texts = [m.text for m in cluster.messages(sid)]
+        assert texts[: len(acknowledged[sid])] == acknowledged[sid], sid
+    cluster.set_model(doomed[0], "openai/agentcell-local")
+    assert cluster.prompt(doomed[0], "after the crash").result(timeout=60).status == "ok"
+    sub.flush(timeout=10)
+    later = [e for e in recorder.events if e.session_id == doomed[0] and e.seq > numbered]
+    assert "agent_end" in [e.type for e in later]  # the same subscription goes on, numbers above the old
+    assert any(isinstance(e, ev.SessionStarted) and e.resumed for e in later)
+    sub.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_bad_addresses_are_clear_errors(ray_cluster: Any, provider: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        ClusterRuntime(sessions_dir=tmp_path, address="no-port-here")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        ClusterRuntime(sessions_dir=tmp_path, address="localhost:99999")
+    began = time.monotonic()
+    with pytest.raises(ClusterUnavailable, match=r"no Ray cluster answers at 127\.0\.0\.1:"):
+        ClusterRuntime(sessions_dir=tmp_path, address=f"127.0.0.1:{closed_port()}").start()
+    address = f"127.0.0.1:{provider.port}"  # something answers there, but it is not Ray
+    with pytest.raises(ClusterUnavailable, match="not as a Ray cluster"):
+        ClusterRuntime(sessions_dir=tmp_path, address=address).start()
+    assert time.monotonic() - began < 15  # not Ray's minutes of retrying
+    with pytest.raises(RuntimeStopped):
+        ClusterRuntime(sessions_dir=tmp_path).prompt("s", "not started")
