@@ -81,7 +81,9 @@ class ChatPrinter:
         self.color = color
         self._cond = threading.Condition()
         self._seen = 0
-        self._in_text = False
+        self._open: str | None = None  # the line being streamed: "text", "reasoning", or None
+        self.compactions_failed = 0
+        """``compaction_failed`` events printed so far (the REPL does not repeat their reason)."""
 
     def __call__(self, event: ev.Event) -> None:
         with self._cond:
@@ -110,11 +112,16 @@ class ChatPrinter:
     def _print(self, event: ev.Event) -> None:
         match event:
             case ev.TextDelta(delta=delta):
+                if self._open == "reasoning":  # the answer starts on a line of its own
+                    self._newline()
                 self.out.write(delta)
-                self._in_text = True
-            case ev.ReasoningDelta(delta=delta) if self.color:
+                self._open = "text"
+            case ev.ReasoningDelta(delta=delta) if self.color:  # on a terminal: dimmed, on its own lines
+                if self._open != "reasoning":
+                    self._newline()
+                    self.out.write(self._dim("thinking: "))
                 self.out.write(self._dim(delta))
-                self._in_text = True
+                self._open = "reasoning"
             case ev.ToolExecutionStart(name=name, arguments=args):
                 self._note(f"  -> {name}({args if len(args) <= 120 else args[:119] + '…'})")
             case ev.ToolExecutionEnd(name=name, is_error=is_error, duration=duration):
@@ -125,6 +132,7 @@ class ChatPrinter:
                 self._note(f"[compacted: {before:,} -> {after:,} tokens, {count} messages in context]")
             case ev.CompactionFailed(error=error):
                 self._note(f"[compaction failed: {error}]")
+                self.compactions_failed += 1
             case ev.ToolResultsArchived(archived=count):
                 self._note(f"[archived {count} old tool results]")
             case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
@@ -143,9 +151,9 @@ class ChatPrinter:
                 pass
 
     def _newline(self) -> None:
-        if self._in_text:
+        if self._open is not None:
             self.out.write("\n")
-            self._in_text = False
+            self._open = None
 
 
 def run_chat(
@@ -367,9 +375,10 @@ class _Repl:
         return True
 
     def compact(self, focus: str | None) -> None:
+        failed = self.printer.compactions_failed
         result = self.rt.compact(self.sid, instructions=focus).result(timeout=600)
         self.printer.catch_up(self.rt.bus.last_seq(self.sid))
-        if not result.compacted:
+        if not result.compacted and self.printer.compactions_failed == failed:  # else its event said why
             self.out.write(f"not compacted: {result.reason}\n")
 
     def sessions(self) -> None:

@@ -16,7 +16,9 @@ Handler = Callable[[argparse.Namespace], int]
 def _cmd_demo(args: argparse.Namespace) -> int:
     from runtime.demo import run_demo
 
-    return run_demo(sessions=args.sessions, window=args.window, plain=args.plain)
+    return run_demo(
+        sessions=args.sessions, window=args.window, plain=args.plain, serve=args.port if args.serve else None
+    )
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -107,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=_positive, default=6_000, help="context window of the demo model (default 6000)"
     )
     demo.add_argument("--plain", action="store_true", help="plain lines instead of a live display")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the live dashboard (and the HTTP API) during the demo and after it, until Ctrl-C",
+    )
+    demo.add_argument("--port", type=int, default=8765, help="with --serve: the port (default 8765; 0 = any)")
     demo.set_defaults(handler=_cmd_demo)
 
     chat = sub.add_parser(

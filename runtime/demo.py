@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runtime import events as ev
+from runtime.wording import plural
 
 DEMO_MODEL = "openai/agentcell-demo"
 """The sessions' model: no script has this name, so the local provider's built-in policy answers."""
@@ -423,11 +424,17 @@ class DemoOutcome:
 
 
 def run_demo(
-    sessions: int = 3, window: int = 6_000, plain: bool = False, *, out: TextIO | None = None
+    sessions: int = 3,
+    window: int = 6_000,
+    plain: bool = False,
+    *,
+    out: TextIO | None = None,
+    serve: int | None = None,
 ) -> int:
     """Run the demo; returns the exit status (0 when every session did its work and both a threshold
     compaction and an overflow recovery happened). ``plain`` prints lines instead of a live view; output
-    that is not a terminal is always plain."""
+    that is not a terminal is always plain. With ``serve`` (a port; 0: any free one) the dashboard of
+    ``agentcell serve`` is up from the start and stays up after the demo, until Ctrl-C."""
     out = out if out is not None else sys.stdout
     if sessions < MIN_SESSIONS:
         print(f"agentcell demo: --sessions must be at least {MIN_SESSIONS}", file=sys.stderr)
@@ -437,7 +444,7 @@ def run_demo(
         return 2
     live = not plain and out.isatty()
     try:
-        outcome = _run(sessions, window, out, live)
+        outcome = _run(sessions, window, out, live, serve)
     except KeyboardInterrupt:
         print("agentcell demo: interrupted", file=sys.stderr)
         return 130
@@ -447,7 +454,7 @@ def run_demo(
     return 1 if problems else 0
 
 
-def _run(sessions: int, window: int, out: TextIO, live: bool) -> DemoOutcome:
+def _run(sessions: int, window: int, out: TextIO, live: bool, serve: int | None = None) -> DemoOutcome:
     from runtime.config import Config
     from runtime.host import Runtime
     from runtime.provider import LocalProvider
@@ -484,6 +491,7 @@ def _run(sessions: int, window: int, out: TextIO, live: bool) -> DemoOutcome:
             provider,
             Runtime(config) as rt,
             rt.subscribe(list(views), callback=monitor),
+            _Dashboard(rt, serve, console, out) as dashboard,
             _LiveView(monitor, console) if live else contextlib.nullcontext(),
         ):
             for sid, view in views.items():
@@ -512,11 +520,58 @@ def _run(sessions: int, window: int, out: TextIO, live: bool) -> DemoOutcome:
                 total = rt.context_stats(sid).total  # the same estimate the compaction trigger uses
                 with monitor.lock:
                     view.context_tokens, view.state = total, "done"
+            dashboard.wait()
         outcome = DemoOutcome(list(views.values()), time.monotonic() - started)
         _summary(console, out, outcome)
         return outcome
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+class _Dashboard:
+    """``demo --serve``: the dashboard (and API) of ``agentcell serve`` on the demo's runtime. It is up
+    while the demo runs and, after it, until Ctrl-C: the demo's sessions stay hosted, so a newcomer can
+    open them and send prompts from the page."""
+
+    def __init__(self, rt: Any, port: int | None, console: Any, out: TextIO) -> None:
+        self.server: Any = None
+        self._say: Callable[[str], object] = (
+            (lambda line: console.print(line, markup=False, highlight=False))
+            if console is not None
+            else (lambda line: print(line, file=out, flush=True))
+        )
+        if port is None:
+            return
+        import secrets
+
+        from runtime.server import ApiServer
+
+        token = secrets.token_urlsafe(18)
+        try:
+            self.server = ApiServer(rt, token, port=port).start()
+        except OSError as exc:
+            print(f"agentcell demo: cannot serve the dashboard on port {port}: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        self._say(f"dashboard: {self.server.url}/  (bearer token: {token})")
+
+    def __enter__(self) -> _Dashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def wait(self) -> None:
+        """With a dashboard: keep serving until Ctrl-C. Without: return at once."""
+        if self.server is None:
+            return
+        self._say(f"the demo is done; its sessions stay up at {self.server.url}/ until Ctrl-C")
+        with contextlib.suppress(KeyboardInterrupt):
+            self.block()
+
+    def block(self) -> None:
+        while True:
+            time.sleep(3600)
 
 
 def _session_config(told_window: int, real_window: int) -> dict[str, Any]:
@@ -707,8 +762,9 @@ def _rows(outcome: DemoOutcome) -> list[tuple[str, ...]]:
 
 def _verdict(outcome: DemoOutcome) -> str:
     return (
-        f"{outcome.threshold_compactions} threshold compaction(s), "
-        f"{outcome.overflow_recoveries} overflow recovery(ies), {outcome.seconds:.1f} s"
+        f"{plural(outcome.threshold_compactions, 'threshold compaction')}, "
+        f"{plural(outcome.overflow_recoveries, 'overflow recovery', 'overflow recoveries')}, "
+        f"{outcome.seconds:.1f} s"
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from runtime import events as ev
@@ -330,3 +331,49 @@ def test_printer_writes_a_transcript_and_tracks_what_it_printed() -> None:
         "  <- read_file ok in 0.50s\n"
         "[aborted (1 unfinished tool calls closed)]\n"
     )
+
+
+def test_reasoning_is_shown_apart_from_the_answer() -> None:
+    out = io.StringIO()
+    printer = ChatPrinter(out, color=True)  # a terminal: reasoning is shown, dimmed
+    for seq, event in enumerate(
+        [
+            ev.TextDelta(session_id="s", turn_id="t", delta="Reading it."),
+            ev.ReasoningDelta(session_id="s", turn_id="t", delta="All 2 tool calls have results; "),
+            ev.ReasoningDelta(session_id="s", turn_id="t", delta="time to report back."),
+            ev.TextDelta(session_id="s", turn_id="t", delta="Here is what I did:"),
+            ev.AgentEnd(session_id="s", turn_id="t", status="ok"),
+        ],
+        start=1,
+    ):
+        printer(msgspec.structs.replace(event, seq=seq))
+    dim, plain = "\x1b[2m", "\x1b[0m"
+    assert out.getvalue() == (
+        "Reading it.\n"
+        f"{dim}thinking: {plain}{dim}All 2 tool calls have results; {plain}{dim}time to report back.{plain}\n"
+        "Here is what I did:\n"
+    )
+    hidden = io.StringIO()  # not a terminal: the answer alone
+    printer = ChatPrinter(hidden)
+    printer(ev.ReasoningDelta(session_id="s", seq=1, turn_id="t", delta="time to report back."))
+    printer(ev.TextDelta(session_id="s", seq=2, turn_id="t", delta="Here is what I did:"))
+    assert hidden.getvalue() == "Here is what I did:"
+
+
+def test_a_failed_compact_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lines = iter(["hello there", "/compact", "/quit"])
+    out = io.StringIO()
+    assert (
+        run_chat(
+            model=None,
+            session_id="once",
+            sessions_dir=str(tmp_path / "s"),
+            input_fn=lambda _: next(lines),
+            out=out,
+        )
+        == 0
+    )
+    text = out.getvalue()
+    assert "[compaction failed: the compaction would only take the context" in text
+    assert text.count("less than the required 10% reduction") == 1, text

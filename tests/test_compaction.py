@@ -273,7 +273,7 @@ def test_a_history_three_times_the_summarizer_window_still_fits() -> None:
     assert counter.count_messages(sent) > window // 2  # and the window is used, not wasted
     assert request.max_tokens == window // 4
     assert request.omitted > 0
-    assert f"the {request.omitted} oldest message(s) of this span were left out" in request.prompt
+    assert f"the {request.omitted} oldest messages of this span were left out" in request.prompt
     assert f"request {i - 1}" in request.prompt  # the newest summarized turn is there
     assert "request 0 " not in request.prompt  # the oldest were dropped
 

@@ -43,7 +43,7 @@ def test_demo_shows_threshold_compaction_and_overflow_recovery(
         rf"demo-1\s+steady\s+{turns}\s+\d+\s+[\d,]+\s+[\d,]+\s+\d+ threshold\s+\[[#.]{{20}}\]", rows["demo-1"]
     )
     assert re.match(rf"demo-2\s+overflow\s+{turns}\s.*\d+ overflow\s+\[", rows["demo-2"])
-    assert re.search(r"threshold compaction\(s\), [1-9]\d* overflow recovery", text)
+    assert re.search(r"threshold compactions?, [1-9]\d* overflow recover(y|ies), ", text)
     assert list(tmp_path.iterdir()) == []  # the temporary workspaces and sessions are removed
 
 
@@ -111,3 +111,13 @@ def test_prompts_are_shown_when_their_turn_starts() -> None:
     monitor(ev.TurnEnd(session_id="s", turn_id="a", stop_reason="stop"))
     monitor(ev.AgentStart(session_id="s", turn_id="b"))
     assert lines == ["> first", "assistant: Hello there.", "> second"]
+
+
+def test_the_closing_line_counts_in_real_plurals() -> None:
+    def outcome(compactions: int, recoveries: int) -> demo.DemoOutcome:
+        view = SessionView(session_id="s", role="steady", told_window=6_000)
+        view.threshold_compactions, view.recoveries = compactions, recoveries
+        return demo.DemoOutcome(views=[view], seconds=12.34)
+
+    assert demo._verdict(outcome(1, 1)) == "1 threshold compaction, 1 overflow recovery, 12.3 s"
+    assert demo._verdict(outcome(2, 3)) == "2 threshold compactions, 3 overflow recoveries, 12.3 s"

@@ -433,6 +433,18 @@ def test_policy_reads_then_edits_then_answers() -> None:
     assert "# Notes" in final.text, "the answer reports what the file said"
 
 
+def test_policy_reasoning_counts_its_tool_calls_in_real_plurals() -> None:
+    one: list[dict[str, Any]] = [{"role": "user", "content": "What does notes.md say?"}]
+    one = _tool_round(one, "# Notes\n")
+    assert policy.respond(one, FILE_TOOLS).reasoning == (
+        "The tool call of this turn has its result; time to report back."
+    )
+    two: list[dict[str, Any]] = [{"role": "user", "content": 'In notes.md, replace "draft" with "final".'}]
+    two = _tool_round(_tool_round(two, "This is a draft.\n"), "Edited notes.md: 1 replacement.")
+    reasoning = policy.respond(two, FILE_TOOLS).reasoning
+    assert reasoning == "All 2 tool calls of this turn have results; time to report back."
+
+
 def test_policy_uses_the_tools_own_parameter_names_and_reads_files_in_parallel() -> None:
     tools = [
         {

@@ -74,7 +74,7 @@ def test_oldest_steps_are_archived_down_to_the_cutoff() -> None:
     assert summary.role == "user" and summary.kind == m.KIND_TOOL_SUMMARY
     assert summary.agent_visible and not summary.user_visible
     assert summary.text.startswith(TOOL_SUMMARY_PREFIX)
-    assert "3 older tool result(s) archived" in summary.text
+    assert "3 older tool results archived" in summary.text
     assert summary.metadata["strategy"] == "heuristic" and summary.metadata["archived_results"] == 3
 
 
@@ -123,7 +123,7 @@ def test_heuristic_summary_is_clipped_head_and_tail() -> None:
     plan = plan_tool_archive(history, cutoff=10, strategy="heuristic", heuristic_chars=800)
     assert plan is not None
     assert len(plan.heuristic) <= 800
-    assert plan.heuristic.startswith("50 older tool result(s) archived")
+    assert plan.heuristic.startswith("50 older tool results archived")
     assert "omitted" in plan.heuristic
     # Head and tail: the first and the last archived results are both there.
     assert "output of c0-0" in plan.heuristic
@@ -145,7 +145,7 @@ def test_earlier_tool_summaries_are_folded_into_the_new_one() -> None:
     after = apply(history, replacements, second)
     summaries = [msg for msg in after if msg.kind == m.KIND_TOOL_SUMMARY and msg.agent_visible]
     assert summaries == [second]
-    assert "older tool result(s) archived" in second.text
+    assert "older tool results archived" in second.text
     assert_every_visible_call_has_a_visible_result(after)
 
 

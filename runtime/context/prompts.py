@@ -90,8 +90,7 @@ Exact paths, values, results and errors the rest of the turn depends on."""
 _FOCUS: Final = "The user asked this summary to focus on the following; give it priority:\n{instructions}"
 
 _OMITTED: Final = (
-    "Note: the {count} oldest message(s) of this span were left out to fit the summarizer's context "
-    "window; summarize what is shown{previous}."
+    "Note: {what} left out to fit the summarizer's context window; summarize what is shown{previous}."
 )
 
 
@@ -186,7 +185,12 @@ def summary_request_prompt(
         previous = (
             " and keep what the previous summary says about the omitted part" if kind == "update" else ""
         )
-        sections.append(_OMITTED.format(count=omitted, previous=previous))
+        what = (
+            "the oldest message of this span was"
+            if omitted == 1
+            else f"the {omitted:,} oldest messages of this span were"
+        )
+        sections.append(_OMITTED.format(what=what, previous=previous))
     if kind == "update":
         sections.append(f"<previous-summary>\n{previous_summary or ''}\n</previous-summary>")
     sections.append(f"<conversation>\n{transcript}\n</conversation>")

@@ -42,6 +42,7 @@ from runtime.messages import (
     ToolCallPart,
     tool_result,
 )
+from runtime.wording import plural
 
 # Sizes inside a digest: enough to identify a call and its outcome.
 ARGUMENT_CHARS: Final = 200
@@ -276,7 +277,7 @@ def _heuristic_summary(archived: list[Message], previous: str, max_chars: int) -
     calls = _calls_by_id(archived)
     results = [m for m in archived if m.role == "tool"]
     lines = [previous] if previous else []
-    lines.append(f"{len(results)} older tool result(s) archived:")
+    lines.append(f"{plural(len(results), 'older tool result')} archived:")
     for msg in results:
         call = calls.get(msg.tool_call_id or "")
         arguments = clip_head_tail(call.arguments, HEURISTIC_ARGUMENT_CHARS) if call else ""

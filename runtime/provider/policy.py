@@ -310,8 +310,10 @@ def _entries(listing: str) -> list[str]:
 
 
 def _final_reasoning(done: _Done, user_text: str) -> str:
+    if done.steps == 1:
+        return "The tool call of this turn has its result; time to report back."
     if done.steps:
-        return f"All {done.steps} tool call(s) of this turn have results; time to report back."
+        return f"All {done.steps} tool calls of this turn have results; time to report back."
     return f"No file to work on in: {_first_sentence(user_text, 60)!r}. A short answer will do."
 
 
