@@ -29,6 +29,8 @@ resumed only if its workspace and config pass the same policy.
     POST   /sessions/{id}/branch         {"leaf_id": "<message id>" | null}
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
     GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
+    GET    /overview                     every hosted session at a glance (the dashboard's table)
+    GET    /                             the live dashboard (runtime/dashboard): its files need no token
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
 ``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
@@ -58,6 +60,7 @@ import msgspec
 
 from runtime import events as ev
 from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
+from runtime.dashboard import DashboardFiles, SessionBoard
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.served import served
@@ -475,6 +478,11 @@ def create_app(
         window = await asyncio.to_thread(runtime.set_model, session_id, body.model)
         return {"model": body.model, "context_window": window}
 
+    board = SessionBoard.for_runtime(runtime)
+
+    async def overview(request: Request) -> Any:
+        return await asyncio.to_thread(board.snapshot)
+
     async def events(request: Request) -> Response:
         params = request.query_params
         sessions: list[str] | None = None
@@ -517,6 +525,7 @@ def create_app(
         Route("/sessions/{session_id}/branch", endpoint(branch), methods=["POST"]),
         Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
         Route("/events", endpoint(events), methods=["GET"]),
+        Route("/overview", endpoint(overview), methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -525,7 +534,7 @@ def create_app(
         return error(exc.status_code, message, dict(exc.headers or {}))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    return _BearerAuth(_BodyLimit(app, limit), token)
+    return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token))
 
 
 class _BearerAuth:
