@@ -6,6 +6,7 @@ same deltas, messages, usage, error kinds, retries, cancellation and stall repor
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import random
 import threading
@@ -33,7 +34,7 @@ from runtime.gateway import (
     normalize_usage,
     retry_after_seconds,
 )
-from runtime.provider import OVERFLOW_FORMATS, LocalProvider, ToolCallSpec, Turn
+from runtime.provider import OVERFLOW_FORMATS, Fault, LocalProvider, ToolCallSpec, Turn
 from tests.reliability_support import Resources, wait_for_no_leaks
 
 ENC = tiktoken.get_encoding("o200k_base")
@@ -419,6 +420,79 @@ def test_cancel_before_the_loop_starts_the_call(
     result = rec.result()
     assert result.error is not None and result.error.kind == "cancelled"
     assert result.attempts == 0
+
+
+def hang_on_request(messages: list[dict[str, Any]], tools: Any) -> Turn:
+    """A responder: a request whose last message says "hang" hangs (until its client goes away); any other
+    is answered. Unlike a script or an injected fault, what hangs does not depend on which request
+    reaches the provider first (a call cancelled before it was sent never takes the hang for itself)."""
+    return Turn(fault=Fault(kind="hang")) if messages[-1].get("content") == "hang" else Turn(text="next")
+
+
+def cancel_a_hung_call_then_call_again(
+    provider: LocalProvider, gateway: Gateway, delay: float, **kw: Any
+) -> Recorder:
+    """Start a call the provider hangs, cancel it after ``delay`` seconds, and check that it ends cancelled
+    at once, that the provider lets go of it, and that the next call gets its answer."""
+    provider.add_responder("hang-on-request", hang_on_request)
+    hung = Recorder()
+    handle = hung.start(gateway, request(provider, "hang-on-request", [m.user("hang")], timeout=60), **kw)
+    if delay:
+        time.sleep(delay)
+    handle.cancel()
+    result = hung.result(timeout=3)
+    assert result.error is not None and result.error.kind == "cancelled", result
+    again = Recorder()
+    again.start(gateway, request(provider, "hang-on-request", [m.user("again")], timeout=60))
+    answer = again.result(timeout=5)
+    assert answer.message is not None and answer.message.text == "next", answer
+    deadline = time.monotonic() + 3
+    while provider.hanging and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert provider.hanging == 0, "the provider still holds the cancelled request: its connection is open"
+    assert gateway.in_flight == 0
+    return hung
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.005, 0.02, 0.05, 0.2])
+def test_a_call_cancelled_before_its_first_byte_leaves_nothing_behind(
+    transport: str, delay: float, provider: LocalProvider, gateway: Gateway
+) -> None:
+    """Cancelled while it waits for the provider's first byte (or before it was even sent), a call ends
+    cancelled, closes its connection (none goes back to a pool) and the next call is answered."""
+    cancel_a_hung_call_then_call_again(provider, gateway, delay)
+
+
+def test_a_cancel_that_arrives_as_the_call_connects_is_not_lost(
+    provider: LocalProvider, io: IoLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native transport, cancelled in the loop iteration its connection is made. (On Python 3.11,
+    ``asyncio.wait_for`` around the connect dropped that cancel: the request went out anyway, the provider
+    hung it, and the call ended only at its read timeout, holding its connection.)"""
+    real_connect = asyncio.open_connection
+    handles: list[Any] = []
+
+    async def connect_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        connection = await real_connect(*args, **kwargs)
+        if handles:
+            handles.pop().cancel()  # from the loop thread: the task's cancel is due in the next iteration
+        return connection
+
+    gateway = Gateway(io, FAST_RETRY)  # its own pools: the call must open a connection
+    monkeypatch.setattr(asyncio, "open_connection", connect_then_cancel)
+    _FORCED["transport"] = "openai_compat"
+    try:
+        provider.add_responder("hang-on-request", hang_on_request)
+        hung = Recorder()
+        req = request(provider, "hang-on-request", [m.user("hang")], timeout=60)
+        handles.append(hung.start(gateway, req))
+        result = hung.result(timeout=3)
+        assert result.error is not None and result.error.kind == "cancelled", result
+        assert not handles, "the call connected"
+        monkeypatch.setattr(asyncio, "open_connection", real_connect)
+        cancel_a_hung_call_then_call_again(provider, gateway, 0.05)
+    finally:
+        _FORCED["transport"] = "auto"
 
 
 def test_a_stalled_stream_is_reported_once_per_stall(

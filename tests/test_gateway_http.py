@@ -286,3 +286,66 @@ def test_https_with_the_certificates_ssl_cert_file_names(
     finally:
         server.stop()
     assert server.connections == 1, "the refused handshake never got in; one connection kept alive over TLS"
+
+
+def test_a_cancel_that_arrives_as_the_connection_is_made_is_not_lost(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request cancelled in the very loop iteration its connection is made must end cancelled. (On
+    Python 3.11, ``asyncio.wait_for`` around the connect returned the connection and dropped the cancel: the
+    request went out anyway and waited for its answer, a hung one until the read timeout.)"""
+    real_connect = asyncio.open_connection
+    caller: list[asyncio.Task[Any]] = []
+
+    async def connect_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        connection = await real_connect(*args, **kwargs)
+        caller[0].cancel()  # the cancel lands together with the connection
+        return connection
+
+    async def main() -> None:
+        client = HTTPClient()
+        monkeypatch.setattr(asyncio, "open_connection", connect_then_cancel)
+        task = asyncio.ensure_future(fetch(client, endpoint(server, "/hang"), timeout=30))
+        caller.append(task)
+        done, _ = await asyncio.wait({task}, timeout=2)
+        assert task in done and task.cancelled(), "the cancel was lost: the request went on"
+        monkeypatch.setattr(asyncio, "open_connection", real_connect)
+        assert (await fetch(client, endpoint(server, "/cl")))[0] == 200
+        pool = client._pools[endpoint(server, "/cl").origin]
+        assert (pool.open, len(pool.idle)) == (1, 1), "only the finished request's connection is kept"
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_cancel_that_arrives_as_a_pooled_place_is_handed_over_is_not_lost(server: Server) -> None:
+    """With the pool full, a waiter cancelled just as a place is handed to it ends cancelled, and passes
+    the place on to the next waiter (it neither takes a connection nor swallows the wake-up)."""
+
+    async def main() -> None:
+        client = HTTPClient(max_connections=1)
+        holder = asyncio.ensure_future(fetch(client, endpoint(server, "/hang"), timeout=30))
+        await asyncio.sleep(0.1)
+        cancelled = asyncio.ensure_future(fetch(client, endpoint(server, "/hang"), timeout=30))
+        await asyncio.sleep(0.05)
+        patient = asyncio.ensure_future(fetch(client, endpoint(server, "/cl"), timeout=3))
+        await asyncio.sleep(0.05)
+        pool = client._pools[endpoint(server, "/cl").origin]
+        release = pool.release
+
+        def release_and_cancel(*args: Any) -> None:  # the first waiter is woken and cancelled in one step
+            del pool.release
+            release(*args)
+            cancelled.cancel()
+
+        pool.release = release_and_cancel  # type: ignore[method-assign]
+        holder.cancel()  # its connection closes: a place is free
+        done, _ = await asyncio.wait({holder, cancelled}, timeout=2)
+        assert holder in done and holder.cancelled()
+        assert cancelled in done and cancelled.cancelled(), "the cancel was lost: the waiter went on"
+        status, body, _ = await patient
+        assert (status, body) == (200, b'{"ok": true}'), "the place went on to the next waiter"
+        assert (pool.open, len(pool.idle), server.connections) == (1, 1, 2)
+        await client.aclose()
+
+    asyncio.run(main())

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -246,15 +247,25 @@ def test_abort_stops_a_running_turn(
     client: httpx.Client, provider: Any, script: Any, rt: Any, recorder: Recorder
 ) -> None:
     hang = Turn(fault=Fault(kind="hang"))  # the provider answers only when the client goes away
-    sid = create(client, provider, script(hang, Turn(text="next")))
+    model = script(hang, Turn(text="next"))
+    sid = create(client, provider, model)
     assert client.post(f"/sessions/{sid}/abort").json() == {"aborted": False}  # nothing running
     assert client.post(f"/sessions/{sid}/prompt", json={"text": "slow"}).status_code == 202
     recorder.wait_type("request_start")
+    # request_start comes before the call is sent: aborted then, the call would never reach the provider,
+    # and the next prompt's request would be the one the script hangs. Abort once the provider holds it.
+    deadline = time.monotonic() + 30
+    while not any(r.model == model.split("/", 1)[1] for r in provider.request_log):
+        assert time.monotonic() < deadline, "the turn's request never reached the provider"
+        time.sleep(0.01)
     assert client.post(f"/sessions/{sid}/abort").json() == {"aborted": True}
     recorder.wait_type("agent_abort")
     assert recorder.of("agent_end", sid)[-1].status == "aborted"
     answer = client.post(f"/sessions/{sid}/prompt", json={"text": "again", "wait": True}).json()
     assert answer["status"] == "ok"
+    while provider.hanging:  # the aborted call's connection closed: the provider let its request go
+        assert time.monotonic() < deadline, "the provider still holds the aborted request"
+        time.sleep(0.01)
 
 
 def test_event_stream_filters_by_session_and_type(

@@ -130,6 +130,7 @@ class LocalProvider:
         self._lock = threading.Lock()
         self._log: deque[LoggedRequest] = deque(maxlen=log_size)
         self._stopping = threading.Event()
+        self._hanging = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.app = Starlette(
@@ -278,6 +279,11 @@ class LocalProvider:
 
     def clear_log(self) -> None:
         self._log.clear()
+
+    @property
+    def hanging(self) -> int:
+        """Requests a ``hang`` fault holds now; each is let go when its client disconnects."""
+        return self._hanging
 
     # -- HTTP handlers ------------------------------------------------------------------------------
 
@@ -443,10 +449,14 @@ class LocalProvider:
         raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
 
     async def _hang(self, request: Request) -> None:
-        while not self._stopping.is_set():
-            if await request.is_disconnected():
-                return
-            await asyncio.sleep(0.05)
+        self._hanging += 1  # only the server's loop thread changes it
+        try:
+            while not self._stopping.is_set():
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            self._hanging -= 1
 
     async def _cut_after(self, request: Request, frames: Iterator[bytes], count: int) -> AsyncIterator[bytes]:
         for i, frame in enumerate(frames):

@@ -129,6 +129,10 @@ class _Pool:
             if conn is not None:
                 conn.close()
             self.open -= 1
+        self.wake_one()
+
+    def wake_one(self) -> None:
+        """Tell the longest waiting request that a place (or an idle connection) is free."""
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
@@ -346,10 +350,17 @@ class HTTPClient:
                 continue
             waiter: asyncio.Future[None] = loop.create_future()
             pool.waiters.append(waiter)
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11, wait_for drops a cancel that arrives as
+            # its future completes (it returns the result), and the cancelled request would go on.
             try:
-                await asyncio.wait_for(waiter, timeout)
-            except TimeoutError:
-                raise PoolTimeout(f"no connection to {endpoint.host} free within {timeout:g} s") from None
+                async with asyncio.timeout(timeout):
+                    await waiter
+            except BaseException as exc:
+                if waiter.done() and not waiter.cancelled():
+                    pool.wake_one()  # woken, but leaving (cancelled, or timed out): the place goes on
+                if isinstance(exc, TimeoutError):
+                    raise PoolTimeout(f"no connection to {endpoint.host} free within {timeout:g} s") from None
+                raise
             if pool.idle:
                 conn = pool.idle.pop()
                 if conn.usable():
@@ -358,10 +369,10 @@ class HTTPClient:
         pool.open += 1
         try:
             tls = self._ssl_context() if endpoint.tls else None
-            connecting = asyncio.open_connection(
-                endpoint.host, endpoint.port, ssl=tls, server_hostname=endpoint.host if tls else None
-            )
-            reader, writer = await asyncio.wait_for(connecting, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for, which may drop a cancel (above)
+                reader, writer = await asyncio.open_connection(
+                    endpoint.host, endpoint.port, ssl=tls, server_hostname=endpoint.host if tls else None
+                )
         except TimeoutError:
             pool.release(None, False, loop.time())
             raise ConnectTimeout(
