@@ -48,6 +48,9 @@ from benchmarks.bench_throughput import (
 
 NAME = "overhead"
 LEAN = {"persistence.fsync": "never", "persistence.transcript": False}
+# The replay stands in for litellm.acompletion: the runtime's calls must go over the litellm transport
+# (the native one would not call it).
+ON_LITELLM = {"gateway.transport": "litellm"}
 REPLAY_URL = "http://replay.invalid/v1"  # the tool turn's sessions name a provider; the replay answers
 # (turn, sessions, turns of each session per slice, slices)
 FULL = (
@@ -198,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = None if turn == "answer" else REPLAY_URL
             with replaying(litellm, replays[turn]):
                 for config, overrides in (("default", {}), ("lean", LEAN)):
-                    side = OnRuntime(work, url, overrides=overrides)
+                    side = OnRuntime(work, url, overrides={**ON_LITELLM, **overrides})
                     rows.append(row(loop.run_until_complete(measure(side, slices, warmup)), config, turn))
         idle = [
             turn for turn, replay in replays.items() if replay.calls == 0 and turn in {s[0] for s in sizes}

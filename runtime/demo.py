@@ -430,7 +430,6 @@ def run_demo(
     *,
     out: TextIO | None = None,
     serve: int | None = None,
-    shards: int | None = None,
 ) -> int:
     """Run the demo; returns the exit status (0 when every session did its work and both a threshold
     compaction and an overflow recovery happened). ``plain`` prints lines instead of a live view; output
@@ -445,7 +444,7 @@ def run_demo(
         return 2
     live = not plain and out.isatty()
     try:
-        outcome = _run(sessions, window, out, live, serve, shards=shards)
+        outcome = _run(sessions, window, out, live, serve)
     except KeyboardInterrupt:
         print("agentcell demo: interrupted", file=sys.stderr)
         return 130
@@ -455,16 +454,9 @@ def run_demo(
     return 1 if problems else 0
 
 
-def _run(
-    sessions: int,
-    window: int,
-    out: TextIO,
-    live: bool,
-    serve: int | None = None,
-    *,
-    shards: int | None = None,
-) -> DemoOutcome:
+def _run(sessions: int, window: int, out: TextIO, live: bool, serve: int | None = None) -> DemoOutcome:
     from runtime.config import Config
+    from runtime.host import Runtime
     from runtime.provider import LocalProvider
 
     started = time.monotonic()
@@ -497,7 +489,7 @@ def _run(
         _header(console, out, sessions, window, root)
         with (
             provider,
-            _runtime(config, shards) as rt,
+            Runtime(config) as rt,
             rt.subscribe(list(views), callback=monitor),
             _Dashboard(rt, serve, console, out) as dashboard,
             _LiveView(monitor, console) if live else contextlib.nullcontext(),
@@ -514,8 +506,6 @@ def _run(
                     api_key="sk-local",
                     config=_session_config(view.told_window, window),
                 )
-            if shards is not None:
-                _placement(console, out, rt, views)
             sent = dict.fromkeys(views, 0)
             workers = [
                 threading.Thread(target=_drive, args=(rt, monitor, sid, sent), name=sid, daemon=True)
@@ -526,6 +516,8 @@ def _run(
             for worker in workers:
                 worker.join()
             monitor.wait_for_turns(sent, timeout=10)
+            if hasattr(rt, "delegations"):  # sub-agents run on a plain Runtime
+                _delegate(rt, root, provider.url, window, out, console)
             for sid, view in views.items():
                 total = rt.context_stats(sid).total  # the same estimate the compaction trigger uses
                 with monitor.lock:
@@ -584,34 +576,38 @@ class _Dashboard:
             time.sleep(3600)
 
 
-def _runtime(config: Any, shards: int | None) -> Any:
-    """The demo's runtime: a local one, or with ``shards`` a cluster of that many shards on a local Ray
-    cluster (``agentcell demo --shards N``, SPEC 10). A cluster that cannot start ends the demo."""
-    if shards is None:
-        from runtime.host import Runtime
-
-        return Runtime(config)
-    import logging
-
-    from runtime.cluster import ClusterError, ClusterRuntime
-
-    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # Ray's own lines stay in its logs
-    try:
-        return ClusterRuntime(config, shards=shards, ray_init=quiet).start()
-    except ClusterError as exc:
-        print(f"agentcell demo: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+DELEGATION = "Delegate to a sub-agent: read inventory.py and say which classes it defines."
 
 
-def _placement(console: Any, out: TextIO, rt: Any, views: dict[str, SessionView]) -> None:
-    """Which shard each session was placed on (by its id)."""
-    where = ", ".join(f"{sid} on {rt.shard_of(sid)}" for sid in views)
-    line = f"  {len(rt.shards)} shards (Ray actors, one process each): {where}"
-    if console is None:
-        out.write(line + "\n\n")
-        out.flush()
-    else:
-        console.print(line, highlight=False, markup=False)
+def _delegate(rt: Any, root: Path, url: str, window: int, out: TextIO, console: Any) -> None:
+    """One delegation (SPEC 3.10): a lead session hands a reading task to a ``reader`` sub-agent, which
+    works in its own session and context, and the lead gets its answer as one tool result."""
+    workspace = root / "workspaces" / "demo-lead"
+    _write_project(workspace)
+    reader = {"description": "reads files and reports what they hold", "tools": "builtin"}
+    lead = rt.start_session(
+        "demo-lead",
+        model=DEMO_MODEL,
+        tools="builtin",
+        workspace=workspace,
+        api_base=url,
+        api_key="sk-local",
+        config=_session_config(window, window),
+        agents={"reader": reader},
+    )
+
+    def say(line: str) -> None:
+        if console is not None:
+            console.print(line, markup=False, highlight=False)
+        else:
+            out.write(f"{line}\n")
+
+    say(f"[demo-lead] > {DELEGATION}")
+    result = rt.prompt(lead, DELEGATION).result(timeout=120)
+    (child,) = rt.children(lead) or ("?",)
+    steps = sum(m.role == "assistant" for m in rt.messages(child)) if child != "?" else 0
+    say(f"[demo-lead] sub-agent {child}: its own session, {steps} model calls in its own context")
+    say(f"[demo-lead] {' '.join(result.text.split())[:160] if result.status == 'ok' else result.error}")
 
 
 def _session_config(told_window: int, real_window: int) -> dict[str, Any]:

@@ -251,6 +251,7 @@ def test_the_runtimes_threads_run_on_the_chosen_cpu_and_tools_do_not(
             api_key="sk-local",
             tools=registry,
             workspace=workspace,
+            config={"gateway.transport": "litellm"},  # litellm starts threads of its own: see below
         )
         result = rt.prompt(sid, "where do tools run?").result(timeout=30)
         assert result.status == "ok" and result.text == "done"

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_overhead import REPLAY_URL, Replay, record_stream, record_tool_turn, replaying
+from benchmarks.bench_overhead import (
+    ON_LITELLM,
+    REPLAY_URL,
+    Replay,
+    record_stream,
+    record_tool_turn,
+    replaying,
+)
 from benchmarks.bench_throughput import ANSWER, API_KEY, MOCK_MODEL, MOCK_REPLY, _registry
 
 
@@ -38,7 +45,11 @@ def test_the_replayed_tool_turn_runs_the_tool_and_answers_turn_after_turn(rt: An
     replay = Replay(answer, tool_call=tool_call)
     with replaying(litellm, replay):
         sid = rt.start_session(
-            model="openai/replayed", tools=_registry(), api_base=REPLAY_URL, api_key=API_KEY
+            model="openai/replayed",
+            tools=_registry(),
+            api_base=REPLAY_URL,
+            api_key=API_KEY,
+            config=ON_LITELLM,  # the replay stands in for litellm.acompletion
         )
         turns = [rt.prompt(sid, f"turn {i}").result(timeout=30) for i in range(2)]
     assert [(t.status, t.steps, t.text) for t in turns] == [("ok", 2, ANSWER)] * 2

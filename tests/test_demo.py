@@ -35,6 +35,9 @@ def test_demo_shows_threshold_compaction_and_overflow_recovery(
     compacted = text.index("[demo-2] COMPACTED (overflow)", overflow)
     assert "[demo-2] turn ok" in text[compacted:]
     assert "[demo-2] ERROR" not in text
+    # One delegation: a lead session hands a task to a sub-agent and reports its answer.
+    assert re.search(r"\[demo-lead\] sub-agent \w+: its own session, [1-9]\d* model calls", text)
+    assert "[demo-lead] The sub-agent reported: Here is what I did: - I read `inventory.py`" in text
     # The closing table: one row per session with its turns and a context bar.
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("demo-")}
     assert set(rows) == {"demo-1", "demo-2"}
