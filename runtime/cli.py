@@ -17,7 +17,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from runtime.demo import run_demo
 
     return run_demo(
-        sessions=args.sessions, window=args.window, plain=args.plain, serve=args.port if args.serve else None
+        sessions=args.sessions,
+        window=args.window,
+        plain=args.plain,
+        serve=args.port if args.serve else None,
+        shards=args.shards,
     )
 
 
@@ -53,6 +57,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sessions_dir=args.dir,
         workspace_root=args.workspace_root,
         allow_shell=True if args.allow_shell else None,
+        shards=args.shards,
+        ray_address=args.ray_address,
     )
 
 
@@ -109,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=_positive, default=6_000, help="context window of the demo model (default 6000)"
     )
     demo.add_argument("--plain", action="store_true", help="plain lines instead of a live display")
+    demo.add_argument(
+        "--shards",
+        type=_positive,
+        default=None,
+        help="run the sessions on this many shards of a local Ray cluster (needs agentcell[ray])",
+    )
     demo.add_argument(
         "--serve",
         action="store_true",
@@ -179,6 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")
+    serve.add_argument(
+        "--shards",
+        type=_positive,
+        default=None,
+        help="host the sessions on this many shards of a Ray cluster (needs agentcell[ray]; the sessions "
+        "directory must be one every shard sees)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster to put the shards on (HOST:PORT of its head, or 'auto'; default: a local one)",
+    )
     serve.set_defaults(handler=_cmd_serve)
 
     # Listed for the help text; main() hands their arguments to their own parsers.

@@ -430,6 +430,7 @@ def run_demo(
     *,
     out: TextIO | None = None,
     serve: int | None = None,
+    shards: int | None = None,
 ) -> int:
     """Run the demo; returns the exit status (0 when every session did its work and both a threshold
     compaction and an overflow recovery happened). ``plain`` prints lines instead of a live view; output
@@ -444,7 +445,7 @@ def run_demo(
         return 2
     live = not plain and out.isatty()
     try:
-        outcome = _run(sessions, window, out, live, serve)
+        outcome = _run(sessions, window, out, live, serve, shards=shards)
     except KeyboardInterrupt:
         print("agentcell demo: interrupted", file=sys.stderr)
         return 130
@@ -454,9 +455,16 @@ def run_demo(
     return 1 if problems else 0
 
 
-def _run(sessions: int, window: int, out: TextIO, live: bool, serve: int | None = None) -> DemoOutcome:
+def _run(
+    sessions: int,
+    window: int,
+    out: TextIO,
+    live: bool,
+    serve: int | None = None,
+    *,
+    shards: int | None = None,
+) -> DemoOutcome:
     from runtime.config import Config
-    from runtime.host import Runtime
     from runtime.provider import LocalProvider
 
     started = time.monotonic()
@@ -489,7 +497,7 @@ def _run(sessions: int, window: int, out: TextIO, live: bool, serve: int | None 
         _header(console, out, sessions, window, root)
         with (
             provider,
-            Runtime(config) as rt,
+            _runtime(config, shards) as rt,
             rt.subscribe(list(views), callback=monitor),
             _Dashboard(rt, serve, console, out) as dashboard,
             _LiveView(monitor, console) if live else contextlib.nullcontext(),
@@ -506,6 +514,8 @@ def _run(sessions: int, window: int, out: TextIO, live: bool, serve: int | None 
                     api_key="sk-local",
                     config=_session_config(view.told_window, window),
                 )
+            if shards is not None:
+                _placement(console, out, rt, views)
             sent = dict.fromkeys(views, 0)
             workers = [
                 threading.Thread(target=_drive, args=(rt, monitor, sid, sent), name=sid, daemon=True)
@@ -574,6 +584,36 @@ class _Dashboard:
     def block(self) -> None:
         while True:
             time.sleep(3600)
+
+
+def _runtime(config: Any, shards: int | None) -> Any:
+    """The demo's runtime: a local one, or with ``shards`` a cluster of that many shards on a local Ray
+    cluster (``agentcell demo --shards N``, SPEC 10). A cluster that cannot start ends the demo."""
+    if shards is None:
+        from runtime.host import Runtime
+
+        return Runtime(config)
+    import logging
+
+    from runtime.cluster import ClusterError, ClusterRuntime
+
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # Ray's own lines stay in its logs
+    try:
+        return ClusterRuntime(config, shards=shards, ray_init=quiet).start()
+    except ClusterError as exc:
+        print(f"agentcell demo: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _placement(console: Any, out: TextIO, rt: Any, views: dict[str, SessionView]) -> None:
+    """Which shard each session was placed on (by its id)."""
+    where = ", ".join(f"{sid} on {rt.shard_of(sid)}" for sid in views)
+    line = f"  {len(rt.shards)} shards (Ray actors, one process each): {where}"
+    if console is None:
+        out.write(line + "\n\n")
+        out.flush()
+    else:
+        console.print(line, highlight=False, markup=False)
 
 
 DELEGATION = "Delegate to a sub-agent: read inventory.py and say which classes it defines."

@@ -166,6 +166,47 @@ def test_the_overview_tells_every_hosted_session_without_waking_one(
     eventually(lambda: "quiet" not in rows(client))
 
 
+class PublicOnly:
+    """A runtime seen through its public API only (as a cluster runtime is): no session table, no services."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+        self.config = rt.config
+
+    @property
+    def running(self) -> bool:
+        return bool(self._rt.running)
+
+    def hosted_sessions(self) -> list[str]:
+        return list(self._rt.hosted_sessions())
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> Any:
+        return self._rt.subscribe(*args, **kwargs)
+
+
+def test_a_runtime_without_a_session_table_is_described_from_its_events(
+    rt: Any, session: Any, script: Any
+) -> None:
+    from runtime.provider.script import Turn
+
+    board = SessionBoard(PublicOnly(rt))
+    board.snapshot()  # subscribes
+    model = script(Turn(text="Hi."))
+    sid = session(model, config={"models.context_windows": {model: 10_000}})
+    assert rt.prompt(sid, "hello").result(timeout=30).status == "ok"
+
+    def described() -> dict[str, Any] | None:
+        """the turn reached the board"""
+        rows = {r["id"]: r for r in board.snapshot()["sessions"]}
+        return rows[sid] if rows[sid]["turns"] == 1 else None
+
+    row = eventually(described)
+    assert (row["model"], row["window"], row["state"]) == (model, 10_000, "idle")
+    assert row["threshold"] == rt.context_stats(sid).compaction_threshold
+    assert row["input_tokens"] > 0 and row["created"] > 0
+    board.close()
+
+
 def test_one_board_per_runtime(rt: Any, server: ApiServer) -> None:
     assert SessionBoard.for_runtime(rt) is SessionBoard.for_runtime(rt)
     with ApiServer(rt, TOKEN):  # a second server on the same runtime shares it
