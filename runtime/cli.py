@@ -57,6 +57,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sessions_dir=args.dir,
         workspace_root=args.workspace_root,
         allow_shell=True if args.allow_shell else None,
+        allow_api_base=True if args.allow_api_base else None,
         shards=args.shards,
         ray_address=args.ray_address,
     )
@@ -188,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--allow-shell", action="store_true", help="let sessions enable the shell tool (server.allow_shell)"
+    )
+    serve.add_argument(
+        "--allow-api-base",
+        action="store_true",
+        help="let a session name an api_base without its own api_key: the server's provider keys then go to "
+        "that URL (server.allow_api_base)",
     )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")

@@ -152,9 +152,11 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     token_file: str | None = None  # a file holding the token (keeps it out of `ps` and the config)
     max_body_bytes: PosInt = 4 * 1024 * 1024  # larger request bodies are refused with 413
     # Policy for clients (SPEC 9): session workspaces must lie under workspace_root (None: no session may
-    # have one), and a session may enable the shell tool only if allow_shell.
+    # have one), a session may enable the shell tool only if allow_shell, and may name an api_base without
+    # its own api_key (so running on the server's provider keys, sent to that URL) only if allow_api_base.
     workspace_root: str | None = None
     allow_shell: bool = False
+    allow_api_base: bool = False
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):

@@ -8,9 +8,11 @@ unknown session with 404; what the server's policy forbids with 403; errors alwa
 
 The policy (:class:`ServerPolicy`, from ``server.*``): a session's workspace must lie under
 ``server.workspace_root`` (a relative one is taken relative to it; without a root, sessions get no
-workspace), a session may turn the shell tool on only when ``server.allow_shell`` is set, and a session's
-``config`` holds per-session keys only (see :data:`runtime.config.SESSION_KEYS`). A stored session is
-resumed only if its workspace and config pass the same policy.
+workspace), a session may turn the shell tool on only when ``server.allow_shell`` is set, a session's
+``config`` holds per-session keys only (see :data:`runtime.config.SESSION_KEYS`), and a session may name an
+``api_base`` only with an ``api_key`` of its own, unless ``server.allow_api_base`` is set (else the
+server's own provider keys would go to the client's URL). A stored session is resumed only if its
+workspace, config and endpoint pass the same policy.
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
                                           "workspace", "config", "api_base", "api_key",
@@ -83,10 +85,14 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``workspace_root``: session workspaces must lie under it (None: sessions get no workspace).
     ``allow_shell``: a session's config may turn the shell tool on (``agent.shell_enabled``); with the
     shell on in the server's own config, every session has it anyway.
+    ``allow_api_base``: a session may name an ``api_base`` without an ``api_key`` of its own. Without a key,
+    litellm (and the native transport, which reads keys where litellm does) sends the provider key from the
+    server's environment to that URL: allow it only when every token holder may have that key.
     """
 
     workspace_root: str | None = None
     allow_shell: bool = False
+    allow_api_base: bool = False
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerPolicy:
@@ -96,7 +102,7 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             if not resolved.is_dir():
                 raise ConfigError(f"invalid config: server.workspace_root: {resolved} is not a directory")
             root = str(resolved)
-        return cls(workspace_root=root, allow_shell=server.allow_shell)
+        return cls(workspace_root=root, allow_shell=server.allow_shell, allow_api_base=server.allow_api_base)
 
     def workspace(self, requested: str | None) -> str | None:
         """The real workspace for a requested one (relative: under the root); 403 if the policy forbids it."""
@@ -125,13 +131,41 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 "(its operator can allow it with server.allow_shell or --allow-shell)",
             )
 
-    def check_stored(self, runtime: AnyRuntime, session_id: str, workspace: str | None) -> str | None:
+    def check_api_base(
+        self, api_base: str | None, api_key: str | None, session_id: str | None = None
+    ) -> None:
+        """403 when a session would run against ``api_base`` on the server's own provider keys."""
+        if api_base is None or (api_key and api_key.strip()) or self.allow_api_base:
+            return
+        resume = (
+            f'; resume it with its key (POST /sessions/{session_id}/resume {{"api_key": ...}})'
+            if session_id is not None
+            else ""
+        )
+        raise HttpError(
+            403,
+            "api_base: this server sends its own provider keys only to the endpoints its operator chose; "
+            f"give your own api_key with an api_base{resume} (the operator can allow any api_base with "
+            "server.allow_api_base or --allow-api-base)",
+        )
+
+    def check_stored(
+        self,
+        runtime: AnyRuntime,
+        session_id: str,
+        workspace: str | None,
+        *,
+        api_base: str | None = None,
+        api_key: str | None = None,
+    ) -> str | None:
         """Check a stored session against the policy before it is resumed; the workspace to resume it with
-        (``workspace`` if the request names one, else the one it was stored with)."""
+        (``workspace`` if the request names one, else the one it was stored with). ``api_base`` and
+        ``api_key`` are the request's: a session stored with an endpoint needs a key to be resumed."""
         header = served(runtime).stored_header(session_id)
         if header is None:
             raise SessionNotFound(f"no session {session_id!r}")
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
+        self.check_api_base(api_base if api_base is not None else header.api_base, api_key, session_id)
         if workspace is not None:
             return self.workspace(workspace)
         if header.workspace is not None:
@@ -369,6 +403,7 @@ def create_app(
             validate_session_id(body.session_id)
             if _is_hosted(runtime, body.session_id) or _is_stored(runtime, body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
+        policy.check_api_base(body.api_base, body.api_key)
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
         for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
             policy.check_config(
@@ -417,7 +452,14 @@ def create_app(
         body: ResumeBody = _decode(await request.body(), ResumeBody)
         if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
-        workspace = await asyncio.to_thread(policy.check_stored, runtime, session_id, body.workspace)
+        workspace = await asyncio.to_thread(
+            policy.check_stored,
+            runtime,
+            session_id,
+            body.workspace,
+            api_base=body.api_base,
+            api_key=body.api_key,
+        )
         await asyncio.to_thread(
             runtime.resume_session,
             session_id,
@@ -764,6 +806,7 @@ def run_server(
     sessions_dir: str | None = None,
     workspace_root: str | None = None,
     allow_shell: bool | None = None,
+    allow_api_base: bool | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
 ) -> int:
@@ -785,6 +828,8 @@ def run_server(
         overrides["server.workspace_root"] = workspace_root
     if allow_shell is not None:
         overrides["server.allow_shell"] = allow_shell
+    if allow_api_base is not None:
+        overrides["server.allow_api_base"] = allow_api_base
     try:
         cfg = load_config(config_path).with_overrides(overrides)
         policy = ServerPolicy.from_config(cfg.server)
@@ -817,7 +862,8 @@ def run_server(
             where += f"; {len(getattr(rt, 'shards', ()))} shards on Ray"
         print(
             f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
-            f"shell {'allowed' if policy.allow_shell else 'off'})",
+            f"shell {'allowed' if policy.allow_shell else 'off'}; "
+            f"api_base {'allowed' if policy.allow_api_base else 'only with its own api_key'})",
             file=sys.stderr,
             flush=True,
         )

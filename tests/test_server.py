@@ -227,10 +227,17 @@ def test_a_stored_session_is_resumed_on_first_use(
         path.rename(sessions_dir / path.name)
     assert not rt.hosted_sessions()
 
-    # API keys are never stored: a session resumed on first use gets the provider's key from the
-    # server's environment (litellm reads it) ...
+    # API keys are never stored: a session resumed on first use would get the provider's key from the
+    # server's environment (litellm reads it) and send it to the stored api_base, so that takes the
+    # operator's leave (server.allow_api_base; see tests/test_server_api_base.py) ...
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
-    answer = client.post("/sessions/kept/prompt", json={"text": "second", "wait": True}).json()
+    refused = client.post("/sessions/kept/prompt", json={"text": "second", "wait": True})
+    assert refused.status_code == 403 and "POST /sessions/kept/resume" in refused.json()["error"]
+    with (
+        ApiServer(rt, TOKEN, policy=ServerPolicy(allow_api_base=True)) as allowing,
+        httpx.Client(base_url=allowing.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as ok,
+    ):
+        answer = ok.post("/sessions/kept/prompt", json={"text": "second", "wait": True}).json()
     assert answer["status"] == "ok" and answer["message"]["parts"][0]["text"] == "served answer"
     texts = [m["parts"][0]["text"] for m in client.get("/sessions/kept/messages").json()["messages"]]
     assert texts == ["first", "stored answer", "second", "served answer"]
