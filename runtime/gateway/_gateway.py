@@ -134,7 +134,9 @@ class _Call:
             self._arm_stall()
             return
         self._stall_reported = True
-        _safely(self.on_stall, round(idle, 3))
+        # Up to 1 ms short of stall_after counts as a stall (no re-arming for a sliver); it is reported as
+        # stall_after, never less.
+        _safely(self.on_stall, round(max(idle, self.stall_after), 3))
 
     def unwatch(self) -> None:
         if self._stall_timer is not None:
