@@ -342,6 +342,19 @@ def _capacity(doc: dict[str, Any]) -> Summary:
     return out
 
 
+def _cluster(doc: dict[str, Any]) -> Summary:
+    meta = doc["meta"]
+    return [
+        _figure(
+            "cluster",
+            "2 shards: turns/s vs one plain Runtime",
+            f"{meta['ratio']:.2f} (extra hop {meta['extra_hop_ms']} ms a turn)",
+            f">= {meta['target_ratio']}",
+            meta["met"],
+        )
+    ]
+
+
 BENCHES: tuple[Bench, ...] = (
     Bench("sessions", ("--quick",), (), _sessions, "idle sessions per process: start time, RSS, files"),
     Bench(
@@ -376,6 +389,13 @@ BENCHES: tuple[Bench, ...] = (
         _capacity,
         "1,000 sessions, 1-2 s provider latency: CPU per turn, turns/s; runtime (both transports) against bare"
         " litellm, the openai SDK and the Agents SDK",
+    ),
+    Bench(
+        "cluster",
+        ("--quick",),
+        (),
+        _cluster,
+        "turns/s on 1 and 2 Ray shards against one plain Runtime; the extra hop (needs the ray extra)",
     ),
 )
 

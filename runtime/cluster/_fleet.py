@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -138,7 +139,7 @@ class Fleet:
                 max_concurrency=10_000,
                 max_restarts=0,
                 scheduling_strategy="SPREAD",
-            ).remote(name, self.config, self.approval)
+            ).remote(name, self.config, self.approval, os.getpriority(os.PRIO_PROCESS, 0))
             for name in names
         }
         refs = [actor.info.remote() for actor in actors.values()]

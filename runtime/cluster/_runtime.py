@@ -169,6 +169,7 @@ class ClusterRuntime:
             options: dict[str, Any] = {
                 "num_cpus": max(os.cpu_count() or 1, math.ceil(self.shard_count * self.shard_cpus)),
                 "include_dashboard": False,
+                "_system_config": {"worker_niceness": 0},  # shards do the work: not at Ray's niceness 15
                 **self._ray_init,
             }
             ray.init(**options)

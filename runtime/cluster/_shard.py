@@ -14,6 +14,8 @@ Events leave a shard by long polling: the front subscribes once per cluster subs
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import logging
 import os
 import socket
 import time
@@ -25,6 +27,8 @@ import msgspec
 from runtime.cluster import _wire
 from runtime.config import Config
 from runtime.served import LocalServed, SessionSummary
+
+log = logging.getLogger("agentcell.cluster")
 
 ABANDONED_AFTER = 120.0
 """Seconds without a poll after which a shard closes a subscription (its front is gone)."""
@@ -62,12 +66,17 @@ class _Feed:
 class Shard:
     """Hosts a :class:`~runtime.host.Runtime` whose sessions directory is the cluster's shared one."""
 
-    def __init__(self, name: str, config: Config, approval: Any = None) -> None:
+    def __init__(self, name: str, config: Config, approval: Any = None, niceness: int | None = None) -> None:
         from runtime.host import Runtime
 
         self.name = name
+        if niceness is not None:
+            _renice(niceness)
+        config, self._cpu_lock = _claim_cpu(config)
         self.runtime = Runtime(config, approval=approval).start()
         self.served = LocalServed(self.runtime)
+        if self.runtime.cpus is not None:
+            _place_process(self.runtime.cpus)
         self._feeds: dict[str, _Feed] = {}
         self._forever: asyncio.Event | None = None
 
@@ -273,3 +282,59 @@ class Shard:
             if now - feed.polled > ABANDONED_AFTER:
                 feed.subscription.close()
                 del self._feeds[feed_id]
+
+
+def _place_process(cpus: frozenset[int]) -> None:
+    """Put every thread of this process (Ray's own too) on the CPUs of the runtime's threads.
+
+    A turn hands the GIL back and forth between Ray's threads (the task, the actor's event loop) and the
+    runtime's; the runtime keeps its own threads on one CPU (``runtime.cpu``), and the hand-overs to Ray's
+    threads cost a fifth of a mock turn's CPU when those run elsewhere. A shard is one busy process: all
+    of it belongs where its runtime runs. Threads started later inherit the placement; the tool workers
+    place themselves on every CPU as always.
+    """
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except OSError:  # a thread that ended meanwhile, or a platform that does not let us
+            continue
+
+
+def _claim_cpu(config: Config) -> tuple[Config, int | None]:
+    """``runtime.cpu = "auto"`` for a shard: a CPU that no other agentcell process on this host claims,
+    held with the same lock files as :mod:`runtime.affinity` for as long as the shard lives (the
+    descriptor returned). When every CPU is claimed, the shard is not placed at all (the OS balances it)
+    rather than placed on a CPU another busy process has: two shards must never share one CPU while
+    another sits idle."""
+    if config.runtime.cpu != "auto":
+        return config, None
+    from runtime.affinity import LOCK_DIR, auto_candidates
+
+    for cpu in auto_candidates():
+        try:
+            fd = os.open(
+                LOCK_DIR / f"agentcell-cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another process's
+            os.close(fd)
+            continue
+        return config.with_overrides({"runtime.cpu": cpu}), fd
+    return config.with_overrides({"runtime.cpu": "off"}), None
+
+
+def _renice(niceness: int) -> None:
+    """Run every thread at ``niceness`` (the front's): Ray starts its workers at 15 (``worker_niceness``),
+    which leaves a shard, the process doing the work, last in line for a busy CPU. Raising priority needs
+    the privilege to (root, or ``CAP_SYS_NICE``); without it the shard stays as Ray started it."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task), niceness)
+        except PermissionError:
+            log.info("shard: cannot set its niceness to %d (Ray's workers run at 15)", niceness)
+            return
+        except OSError:
+            continue

@@ -1,0 +1,253 @@
+"""Scale-out (SPEC 8, 10): turns/s of a cluster runtime with 1 and 2 shards against one plain ``Runtime``,
+and the latency the extra hop adds to a turn.
+
+Sides, all driven from this process (which is also the cluster's front):
+
+- ``runtime``: a default :class:`runtime.Runtime` in this process.
+- ``cluster-1``, ``cluster-2``: a :class:`runtime.cluster.ClusterRuntime` with 1 or 2 shards on a local Ray
+  cluster, each shard a process of its own hosting a default ``Runtime``.
+
+The workload is litellm's in-process mock (``agent.mock_response``): a turn is one streamed call and
+costs 10-13 ms of CPU in litellm alone, so a turn's rate is bound by the CPU of the process that hosts
+the session. One process runs Python on one core at a time; two shards run on two.
+
+Every side is started and warmed once and kept open; then they take turns. A slice is ``turns`` turns of
+``sessions`` new sessions at once (started before the clock runs); the sides alternate slices (A B C C B A),
+and each cluster side's rate is compared with the ``runtime`` slice next to it in time. The ratio reported
+is the median of those pairwise ratios (target for ``cluster-2``: >= 1.7), as in ``bench_throughput``.
+The table also gives the front's own CPU per turn (this process: submitting turns, their answers) and the
+shards' (their processes, read with psutil).
+
+Latency: one session, one turn at a time, ``latency_turns`` turns on each side; the extra hop is the
+median turn of ``cluster-1`` minus that of ``runtime``.
+
+Run: ``python -m benchmarks.bench_cluster`` (``--quick`` for a short run). Needs the ray extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+import runtime  # first: the offline litellm/tiktoken environment before either loads
+from benchmarks._common import format_table, write_results
+from runtime.config import Config
+
+NAME = "cluster"
+TARGET = 1.7
+MOCK_MODEL = "openai/gpt-4o-mini"
+MOCK_REPLY = "Two and three make five; the sum is checked and correct."
+SYSTEM = "You are a careful calculator."
+
+
+@dataclass
+class Slice:
+    side: str
+    turns: int
+    seconds: float
+    front_cpu: float
+    shard_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.turns / self.seconds
+
+
+@dataclass
+class Side:
+    """One runtime under test: a plain ``Runtime`` (``shards`` 0) or a cluster of ``shards``."""
+
+    name: str
+    shards: int
+    rt: Any = None
+    folder: str = ""
+    slices: list[Slice] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    def open(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix=f"agentcell-bench-{self.name}-")
+        if self.shards == 0:
+            self.rt = runtime.Runtime(Config(), sessions_dir=self.folder).start()
+        else:
+            from runtime.cluster import ClusterRuntime
+
+            self.rt = ClusterRuntime(Config(), sessions_dir=self.folder, shards=self.shards).start()
+
+    def shard_processes(self) -> list[psutil.Process]:
+        if self.shards == 0:
+            return []
+        return [psutil.Process(self.rt.shard_info(name).pid) for name in self.rt.shards]
+
+    def start_sessions(self, count: int) -> list[str]:
+        sids = [
+            self.rt.start_session(
+                model=MOCK_MODEL,
+                system_prompt=SYSTEM,
+                api_key="sk-bench",
+                config={"agent.mock_response": MOCK_REPLY},
+            )
+            for _ in range(count)
+        ]
+        for sid in sids:
+            self.rt.usage(sid)  # starts the session's actors (they start on first use), off the clock
+        return sids
+
+    def close(self) -> None:
+        if self.rt is not None:
+            self.rt.stop()
+            self.rt = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+async def _drive(rt: Any, sids: list[str], turns: int) -> None:
+    async def conversation(sid: str) -> None:
+        for turn in range(turns):
+            result = await rt.prompt(sid, f"What is {turn} + 3?")
+            if result.status != "ok":
+                raise RuntimeError(f"session {sid}: turn {turn} ended {result.status}: {result.error}")
+
+    await asyncio.gather(*(conversation(sid) for sid in sids))
+
+
+def run_slice(side: Side, sessions: int, turns: int) -> Slice:
+    sids = side.start_sessions(sessions)
+    shards = side.shard_processes()
+    me = psutil.Process()
+    front0 = me.cpu_times()
+    shard0 = [p.cpu_times() for p in shards]
+    began = time.perf_counter()
+    asyncio.run(_drive(side.rt, sids, turns))
+    seconds = time.perf_counter() - began
+    front1 = me.cpu_times()
+    shard_cpu = sum(
+        (b.user + b.system) - (a.user + a.system) for a, b in zip(shard0, (p.cpu_times() for p in shards))
+    )
+    front_cpu = (front1.user + front1.system) - (front0.user + front0.system)
+    done = Slice(side.name, sessions * turns, seconds, front_cpu, shard_cpu)
+    side.slices.append(done)
+    return done
+
+
+def measure_latency(side: Side, turns: int) -> None:
+    (sid,) = side.start_sessions(1)
+    for turn in range(turns + 3):
+        began = time.perf_counter()
+        result = side.rt.prompt(sid, f"What is {turn} + 3?").result(timeout=60)
+        elapsed = time.perf_counter() - began
+        if result.status != "ok":
+            raise RuntimeError(f"{side.name}: a latency turn ended {result.status}: {result.error}")
+        if turn >= 3:  # the first turns warm the session
+            side.latencies.append(elapsed)
+
+
+def _pairwise(sides: dict[str, Side], name: str) -> list[float]:
+    """Each slice of ``name`` over the ``runtime`` slice next to it in time (its order in the plan)."""
+    base, other = sides["runtime"].slices, sides[name].slices
+    return [o.rate / b.rate for o, b in zip(other, base)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--sessions", type=int, default=None, help="concurrent sessions per slice")
+    parser.add_argument("--turns", type=int, default=None, help="turns per session per slice")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of A B C C B A slices")
+    args = parser.parse_args(argv)
+    sessions = args.sessions or (16 if args.quick else 48)
+    turns = args.turns or (4 if args.quick else 8)
+    rounds = args.rounds or (1 if args.quick else 4)
+    latency_turns = 20 if args.quick else 60
+
+    try:
+        import ray
+    except ImportError:
+        print("bench_cluster needs Ray: pip install -e '.[ray]'")
+        return 2
+
+    # Logical CPUs for Ray's bookkeeping: three shards at once (one side of 1, one of 2) on this machine.
+    ray.init(num_cpus=max(3, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    sides = {
+        name: Side(name, shards) for name, shards in (("runtime", 0), ("cluster-1", 1), ("cluster-2", 2))
+    }
+    try:
+        print(f"starting: {', '.join(sides)} ...", flush=True)
+        # cluster-2 first: its two shards claim the two CPUs (runtime.cpu = "auto"); the sides opened after
+        # it share theirs, which costs nothing while they wait for their turn.
+        for side in (sides["cluster-2"], sides["cluster-1"], sides["runtime"]):
+            side.open()
+            run_slice(side, min(sessions, 8), 2)  # warm: imports, connections, first sessions
+            side.slices.clear()
+            if side.shards:
+                cpus = [side.rt.shard_info(name).cpus for name in side.rt.shards]
+                print(f"  {side.name}: shards on CPUs {cpus}", flush=True)
+        order = ["runtime", "cluster-1", "cluster-2", "cluster-2", "cluster-1", "runtime"]
+        for n in range(rounds):
+            for name in order if n % 2 == 0 else list(reversed(order)):
+                done = run_slice(sides[name], sessions, turns)
+                print(f"  round {n + 1} {name:<10} {done.rate:7.1f} turns/s", flush=True)
+        for side in sides.values():
+            measure_latency(side, latency_turns)
+    finally:
+        for side in sides.values():
+            side.close()
+        ray.shutdown()
+
+    base = statistics.median(s.rate for s in sides["runtime"].slices)
+    base_latency = statistics.median(sides["runtime"].latencies)
+    rows = []
+    for side in sides.values():
+        slices = side.slices
+        turns_total = sum(s.turns for s in slices)
+        ratios = _pairwise(sides, side.name) if side.name != "runtime" else [1.0]
+        latency = statistics.median(side.latencies)
+        rows.append(
+            {
+                "side": side.name,
+                "shards": side.shards,
+                "sessions": sessions,
+                "turns_per_s": round(statistics.median(s.rate for s in slices), 1),
+                "ratio": round(statistics.median(ratios), 3),
+                "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                "front_cpu_ms_per_turn": round(1000 * sum(s.front_cpu for s in slices) / turns_total, 2),
+                "shard_cpu_ms_per_turn": round(1000 * sum(s.shard_cpu for s in slices) / turns_total, 2)
+                if side.shards
+                else None,
+                "turn_latency_ms": round(1000 * latency, 2),
+                "extra_hop_ms": round(1000 * (latency - base_latency), 2) if side.shards else None,
+            }
+        )
+    two = next(r for r in rows if r["side"] == "cluster-2")
+    meta = {
+        "sessions": sessions,
+        "turns": turns,
+        "rounds": rounds,
+        "latency_turns": latency_turns,
+        "runtime_turns_per_s": round(base, 1),
+        "ratio": two["ratio"],
+        "target_ratio": TARGET,
+        "met": two["ratio"] >= TARGET,
+        "extra_hop_ms": next(r for r in rows if r["side"] == "cluster-1")["extra_hop_ms"],
+        "quick": args.quick,
+    }
+    print()
+    print(format_table(rows))
+    print(
+        f"\n2 shards: {two['ratio']:.2f}x the turn rate of one plain Runtime (target >= {TARGET}); "
+        f"the extra hop adds {meta['extra_hop_ms']} ms to a turn"
+    )
+    write_results(NAME, rows, meta, table=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
