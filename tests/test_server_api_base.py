@@ -129,6 +129,7 @@ def test_a_stored_session_with_an_api_base_is_resumed_only_with_a_key(
     )
     sid = created.json()["id"]
     rt.stop_session(sid)
+    rt.services.writer.flush()  # its header is on disk (a session never used wrote it in the background)
     for method, path, body in (
         ("POST", f"/sessions/{sid}/prompt", {"text": "hello", "wait": True}),  # resumes on first use
         ("GET", f"/sessions/{sid}/context", None),
@@ -150,6 +151,7 @@ def test_a_stored_session_without_an_api_base_still_resumes_on_first_use(serve: 
     before, on the server's keys."""
     sid = rt.start_session(model="openai/gpt-4o-mini")
     rt.stop_session(sid)
+    rt.services.writer.flush()
     client = serve(ServerPolicy())
     assert client.get(f"/sessions/{sid}/context").status_code == 200
     assert sid in rt.hosted_sessions()
