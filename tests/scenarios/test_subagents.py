@@ -225,3 +225,32 @@ def test_a_child_compacts_on_its_own_and_survives_a_crash(
     assert recorder.of("agent_recovered", kid)[0].continued
     assert recorder.of("compaction_end", kid) and not recorder.of("compaction_start", parent)
     assert not recorder.of("actor_restarted", parent)
+
+
+def test_a_child_recovers_from_an_overflow_on_its_own(
+    rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder, workspace: Path
+) -> None:
+    """A child whose provider's real window is smaller than it was told overflows, compacts in an
+    emergency and retries on its own; the parent only sees the answer."""
+    for name in ("a.txt", "b.txt"):
+        (workspace / name).write_text("".join(f"line {i} of {name}: some detail here\n" for i in range(150)))
+    read = [ToolCallSpec(name="read_file", arguments=json.dumps({"path": p})) for p in ("a.txt", "b.txt")]
+    turns = iter([Turn(tool_calls=(read[0],)), Turn(tool_calls=(read[1],)), Turn(text="read both")])
+    name = f"child-{next(_names)}"
+    provider.add_responder(name, lambda messages, tools: next(turns), context_window=3_500)
+    child = f"openai/{name}"
+    told = {"models.context_windows": {child: 32_000, "openai/summarizer": 32_000}}
+    agents = profiles(
+        child, tools="builtin", config={**told, "compaction.summarizer_model": "openai/summarizer"}
+    )
+    parent = session(
+        script(Turn(tool_calls=(delegate("researcher", "read a.txt then b.txt"),)), Turn(text="ok")),
+        agents=agents,
+    )
+    assert rt.prompt(parent, "go").result(timeout=60).text == "ok"
+    (delegation,) = tool_results(rt, parent)
+    assert delegation.text == "read both"
+    kid = delegation.metadata["child_session_id"]
+    recorder.wait_for(lambda evs: any(e.type == "compaction_end" and e.session_id == kid for e in evs), 20)
+    assert [e.trigger for e in recorder.of("compaction_start", kid)] == ["overflow"]
+    assert not recorder.of("compaction_start", parent) and not recorder.of("error", parent)
