@@ -62,6 +62,9 @@ __all__ = ["ClusterRuntime"]
 POLL_SECONDS = 1.0
 """How long one poll of a shard's event feed waits for events."""
 
+EVENTS_WAIT = 5.0
+"""The longest a handle waits for its turn's events to reach the subscribers (see ``_after_events``)."""
+
 _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "require_approval")
 """What resuming a session needs that its log does not keep (the API key above all): kept in memory."""
 
@@ -515,7 +518,9 @@ class ClusterRuntime:
     def _after_events(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
         """Call ``fn`` once every subscription of the session has received what its shard had queued for it
         when the answer was sent (``positions``: feed id -> items): as on the local bus, a turn's events
-        are queued to every subscriber before its handle resolves."""
+        are queued to every subscriber before its handle resolves. After :data:`EVENTS_WAIT` seconds ``fn``
+        runs anyway: a feed whose shard-side queue overflowed meanwhile hands out fewer items than it had
+        queued (its lost events become one lag notice), and a handle must resolve."""
         with self._fleet.lock:
             waits = [(self._fleet.relays[f], n) for f, n in positions.items() if f in self._fleet.relays]
         if not waits:
@@ -524,13 +529,23 @@ class ClusterRuntime:
         left = [len(waits)]
         lock = threading.Lock()
 
+        def once() -> None:
+            with lock:
+                if left[0] < 0:
+                    return
+                left[0] = -1
+            fn()
+
         def one_done() -> None:
             with lock:
                 left[0] -= 1
                 done = left[0] == 0
             if done:
-                fn()
+                once()
 
+        loop = self._fleet.loop
+        if loop is not None:
+            loop.loop.call_soon_threadsafe(loop.loop.call_later, EVENTS_WAIT, once)
         for relay, count in waits:
             relay.when_received(shard.name, count, one_done)
 
