@@ -5,6 +5,11 @@ Actors hand a :class:`CompletionRequest` to :meth:`Gateway.complete`, which retu
 (the assistant message with normalized usage, or a classified :class:`ProviderError`) comes back through a
 callback, exactly once.
 
+Two transports make the calls (``transports/``): the native ``openai_compat`` one (keep-alive HTTP/1.1 pools,
+the request and the server-sent events encoded and decoded with msgspec) for endpoints that speak OpenAI chat
+completions, and ``litellm`` for every provider; ``gateway.transport`` and :mod:`runtime.gateway._routing`
+decide which serves a call. Both behave alike: the same deltas, usage, error kinds, retries, cancel and cost.
+
 Layout, one concern a module::
 
     _loop.py        IoLoop: the asyncio thread every call runs on
@@ -12,11 +17,12 @@ Layout, one concern a module::
     _errors.py      classify_error: provider failures into error kinds (one classifier for all transports)
     _retry.py       backoff with jitter, honouring retry-after
     _usage.py       usage of any response shape, normalized
+    _cost.py        prices from litellm's map, read once per model; a call's cost
     _stream.py      StreamAssembler: the assistant message from streamed pieces; stop reasons
     _convert.py     our messages in the OpenAI chat format
-    _routing.py     which transport serves a call
+    _routing.py     which transport serves a call, where it goes, how its request is shaped
     _gateway.py     Gateway, CallHandle, complete_sync: routing, retries, cancel, stall watch, delivery
-    transports/     base.py (the interface), litellm.py
+    transports/     base.py (the interface), litellm.py, openai_compat.py (+ _http.py, its HTTP/1.1 client)
 """
 
 from runtime.gateway._convert import accepts_reasoning, to_provider_messages
@@ -34,18 +40,20 @@ from runtime.gateway._models import (
     TransportMode,
 )
 from runtime.gateway._retry import MAX_HONOURED_RETRY_AFTER, backoff_delay
-from runtime.gateway._routing import Route
+from runtime.gateway._routing import DIALECTS, Dialect, Route
 from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
 from runtime.gateway._usage import normalize_usage
 from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
 
 __all__ = [
+    "DIALECTS",
     "MAX_HONOURED_RETRY_AFTER",
     "RETRYABLE_KINDS",
     "CallHandle",
     "CompletionRequest",
     "CompletionResult",
     "Delta",
+    "Dialect",
     "ErrorKind",
     "Gateway",
     "IoLoop",

@@ -1,12 +1,13 @@
-"""The native transport: OpenAI chat completions over keep-alive HTTP/1.1, the stream decoded with msgspec (SPEC 3.2).
+"""The native transport: OpenAI chat completions over keep-alive HTTP/1.1, decoded with msgspec (SPEC 3.2).
 
-Keep-alive connection pools per endpoint (:mod:`runtime.gateway.transports._http`: httpx's pool costs
-O(n) to O(n^2) per call in the number of pooled connections, more than litellm's whole call at a thousand). The request body is the one litellm
-sends for the route (see :mod:`runtime.gateway._routing`), encoded once with msgspec; the response's
-server-sent events are split into lines and each ``data:`` payload decoded straight into msgspec Structs
-that hold only what the runtime reads -- no per-chunk model objects, no logging or cost callbacks. Text,
-``reasoning_content`` (or ``reasoning``), signed ``thinking_blocks`` and tool-call fragments (by index) go
-to the shared :class:`~runtime.gateway._stream.StreamAssembler`; usage comes from the last chunk
+Connections come from keep-alive pools, one per endpoint (:mod:`runtime.gateway.transports._http`; httpx's
+pool costs O(n) to O(n^2) per call in the number of pooled connections, more than litellm's whole call at a
+thousand). The request body is the one litellm sends over the route (see :mod:`runtime.gateway._routing`),
+encoded once with msgspec; the response's server-sent events are split into lines and each ``data:``
+payload decoded straight into msgspec Structs that hold only what the runtime reads -- no per-chunk model
+objects, no logging or cost callbacks. Text, ``reasoning_content`` (or ``reasoning``), signed
+``thinking_blocks`` and tool-call fragments (by index) go to the shared
+:class:`~runtime.gateway._stream.StreamAssembler`; usage comes from the last chunk
 (``stream_options.include_usage``), cost from the route's prices.
 
 Failures are mapped into the shared error kinds by the same classifier litellm's are: an error response is a
