@@ -234,7 +234,7 @@ def test_a_stream_of_all_sessions_keeps_its_cursor_bounded() -> None:
 
 
 def test_a_corrupt_session_log_is_a_409_that_says_how_to_open_it(
-    client: httpx.Client, provider: Any, rt: Runtime, sessions_dir: Path
+    client: httpx.Client, provider: Any, rt: Runtime, sessions_dir: Path, root: Path
 ) -> None:
     """A stored session with a corrupt log is a 409 naming the line; resume with repair opens it."""
     sid = start(client, provider, Turn(text="one"), Turn(text="two"), Turn(text="three"))
@@ -250,6 +250,18 @@ def test_a_corrupt_session_log_is_a_409_that_says_how_to_open_it(
     lines = log.read_bytes().split(b"\n")
     lines[3] = b"{garbage"
     log.write_bytes(b"\n".join(lines))
+    # The session was started on an api_base: resumed without its key only where the server allows it.
+    policy = ServerPolicy(workspace_root=str(root), allow_api_base=True)
+    with (
+        ApiServer(rt, TOKEN, policy=policy) as allowing,
+        httpx.Client(
+            base_url=allowing.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        ) as client,
+    ):
+        _corrupt_log_answers(client, sid)
+
+
+def _corrupt_log_answers(client: httpx.Client, sid: str) -> None:
     response = client.get(f"/sessions/{sid}/messages")
     assert response.status_code == 409 and "line 4" in response.json()["error"]
     assert "repair" in response.json()["error"]
