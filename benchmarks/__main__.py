@@ -10,7 +10,8 @@ next to their targets. It writes them, with the machine's facts, to ``benchmarks
 and draws ``benchmarks/results/scale.png`` (turns/s and memory against the number of sessions).
 
 ``--quick`` runs every benchmark at small sizes. It takes under 2 minutes on a quiet 2-core machine.
-The full run takes about 25 minutes: 100,000 sessions, and 1,000 concurrent conversations in alternating slices.
+The full run takes 40 minutes or more: 100,000 sessions, and 1,000 concurrent conversations in alternating
+slices (throughput; capacity, where litellm's sides alone take a quarter of an hour).
 """
 
 from __future__ import annotations
