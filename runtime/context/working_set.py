@@ -23,9 +23,10 @@ from typing import Final, Literal
 import msgspec
 
 from runtime.config import CompactionConfig
+from runtime.context.compaction import is_turn_start
 from runtime.context.estimate import effective_limit, should_compact
 from runtime.events import CompactionTrigger
-from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_STEER, KIND_TOOL_SUMMARY, Message, TextPart
+from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_STEER, Message, TextPart
 
 CountTokens = Callable[[Message], int]
 
@@ -41,8 +42,6 @@ MIN_CLIP_CHARS: Final = 400
 CLIP_NOTICE_TOKENS: Final = 110
 # Turn budget default: this many context windows of input tokens per turn.
 TURN_BUDGET_WINDOWS: Final = 20
-
-_NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -73,7 +72,7 @@ def working_set_start(messages: Sequence[Message]) -> int | None:
             continue
         if msg.role == "assistant" and msg.tool_calls:
             return i
-        if msg.role == "user" and msg.kind not in _NOT_TURN_STARTS:
+        if is_turn_start(msg):
             return i
     return None
 
