@@ -88,6 +88,11 @@ class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_delay: NonNegSeconds = 30.0
     jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.25
     request_timeout: Seconds = 600.0
+    # A streamed attempt silent for longer is cancelled and retried as a timeout (0: no limit): until the
+    # provider answers (its headers), then between two chunks. Reasoning models may think for minutes before
+    # their first token, hence the generous defaults; providers that send keep-alives can use far less.
+    first_byte_timeout: NonNegSeconds = 300.0
+    stall_timeout: NonNegSeconds = 120.0
 
 
 class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):

@@ -213,6 +213,7 @@ TRANSIENT: tuple[FaultKind, ...] = (
     "server_error",
     "overloaded",
     "hang",
+    "stall",
     "reset",
     "stream_error",
 )

@@ -34,7 +34,7 @@ from runtime.gateway._routing import Route, Router
 from runtime.gateway.transports.base import Transport
 from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
 from runtime.gateway.transports.openai_compat import OpenAICompatTransport
-from runtime.messages import Usage
+from runtime.messages import Message, Usage
 
 _log = logging.getLogger("runtime.gateway")
 T = TypeVar("T")
@@ -95,6 +95,7 @@ class _Call:
         self.finished = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_activity = 0.0
+        self.answered = False  # this attempt has had a first sign of life (headers or a chunk)
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_reported = False
 
@@ -110,6 +111,7 @@ class _Call:
         if loop is None:
             return
         self._last_activity = loop.time()
+        self.answered = True
         if self._stall_reported:
             self._stall_reported = False
             self._arm_stall()
@@ -117,6 +119,7 @@ class _Call:
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._last_activity = loop.time()
+        self.answered = False
         self._stall_reported = False
         if self.on_stall is not None and self._stall_timer is None:
             self._arm_stall()
@@ -137,6 +140,14 @@ class _Call:
         # Up to 1 ms short of stall_after counts as a stall (no re-arming for a sliver); it is reported as
         # stall_after, never less.
         _safely(self.on_stall, round(max(idle, self.stall_after), 3))
+
+    def silence(self, first_byte: float, stall: float) -> tuple[float, str, float] | None:
+        """The silence limit this attempt is under now: when it runs out (loop time), its name and seconds;
+        None when there is none (a limit of 0)."""
+        name, seconds = ("stall_timeout", stall) if self.answered else ("first_byte_timeout", first_byte)
+        if not seconds:
+            return None
+        return self._last_activity + seconds, name, seconds
 
     def unwatch(self) -> None:
         if self._stall_timer is not None:
@@ -310,11 +321,11 @@ class Gateway:
             call.attempts += 1
             call.watch(asyncio.get_running_loop())
             try:
-                message = await transport.attempt(call, route)
+                message = await self._attempt(call, transport, route)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                error = transport.classify(exc, route)
+                error = exc.error if isinstance(exc, _Silent) else transport.classify(exc, route)
                 if request.api_key and request.api_key in error.message:  # keys never reach events or logs
                     error = msgspec.structs.replace(
                         error, message=error.message.replace(request.api_key, "***")
@@ -347,6 +358,53 @@ class Gateway:
                 latency=time.monotonic() - call.started,
                 transport=call.transport,
             )
+
+    async def _attempt(self, call: _Call, transport: Transport, route: Route) -> Message:
+        """One attempt of a streamed call under the silence limits (``retry.first_byte_timeout`` until the
+        provider answers, ``retry.stall_timeout`` between chunks after that): an attempt silent for longer is
+        cancelled and fails as a ``timeout``, which is retried. A call not streamed has only
+        ``request_timeout``: its whole answer is its first byte."""
+        first_byte, stall = self._retry.first_byte_timeout, self._retry.stall_timeout
+        if not call.request.stream or not (first_byte or stall):
+            return await transport.attempt(call, route)
+        loop = asyncio.get_running_loop()
+        attempt = loop.create_task(transport.attempt(call, route))
+        try:
+            while True:
+                timeout = None
+                if (limit := call.silence(first_byte, stall)) is not None:
+                    deadline, name, seconds = limit
+                    timeout = deadline - loop.time()
+                    if timeout <= 0:
+                        raise _Silent(_silence_error(name, seconds, call.answered))
+                if stall and not call.answered:  # look again by then: once answered, the stall limit holds
+                    timeout = stall if timeout is None else min(timeout, stall)
+                done, _ = await asyncio.wait((attempt,), timeout=timeout)
+                if done:
+                    return attempt.result()
+        finally:
+            if not attempt.done():
+                attempt.cancel()  # its own cleanup (closing the response) runs as it unwinds
+                attempt.add_done_callback(_retrieve)
+
+
+class _Silent(Exception):
+    """An attempt cancelled for silence; carries its classified error."""
+
+    def __init__(self, error: ProviderError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _silence_error(limit: str, seconds: float, answered: bool) -> ProviderError:
+    what = "the stream stalled: no data" if answered else "no answer from the provider"
+    return ProviderError(kind="timeout", message=f"{what} for {seconds:g} s (retry.{limit}); cancelled")
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Consume a cancelled attempt's outcome, so asyncio does not report it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _safely(fn: Callable[[T], object], value: T) -> None:

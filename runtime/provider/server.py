@@ -423,6 +423,19 @@ class LocalProvider:
             case "hang":
                 await self._hang(request)
                 return Response(status_code=504)
+            case "stall":
+                if not stream:
+                    await self._hang(request)
+                    return Response(status_code=504)
+                reply = _Reply(
+                    Turn(text="This reply stops and stays silent " * 4), model, count, self._counter
+                )
+                frames = reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
+                return StreamingResponse(
+                    self._stall_after(request, frames, fault.after_chunks),
+                    media_type="text/event-stream",
+                    headers=_SSE_HEADERS,
+                )
             case "stream_error":
                 if not stream:
                     return _error_response(errors.server_error())
@@ -457,6 +470,15 @@ class LocalProvider:
                 await asyncio.sleep(0.05)
         finally:
             self._hanging -= 1
+
+    async def _stall_after(
+        self, request: Request, frames: Iterator[bytes], count: int
+    ) -> AsyncIterator[bytes]:
+        for i, frame in enumerate(frames):
+            if i >= count:
+                break
+            yield frame
+        await self._hang(request)
 
     async def _cut_after(self, request: Request, frames: Iterator[bytes], count: int) -> AsyncIterator[bytes]:
         for i, frame in enumerate(frames):

@@ -1,0 +1,188 @@
+"""A provider that goes silent: the first-byte and stall limits (``retry.first_byte_timeout``,
+``retry.stall_timeout``) cancel the attempt and retry it as a timeout, on both transports, instead of
+waiting out ``request_timeout`` (600 s by default) on every attempt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+import runtime
+from runtime import messages as m
+from runtime.config import Config, RetryConfig
+from runtime.gateway import CompletionRequest, CompletionResult, Gateway, IoLoop, RetryInfo, complete_sync
+from runtime.provider import LocalProvider, Turn
+
+TRANSPORTS = ("litellm", "openai_compat")
+SILENCE = 0.4
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[LocalProvider]:
+    with LocalProvider() as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _reset(provider: LocalProvider) -> None:
+    provider.clear_faults()
+    provider.chunk_chars = 24
+    provider.chunk_delay = 0.0
+
+
+@pytest.fixture(scope="module")
+def io() -> Iterator[IoLoop]:
+    loop = IoLoop()
+    yield loop
+    loop.stop()
+
+
+def gateway(io: IoLoop, **limits: float) -> Gateway:
+    retry = RetryConfig(max_attempts=2, base_delay=0.01, max_delay=0.02, **limits)
+    gw = Gateway(io, retry)
+    gw.preload().result(timeout=60)
+    return gw
+
+
+def request(provider: LocalProvider, model: str, transport: str) -> CompletionRequest:
+    # request_timeout stays long: only the silence limits may end these attempts early.
+    return CompletionRequest(
+        model=f"openai/{model}",
+        messages=[m.user("hi")],
+        api_base=provider.url,
+        api_key="sk-local",
+        transport=transport,
+        timeout=60,
+    )
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.retries: list[RetryInfo] = []
+        self.results: list[CompletionResult] = []
+        self.done = threading.Event()
+
+    def on_result(self, result: CompletionResult) -> None:
+        self.results.append(result)
+        self.done.set()
+
+    def call(self, gw: Gateway, req: CompletionRequest) -> CompletionResult:
+        gw.complete(req, self.on_result, on_retry=self.retries.append)
+        assert self.done.wait(20), "no result delivered"
+        (result,) = self.results
+        return result
+
+
+def wait_until_released(provider: LocalProvider) -> None:
+    deadline = time.monotonic() + 10
+    while provider.hanging and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert provider.hanging == 0, "the silent attempt's connection was never closed"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_that_stalls_midway_is_cancelled_and_retried(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    provider.add_script(f"stall-{transport}", [Turn(text="second wind")])
+    provider.inject_fault("stall", after_chunks=2)
+    rec = Recorder()
+    result = rec.call(gateway(io, stall_timeout=SILENCE), request(provider, f"stall-{transport}", transport))
+    assert result.message is not None and result.message.text == "second wind"
+    assert result.attempts == 2 and result.transport == transport
+    (retry,) = rec.retries
+    assert retry.kind == "timeout"
+    assert "stalled" in retry.error and "retry.stall_timeout" in retry.error  # not request_timeout (60 s)
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_provider_that_never_answers_hits_the_first_byte_limit(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    provider.add_script(f"mute-{transport}", [Turn(text="late but here")])
+    provider.inject_fault("hang")
+    rec = Recorder()
+    gw = gateway(io, first_byte_timeout=SILENCE, stall_timeout=0)
+    result = rec.call(gw, request(provider, f"mute-{transport}", transport))
+    assert result.message is not None and result.message.text == "late but here"
+    (retry,) = rec.retries
+    assert retry.kind == "timeout" and "no answer" in retry.error and "first_byte_timeout" in retry.error
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_silence_on_every_attempt_ends_the_call_as_a_timeout(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    provider.inject_fault("stall", count=2, after_chunks=1)
+    result = Recorder().call(gateway(io, stall_timeout=SILENCE), request(provider, "x", transport))
+    assert result.message is None and result.error is not None
+    assert result.error.kind == "timeout" and result.attempts == 2
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_slow_stream_that_keeps_sending_is_not_cut(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    text = "A slow but steady answer, one small piece at a time, well past the stall limit in all."
+    provider.add_script(f"slow-{transport}", [Turn(text=text)])
+    provider.chunk_chars = 8
+    provider.chunk_delay = SILENCE / 4  # ~12 chunks: the whole stream takes far longer than the limit
+    gw, rec = gateway(io, stall_timeout=SILENCE), Recorder()
+    started = time.monotonic()
+    result = rec.call(gw, request(provider, f"slow-{transport}", transport))
+    assert time.monotonic() - started > SILENCE
+    assert result.message is not None and result.message.text == text
+    assert result.attempts == 1 and rec.retries == []
+
+
+def test_cancelling_a_watched_call_ends_it_and_frees_the_connection(
+    provider: LocalProvider, io: IoLoop
+) -> None:
+    provider.inject_fault("stall", after_chunks=1)
+    gw = gateway(io, stall_timeout=30)
+    rec = Recorder()
+    handle = gw.complete(request(provider, "x", "openai_compat"), rec.on_result)
+    deadline = time.monotonic() + 10
+    while not provider.hanging and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handle.cancel()
+    assert rec.done.wait(10)
+    (result,) = rec.results
+    assert result.error is not None and result.error.kind == "cancelled"
+    wait_until_released(provider)
+
+
+def test_a_session_rides_out_a_stalled_stream(provider: LocalProvider, tmp_path: object) -> None:
+    """Through the public API: the runtime's retry config sets the limit; the turn ends with the retried
+    answer, and subscribers saw the retry with its reason."""
+    provider.add_script("steady", [Turn(text="made it")])
+    provider.inject_fault("stall", after_chunks=2)
+    config = Config().with_overrides({"retry.stall_timeout": SILENCE, "retry.base_delay": 0.01})
+    with runtime.Runtime(config, sessions_dir=str(tmp_path)) as rt:
+        sid = rt.start_session(model="openai/steady", api_base=provider.url, api_key="sk-local")
+        with rt.subscribe(sid, ["provider_retry"]) as events:
+            assert rt.prompt(sid, "go").result(timeout=30).text == "made it"
+            events.flush(5)
+            retries = events.drain()
+    assert len(retries) == 1 and "stalled" in retries[0].error
+    wait_until_released(provider)
+
+
+def test_complete_sync_is_unchanged_for_calls_not_streamed(provider: LocalProvider, io: IoLoop) -> None:
+    """A call not streamed has no first byte before its whole answer: only request_timeout applies."""
+    provider.add_script("whole", [Turn(text="all at once")])
+    provider.latency = SILENCE * 2
+    try:
+        req = msgspec.structs.replace(request(provider, "whole", "openai_compat"), stream=False)
+        result = complete_sync(gateway(io, first_byte_timeout=SILENCE), req, timeout=20)
+    finally:
+        provider.latency = 0.0
+    assert result.message is not None and result.message.text == "all at once" and result.attempts == 1
