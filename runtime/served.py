@@ -1,6 +1,6 @@
 """What a front such as the HTTP server needs of a runtime beyond its public API.
 
-The server (``runtime.server``) serves a :class:`~runtime.host.Runtime` or a
+The server (``runtime.apps.server``) serves a :class:`~runtime.host.Runtime` or a
 :class:`~runtime.cluster.ClusterRuntime` alike. Besides the public API (start, prompt, subscribe, ...) it
 asks a few questions about sessions: is one hosted, is one stored, what was it stored with, what is its
 model and window, how far has its event numbering gone, and what did its transcript record after a

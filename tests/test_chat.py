@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from runtime import events as ev
-from runtime.chat import ChatPrinter, context_bar, format_stats, run_chat
+from runtime.apps.chat import ChatPrinter, context_bar, format_stats, run_chat
 from runtime.context.estimate import ContextStats
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
@@ -125,7 +125,7 @@ def chat(tmp_path: Path) -> Iterator[Any]:
     sessions = tmp_path / "sessions"
 
     def start(*args: str) -> Terminal:
-        argv = [sys.executable, "-m", "runtime.cli", "chat", "--local", "--dir", str(sessions), *args]
+        argv = [sys.executable, "-m", "runtime.apps.cli", "chat", "--local", "--dir", str(sessions), *args]
         terminal = Terminal(argv, workspace)
         terminals.append(terminal)
         return terminal

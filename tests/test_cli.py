@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from runtime.cli import main
+from runtime.apps.cli import main
+from runtime.apps.sessions_cli import run_sessions
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.sessions_cli import run_sessions
 
 HEAVY = ("litellm", "uvicorn", "rich", "starlette", "tiktoken", "httpx", "pykka")
 
 _HELP_PROBE = """
 import contextlib, io, json, sys
-from runtime.cli import main
+from runtime.apps.cli import main
 out = {}
 for command in sys.argv[1:]:
     argv = [command, "--help"] if command else ["--help"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import demo
 from runtime import events as ev
-from runtime.demo import DemoMonitor, SessionView, run_demo
+from runtime.apps import demo
+from runtime.apps.demo import DemoMonitor, SessionView, run_demo
 
 
 def test_demo_shows_threshold_compaction_and_overflow_recovery(

@@ -74,7 +74,7 @@ def test_cli_help_does_not_import_litellm() -> None:
     proc = _run(
         """
         import sys, contextlib, io
-        from runtime import cli
+        from runtime.apps import cli
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             try:

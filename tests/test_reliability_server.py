@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.apps.server import ApiServer
 from runtime.provider.script import Turn
-from runtime.server import ApiServer
 
 TOKEN = "reliability-token-" + "x" * 24
 

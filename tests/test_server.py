@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.apps.server import ApiServer, ServerPolicy, parse_cursor
 from runtime.provider.script import Fault, Turn
-from runtime.server import ApiServer, ServerPolicy, parse_cursor
 from tests.conftest import Recorder
 
 TOKEN = "test-token-123"
@@ -335,7 +335,7 @@ def test_serve_command_binds_localhost_and_generates_a_token(tmp_path: Path) -> 
     env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
     env.pop("AGENTCELL_SERVER__TOKEN", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "runtime.apps.cli", "serve", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

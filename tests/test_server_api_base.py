@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.server import ApiServer, ServerPolicy
+from runtime.apps.server import ApiServer, ServerPolicy
 
 TOKEN = "api-base-token"
 SERVER_KEY = "sk-the-servers-own-openai-key"
@@ -158,7 +158,7 @@ def test_a_stored_session_without_an_api_base_still_resumes_on_first_use(serve: 
 
 
 def test_the_operator_allows_it_in_the_config_or_on_the_command_line(tmp_path: Path) -> None:
-    from runtime.cli import build_parser
+    from runtime.apps.cli import build_parser
     from runtime.config import Config
 
     assert ServerPolicy.from_config(Config().server).allow_api_base is False

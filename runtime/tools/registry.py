@@ -27,14 +27,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_
 
 import msgspec
 
+from runtime.errors import ToolError
+
 if TYPE_CHECKING:
     from runtime.tools.workspace import Workspace
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ToolError(Exception):
-    """A failure a tool reports on purpose: its message is shown to the model as it is."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,11 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runtime.tools.registry import ToolError
-
-
-class WorkspaceError(ToolError):
-    """A path that is not allowed: the message says which and why."""
+from runtime.errors import WorkspaceError
 
 
 class Workspace:

@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime import demo
-from runtime.cli import build_parser
-from runtime.dashboard import PAGES, STREAM_TYPES, SessionBoard, read_asset
+from runtime.apps import demo
+from runtime.apps.cli import build_parser
+from runtime.apps.dashboard import PAGES, STREAM_TYPES, SessionBoard, read_asset
+from runtime.apps.server import ApiServer
 from runtime.events import EVENT_TYPES
-from runtime.server import ApiServer
 
 TOKEN = "dashboard-token-1"
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "runtime" / "dashboard" / "static"
+STATIC = ROOT / "runtime" / "apps" / "dashboard" / "static"
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_the_page_loads_nothing_from_elsewhere_and_keeps_the_token_out_of_urls()
 
 def test_the_page_ships_as_package_data() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["runtime.dashboard"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["runtime.apps.dashboard"]
     files = sorted(p.relative_to(STATIC.parent).as_posix() for p in STATIC.iterdir())
     assert files == ["static/app.js", "static/favicon.svg", "static/index.html", "static/style.css"]
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files)

@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from runtime import demo
+from runtime.apps import demo
+from runtime.apps.dashboard import STREAM_TYPES
+from runtime.apps.server import ApiServer, ServerPolicy
 from runtime.config import Config
-from runtime.dashboard import STREAM_TYPES
 from runtime.host import Runtime
 from runtime.provider import LocalProvider
 from runtime.provider.script import Turn
-from runtime.server import ApiServer, ServerPolicy
 
 TOKEN = "browser-test-token"
 SLOW_MODEL = "openai/agentcell-slow"

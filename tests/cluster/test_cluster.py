@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from runtime import events as ev
+from runtime.apps.server import ApiServer
 from runtime.cluster import SHARD_LOST, ClusterRuntime, ClusterUnavailable, owner
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
-from runtime.server import ApiServer
 from tests.conftest import Recorder
 
 TOKEN = "cluster-token"

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from runtime import cli
+from runtime.apps import cli
 
 
 def test_serve_and_demo_take_shards_and_an_address(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: dict[str, dict[str, Any]] = {}
-    monkeypatch.setattr("runtime.server.run_server", lambda **kw: calls.setdefault("serve", kw) and 0)
-    monkeypatch.setattr("runtime.demo.run_demo", lambda **kw: calls.setdefault("demo", kw) and 0)
+    monkeypatch.setattr("runtime.apps.server.run_server", lambda **kw: calls.setdefault("serve", kw) and 0)
+    monkeypatch.setattr("runtime.apps.demo.run_demo", lambda **kw: calls.setdefault("demo", kw) and 0)
     assert cli.main(["serve", "--shards", "3", "--ray-address", "head:6379", "--port", "0"]) == 0
     assert calls["serve"]["shards"] == 3 and calls["serve"]["ray_address"] == "head:6379"
     assert cli.main(["demo", "--shards", "2", "--plain"]) == 0
@@ -23,7 +23,7 @@ def test_serve_and_demo_take_shards_and_an_address(monkeypatch: pytest.MonkeyPat
 
 
 def test_serve_with_a_bad_ray_address_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    from runtime.server import run_server
+    from runtime.apps.server import run_server
 
     assert run_server(port=0, token="t", ray_address="not an address") == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
@@ -32,7 +32,7 @@ def test_serve_with_a_bad_ray_address_says_so(capsys: pytest.CaptureFixture[str]
 @pytest.mark.slow
 def test_the_demo_on_two_shards() -> None:
     pytest.importorskip("ray")
-    from runtime.demo import run_demo
+    from runtime.apps.demo import run_demo
 
     out = io.StringIO()
     assert run_demo(sessions=3, window=6_000, plain=True, shards=2, out=out) == 0, out.getvalue()[-2000:]

@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from runtime import Runtime
+from runtime.apps.server import MAX_CURSOR_SESSIONS, ApiServer, ServerPolicy
 from runtime.config import Config
 from runtime.provider.script import Turn
-from runtime.server import MAX_CURSOR_SESSIONS, ApiServer, ServerPolicy
 
 TOKEN = "hostile-token-" + "y" * 24
 _names = iter(range(1, 1_000_000))
@@ -224,7 +224,7 @@ def test_last_event_id_is_capped_and_keeps_only_real_covered_sessions(
 
 def test_a_stream_of_all_sessions_keeps_its_cursor_bounded() -> None:
     """An all-sessions stream's event ids name at most 256 sessions (the most recently active)."""
-    from runtime.server import _advance
+    from runtime.apps.server import _advance
 
     cursor: dict[str, int] = {}
     for i in range(1_000):
@@ -358,7 +358,7 @@ def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
     env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
     env.pop("AGENTCELL_SERVER__TOKEN", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--port", "0", "--token-file", str(token_file)],
+        [sys.executable, "-m", "runtime.apps.cli", "serve", "--port", "0", "--token-file", str(token_file)],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

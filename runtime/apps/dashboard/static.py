@@ -19,7 +19,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "/dashboard/favicon.svg": ("favicon.svg", "image/svg+xml"),
     "/favicon.ico": ("favicon.svg", "image/svg+xml"),
 }
-"""Public path → (file in ``runtime/dashboard/static/``, content type)."""
+"""Public path → (file in ``runtime/apps/dashboard/static/``, content type)."""
 
 # Everything the page loads comes from this server; no inline script, nothing framed, no referrer.
 _SECURITY_HEADERS = [
@@ -36,7 +36,7 @@ _SECURITY_HEADERS = [
 
 def read_asset(name: str) -> bytes:
     """The bytes of a file of the page, from the installed package."""
-    return resources.files("runtime.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("runtime.apps.dashboard").joinpath("static", name).read_bytes()
 
 
 class DashboardFiles:

@@ -32,7 +32,7 @@ workspace, config and endpoint pass the same policy.
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
     GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
     GET    /overview                     every hosted session at a glance (the dashboard's table)
-    GET    /                             the live dashboard (runtime/dashboard): its files need no token
+    GET    /                             the live dashboard (runtime/apps/dashboard): its files need no token
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
 ``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 
 from runtime import events as ev
+from runtime.apps.dashboard import DashboardFiles, SessionBoard
 from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
-from runtime.dashboard import DashboardFiles, SessionBoard
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.served import served

@@ -14,7 +14,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from runtime.demo import run_demo
+    from runtime.apps.demo import run_demo
 
     return run_demo(
         sessions=args.sessions,
@@ -26,7 +26,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from runtime.chat import run_chat
+    from runtime.apps.chat import run_chat
 
     return run_chat(
         model=args.model,
@@ -40,13 +40,13 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_sessions(args: argparse.Namespace) -> int:
-    from runtime.sessions_cli import run_sessions
+    from runtime.apps.sessions_cli import run_sessions
 
     return run_sessions(args.action, args.id, config_path=args.config, sessions_dir=args.dir)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from runtime.server import run_server
+    from runtime.apps.server import run_server
 
     return run_server(
         host=args.host,

@@ -256,7 +256,7 @@
   }
 
   // -- the sessions --------------------------------------------------------------------------------
-  // One row per hosted session, folded from events by the rules of runtime/dashboard/board.py.
+  // One row per hosted session, folded from events by the rules of runtime/apps/dashboard/board.py.
   const table = {
     rows: new Map(),
     order: [],

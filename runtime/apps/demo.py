@@ -556,7 +556,7 @@ class _Dashboard:
             return
         import secrets
 
-        from runtime.server import ApiServer
+        from runtime.apps.server import ApiServer
 
         token = secrets.token_urlsafe(18)
         try:
@@ -864,7 +864,7 @@ def _summary(console: Any, out: TextIO, outcome: DemoOutcome) -> None:
             table.add_row(*row, _bar(view.context_tokens, view.told_window, 10))
         console.print(table)
         return
-    from runtime.chat import context_bar
+    from runtime.apps.chat import context_bar
 
     rows = [
         (*row, context_bar(v.context_tokens, v.told_window, 20))

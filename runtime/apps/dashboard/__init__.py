@@ -12,7 +12,7 @@ token, which it asks for once and keeps in the tab's ``sessionStorage``; it read
 
 from __future__ import annotations
 
-from runtime.dashboard.board import STREAM_TYPES, SessionBoard
-from runtime.dashboard.static import PAGES, DashboardFiles, read_asset
+from runtime.apps.dashboard.board import STREAM_TYPES, SessionBoard
+from runtime.apps.dashboard.static import PAGES, DashboardFiles, read_asset
 
 __all__ = ["PAGES", "STREAM_TYPES", "DashboardFiles", "SessionBoard", "read_asset"]

@@ -1,0 +1,12 @@
+"""The applications built on the runtime: what the ``agentcell`` command runs.
+
+- :mod:`runtime.apps.cli`: the ``agentcell`` command line (its subcommands below).
+- :mod:`runtime.apps.demo`: ``agentcell demo``, concurrent sessions against the local provider.
+- :mod:`runtime.apps.chat`: ``agentcell chat``, an interactive session.
+- :mod:`runtime.apps.sessions_cli`: ``agentcell sessions``, the stored sessions.
+- :mod:`runtime.apps.server`: ``agentcell serve``, the runtime over HTTP and Server-Sent Events.
+- :mod:`runtime.apps.dashboard`: the live dashboard the server answers at ``/``.
+
+They use only the runtime's public API (and :mod:`runtime.served` for the server); nothing in the core
+imports them.
+"""
