@@ -15,7 +15,7 @@ import pytest
 
 from runtime import Runtime
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.reliability_support import Gate
+from tests.reliability.support import Gate
 
 _names = iter(range(1, 1_000_000))
 

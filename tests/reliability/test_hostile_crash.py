@@ -3,7 +3,7 @@
 A child process runs a session against the local provider and is killed with SIGKILL while the model is
 streaming its answer. Resumed in this process, the session says in its log (and in ``agent_recovered``)
 that the turn was interrupted, and takes the next prompt. Inside one process, an agent that crashes
-mid-turn is restarted and its successor takes the turn up (tests/test_agent.py covers that path).
+mid-turn is restarted and its successor takes the turn up (tests/session/test_agent.py covers that path).
 """
 
 from __future__ import annotations

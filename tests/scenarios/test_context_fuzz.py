@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.provider.script import Turn
-from tests.reliability_support import soak_scale
+from tests.reliability.support import soak_scale
 from tests.scenarios.workload import EventLog, TurnCheck, blob, prompt_text, record_problems, respond
 
 WINDOWS = (2_000, 3_000, 5_000, 8_000, 16_000, 60_000, 200_000)

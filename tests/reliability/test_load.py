@@ -26,7 +26,7 @@ from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.provider.script import ToolCallSpec, Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.tools.registry import ToolRegistry
-from tests.reliability_support import (
+from tests.reliability.support import (
     EventLog,
     Resources,
     check_log,

@@ -35,7 +35,7 @@ from runtime.gateway import (
     retry_after_seconds,
 )
 from runtime.provider import OVERFLOW_FORMATS, Fault, LocalProvider, ToolCallSpec, Turn
-from tests.reliability_support import Resources, wait_for_no_leaks
+from tests.reliability.support import Resources, wait_for_no_leaks
 
 ENC = tiktoken.get_encoding("o200k_base")
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")  # litellm's own

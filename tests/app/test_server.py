@@ -229,7 +229,7 @@ def test_a_stored_session_is_resumed_on_first_use(
 
     # API keys are never stored: a session resumed on first use would get the provider's key from the
     # server's environment (litellm reads it) and send it to the stored api_base, so that takes the
-    # operator's leave (server.allow_api_base; see tests/test_server_api_base.py) ...
+    # operator's leave (server.allow_api_base; see tests/app/test_server_api_base.py) ...
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
     refused = client.post("/sessions/kept/prompt", json={"text": "second", "wait": True})
     assert refused.status_code == 403 and "POST /sessions/kept/resume" in refused.json()["error"]

@@ -1,4 +1,4 @@
-"""Shared helpers of the reliability suite (tests/test_reliability_*.py).
+"""Shared helpers of the reliability suite (tests/reliability/).
 
 They check what the suite promises a user: a session's log replays into a consistent tree in which every
 tool call has exactly one result, the events of each session arrive in order, and a runtime leaves no

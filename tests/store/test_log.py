@@ -25,7 +25,7 @@ from runtime.store.transcript import TranscriptWriter, read_transcript
 from runtime.store.tree import SessionTree
 from runtime.store.writer import LogWriteError, LogWriter, WriterClosedError, default_max_open_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -25,9 +25,9 @@ from runtime.context.integrity import check_integrity
 from runtime.provider.script import FAULT_KINDS, Fault, FaultKind, ToolCallSpec, Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import read_transcript
-from tests.reliability_support import EventLog, Gate, check_log, message_ids, order_problems
+from tests.reliability.support import EventLog, Gate, check_log, message_ids, order_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACTORS = ("store", "usage", "overflow", "compactor", "agent")
 STATES = ("idle", "streaming", "executing_tools", "compacting")
 LONG_ANSWER = "Here are the notes. " + " ".join(f"note{i}" for i in range(1_500))

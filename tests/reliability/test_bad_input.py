@@ -26,7 +26,7 @@ from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import read_transcript
 from runtime.tools.builtin import builtin_registry
 from runtime.tools.registry import ToolContext, ToolRegistry
-from tests.reliability_support import EventLog, check_log
+from tests.reliability.support import EventLog, check_log
 
 _names = iter(range(1, 1_000_000))
 

@@ -23,7 +23,7 @@ from runtime import Runtime
 from runtime.config import Config
 from runtime.events import encode_event
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.reliability_support import EventLog, grep_tree
+from tests.reliability.support import EventLog, grep_tree
 
 _names = iter(range(1, 1_000_000))
 

@@ -301,7 +301,7 @@ def test_a_program_that_stops_its_runtime_exits(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-c", EXIT_SCRIPT],
             cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             capture_output=True,
             text=True,
             timeout=30,

@@ -23,7 +23,7 @@ from runtime.messages import TextPart
 from runtime.store.log import read_log, replay
 from runtime.store.sessions import SessionDirectory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 24
 ROUNDS_PER_SESSION = 6  # each session is resumed after a kill 5 times; bounded logs keep the test short
 
