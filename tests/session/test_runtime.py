@@ -304,7 +304,7 @@ def test_a_program_that_stops_its_runtime_exits(tmp_path: Path) -> None:
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,  # a hang is forever; a start and stop take ~30 s on a loaded 2-CPU machine
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "stopped" in done.stdout
