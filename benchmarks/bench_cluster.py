@@ -11,8 +11,10 @@ The workload is litellm's in-process mock (``agent.mock_response``): a turn is o
 costs 10-13 ms of CPU in litellm alone, so a turn's rate is bound by the CPU of the process that hosts
 the session. One process runs Python on one core at a time; two shards run on two.
 
-Every side is started and warmed once and kept open; then they take turns. A slice is ``turns`` turns of
-``sessions`` new sessions at once (started before the clock runs); the sides alternate slices (A B C C B A),
+Every side is started and warmed once and kept open; then they take turns. A slice is ``sessions`` new
+sessions (started before the clock runs), each in a closed loop of turns; after a second's warm-up, the
+turns answered in a window of ``window`` seconds give its rate (steady state: see ``_drive`` for why not a
+fixed number of turns). The sides alternate slices (A B C C B A),
 and each cluster side's rate is compared with the ``runtime`` slice next to it in time. The ratio reported
 is the median of those pairwise ratios (target for ``cluster-2``: >= 1.7), as in ``bench_throughput``.
 The table also gives the front's own CPU per turn (this process: submitting turns, their answers) and the
@@ -109,31 +111,50 @@ class Side:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-async def _drive(rt: Any, sids: list[str], turns: int) -> None:
-    async def conversation(sid: str) -> None:
-        for turn in range(turns):
-            result = await rt.prompt(sid, f"What is {turn} + 3?")
-            if result.status != "ok":
-                raise RuntimeError(f"session {sid}: turn {turn} ended {result.status}: {result.error}")
+async def _drive(side: Side, sids: list[str], warmup: float, window: float) -> Slice:
+    """Every session in a closed loop (a prompt, its answer, the next prompt) for ``warmup + window``
+    seconds; the turns answered within the window, and the CPU spent in it, make the slice.
 
-    await asyncio.gather(*(conversation(sid) for sid in sids))
-
-
-def run_slice(side: Side, sessions: int, turns: int) -> Slice:
-    sids = side.start_sessions(sessions)
+    A steady-state window, not "N turns each then stop": sessions are placed on shards by hash, so one
+    shard usually holds more of them than the other (by 11% on average with 48 sessions on 2 shards), and a
+    fixed amount of work per session would leave the other shard idle for the slice's tail.
+    """
     shards = side.shard_processes()
     me = psutil.Process()
-    front0 = me.cpu_times()
-    shard0 = [p.cpu_times() for p in shards]
-    began = time.perf_counter()
-    asyncio.run(_drive(side.rt, sids, turns))
-    seconds = time.perf_counter() - began
-    front1 = me.cpu_times()
-    shard_cpu = sum(
-        (b.user + b.system) - (a.user + a.system) for a, b in zip(shard0, (p.cpu_times() for p in shards))
-    )
-    front_cpu = (front1.user + front1.system) - (front0.user + front0.system)
-    done = Slice(side.name, sessions * turns, seconds, front_cpu, shard_cpu)
+    loop = asyncio.get_running_loop()
+    done: list[float] = []
+    stop = False
+
+    async def conversation(sid: str) -> None:
+        turn = 0
+        while not stop:
+            result = await side.rt.prompt(sid, f"What is {turn} + 3?")
+            if result.status != "ok":
+                raise RuntimeError(f"session {sid}: turn {turn} ended {result.status}: {result.error}")
+            done.append(loop.time())
+            turn += 1
+
+    def cpu() -> tuple[float, float]:
+        front = me.cpu_times()
+        shard = sum(t.user + t.system for t in (p.cpu_times() for p in shards))
+        return front.user + front.system, shard
+
+    tasks = [asyncio.ensure_future(conversation(sid)) for sid in sids]
+    try:
+        await asyncio.sleep(warmup)
+        began, cpu0 = loop.time(), cpu()
+        await asyncio.sleep(window)
+        ended, cpu1 = loop.time(), cpu()
+    finally:
+        stop = True
+        await asyncio.gather(*tasks)
+    turns = sum(1 for t in done if began <= t < ended)
+    return Slice(side.name, turns, ended - began, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
+
+
+def run_slice(side: Side, sessions: int, warmup: float, window: float) -> Slice:
+    sids = side.start_sessions(sessions)
+    done = asyncio.run(_drive(side, sids, warmup, window))
     side.slices.append(done)
     return done
 
@@ -185,11 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--sessions", type=int, default=None, help="concurrent sessions per slice")
-    parser.add_argument("--turns", type=int, default=None, help="turns per session per slice")
+    parser.add_argument("--window", type=float, default=None, help="seconds each slice is measured")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of A B C C B A slices")
     args = parser.parse_args(argv)
     sessions = args.sessions or (16 if args.quick else 48)
-    turns = args.turns or (4 if args.quick else 8)
+    window = args.window or (2.0 if args.quick else 6.0)
+    warmup = 1.0
     rounds = args.rounds or (1 if args.quick else 4)
     latency_turns = 20 if args.quick else 60
 
@@ -212,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # it share theirs, which costs nothing while they wait for their turn.
         for side in (sides["cluster-2"], sides["cluster-1"], sides["runtime"]):
             side.open()
-            run_slice(side, min(sessions, 8), 2)  # warm: imports, connections, first sessions
+            run_slice(side, min(sessions, 8), 0.5, 0.5)  # warm: imports, connections, first sessions
             side.slices.clear()
             if side.shards:
                 cpus = [side.rt.shard_info(name).cpus for name in side.rt.shards]
@@ -220,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         order = ["runtime", "cluster-1", "cluster-2", "cluster-2", "cluster-1", "runtime"]
         for n in range(rounds):
             for name in order if n % 2 == 0 else list(reversed(order)):
-                done = run_slice(sides[name], sessions, turns)
+                done = run_slice(sides[name], sessions, warmup, window)
                 print(f"  round {n + 1} {name:<10} {done.rate:7.1f} turns/s", flush=True)
         for side in sides.values():
             measure_latency(side, latency_turns)
@@ -232,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     base = statistics.median(s.rate for s in sides["runtime"].slices)
     base_latency = statistics.median(sides["runtime"].latencies)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for side in sides.values():
         slices = side.slices
         turns_total = sum(s.turns for s in slices)
@@ -257,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     two = next(r for r in rows if r["side"] == "cluster-2")
     meta = {
         "sessions": sessions,
-        "turns": turns,
+        "window_s": window,
+        "warmup_s": warmup,
         "rounds": rounds,
         "latency_turns": latency_turns,
         "runtime_turns_per_s": round(base, 1),
