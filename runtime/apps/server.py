@@ -295,7 +295,8 @@ async def _event_stream(
         idle = 0.0
         while not stopping():
             try:
-                event = await asyncio.wait_for(iterator.__anext__(), 1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: a task per event, and it may drop a cancel
+                    event = await iterator.__anext__()
             except TimeoutError:
                 idle += 1.0
                 if idle >= HEARTBEAT_SECONDS:

@@ -252,7 +252,8 @@ class Shard:
         subscription = feed.subscription
         if not subscription.pending:
             try:
-                first = await asyncio.wait_for(subscription.__anext__(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for, which may drop a cancel on 3.11
+                    first = await subscription.__anext__()
             except TimeoutError:
                 return _wire.encode_events([])
             except StopAsyncIteration:
