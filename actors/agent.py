@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -134,6 +135,7 @@ class _Run:
     call: Any = None  # runtime.gateway.CallHandle
     tools: Any = None  # runtime.tools.executor.ToolBatchHandle
     started: float = field(default_factory=time.monotonic)
+    span: Any = None  # the turn's invoke_agent span, when the runtime traces (SPEC 7.5)
 
 
 @dataclass
@@ -281,6 +283,7 @@ class Agent(SessionActor):
 
     def _end_interrupted(self, run: _Run, status: Literal["aborted", "error"], reason: str) -> None:
         """Close a run cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
+        self._end_span(run, status, reason, code="agent_crashed" if status == "error" else None)
         try:
             if status == "error":
                 self.emit(ev.Error, message=reason, code="agent_crashed", turn_id=run.turn_id)
@@ -349,6 +352,11 @@ class Agent(SessionActor):
     def _start(self, prompt: Prompt) -> None:
         self._runs += 1
         run = self.run = _Run(token=self._runs, prompt=prompt)
+        tracing = self.services.tracing
+        if tracing is not None:
+            run.span = tracing.start_turn(
+                self.session_id, run.turn_id, model=self.model, prompt=prompt.message
+            )
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
         self._enter(AgentState.RUNNING)
         refusal = self._prompt_refusal(prompt.message)
@@ -494,6 +502,7 @@ class Agent(SessionActor):
         )
         run.step += 1
         run.estimated_tokens = estimate
+        route = self.services.gateway.route(request)
         self.emit(
             ev.RequestStart,
             turn_id=run.turn_id,
@@ -501,7 +510,7 @@ class Agent(SessionActor):
             model=self.model,
             messages=len(messages),
             estimated_tokens=estimate,
-            transport=self.services.gateway.route(request).transport,
+            transport=route.transport,
         )
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
@@ -526,11 +535,20 @@ class Agent(SessionActor):
         def on_stall(seconds: float) -> None:
             publish(ev.StreamStalled(session_id=sid, turn_id=turn, seconds=seconds))
 
+        def deliver(result: Any) -> None:
+            me.tell(_ProviderDone(token, result))
+
+        on_result: Callable[[Any], None] = deliver
+        on_retry: Callable[[Any], None] = retry_reporter(publish, sid, turn)
+        tracing = self.services.tracing
+        if tracing is not None:
+            chat = tracing.start_chat(run.span, sid, request, turn_id=turn, provider=route.provider)
+            on_result, on_retry = tracing.watch_chat(chat, on_result, on_retry)
         run.call = self.services.gateway.complete(
             request,
-            lambda result: me.tell(_ProviderDone(token, result)),
+            on_result,
             on_delta=on_delta,
-            on_retry=retry_reporter(publish, sid, turn),
+            on_retry=on_retry,
             on_stall=on_stall,
             stall_after=cfg.agent.stream_stall_seconds,
         )
@@ -676,6 +694,10 @@ class Agent(SessionActor):
                 )
             )
 
+        callbacks: tuple[Callable[[ToolCallPart], None], Callable[[Any], None]] = (on_start, on_done)
+        if services.tracing is not None:
+            callbacks = services.tracing.watch_tools(run.span, sid, turn, on_start, on_done)
+
         approve = None
         if spec.approval is not None or spec.require_approval:
 
@@ -691,9 +713,9 @@ class Agent(SessionActor):
             limits=cfg.tool_output,
             spill_dir=services.directory.spill_dir(sid),
             approve=approve,
-            on_start=on_start,
+            on_start=callbacks[0],
             on_output=on_output,
-            on_done=on_done,
+            on_done=callbacks[1],
             on_all_done=lambda results: me.tell(_ToolsDone(token, list(results))),
         )
 
@@ -840,6 +862,7 @@ class Agent(SessionActor):
         store = self.refs.store  # None while the store restarts: the run still ends and is answered
 
         def complete(repaired: int) -> None:
+            self._end_span(run, status, error, code=code)
             if status == "aborted":
                 self.emit(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
             elif status == "error":
@@ -900,6 +923,22 @@ class Agent(SessionActor):
                 complete(0)
 
         self.call(store, st.GetContext(), with_view)
+
+    def _end_span(self, run: _Run, status: str, error: str | None, *, code: str | None) -> None:
+        """End the turn's span, if it has one open."""
+        span, run.span = run.span, None
+        tracing = self.services.tracing
+        if span is not None and tracing is not None:
+            tracing.end_turn(
+                span,
+                self.session_id,
+                status=status,
+                usage=run.usage,
+                steps=run.step,
+                error=error,
+                code=code,
+                answer=run.last_message,
+            )
 
     def _enter(self, state: AgentState, turn_id: str | None = None) -> None:
         previous = self.state

@@ -130,6 +130,7 @@ class _Job:
     artifacts: list[str] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)  # the summarizer calls in flight (CallHandle)
     number: int = 0  # the compaction's number in its artifacts' names
+    span: Any = None  # the compaction's span, when the runtime traces (SPEC 7.5)
 
 
 class Compactor(SessionActor):
@@ -183,6 +184,7 @@ class Compactor(SessionActor):
             tokens = job.estimate.tokens if job.estimate is not None else 0
             try:
                 if compacting and job.plan is not None:  # its compaction_start was broadcast
+                    self._end_span(job, error=f"the compaction was interrupted: {why}", reason="interrupted")
                     self.emit(
                         ev.CompactionFailed,
                         error=f"the compaction was interrupted: {why}",
@@ -324,6 +326,7 @@ class Compactor(SessionActor):
         self.emit(
             ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before
         )
+        self._start_span(job, trigger, len(messages), tokens_before)
         job.plan = plan
         job.answers = [None] * len(plan.requests)
         job.outstanding = len(plan.requests)
@@ -358,13 +361,19 @@ class Compactor(SessionActor):
             transport=self.spec.config.gateway.transport,
         )
         me = self.actor_ref
-        job.calls.append(
-            self.services.gateway.complete(
-                request,
-                lambda result: me.tell(_SummaryDone(job.id, index, result)),
-                on_retry=retry_reporter(self.publish, self.session_id, None),  # retries are events too
-            )
-        )
+
+        def deliver(result: Any) -> None:
+            me.tell(_SummaryDone(job.id, index, result))
+
+        on_result: Callable[[Any], None] = deliver
+        on_retry: Callable[[Any], None] = retry_reporter(self.publish, self.session_id, None)  # events too
+        tracing = self.services.tracing
+        if tracing is not None:  # a compaction's summary, or a tool archive's (under the running turn)
+            parent = job.span if job.span is not None else tracing.turn_span(self.session_id)
+            purpose = "summary" if job.span is not None else "tool_summary"
+            chat = tracing.start_chat(parent, self.session_id, request, purpose=purpose)
+            on_result, on_retry = tracing.watch_chat(chat, on_result, on_retry)
+        job.calls.append(self.services.gateway.complete(request, on_result, on_retry=on_retry))
 
     def _on_summary(self, done: _SummaryDone) -> None:
         job = self._active
@@ -422,6 +431,13 @@ class Compactor(SessionActor):
             if job.view.dead is not None:  # a manual compaction brought a dead session back
                 self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, ""))
             self.refs.require("usage").tell(ut.Reset(context_tokens=tokens_after))
+            self._end_span(
+                job,
+                messages_after=len(outcome.messages),
+                tokens_after=tokens_after,
+                summary_chars=len(summary.text),
+                fallback=outcome.fallback,
+            )
             self.emit(
                 ev.CompactionEnd,
                 trigger=trigger,
@@ -464,6 +480,9 @@ class Compactor(SessionActor):
         *,
         dead: bool = False,
     ) -> None:
+        if job.span is None:  # it failed before it started (nothing to compact): a span says so all the same
+            self._start_span(job, trigger, len(job.view.messages) if job.view is not None else 0, tokens)
+        self._end_span(job, error=message, reason=reason)
         self.emit(
             ev.CompactionFailed,
             error=message,
@@ -483,6 +502,23 @@ class Compactor(SessionActor):
                 message=message,
             ),
         )
+
+    def _start_span(self, job: _Job, trigger: CompactionTrigger, messages: int, tokens: int) -> None:
+        tracing = self.services.tracing
+        if tracing is not None:
+            job.span = tracing.start_compaction(
+                self.session_id,
+                trigger=trigger,
+                mode=self.cfg.mode,
+                messages_before=messages,
+                tokens_before=tokens,
+            )
+
+    def _end_span(self, job: _Job, **outcome: Any) -> None:
+        span, job.span = job.span, None
+        tracing = self.services.tracing
+        if span is not None and tracing is not None:
+            tracing.end_compaction(span, **outcome)
 
     def _next_artifact_number(self) -> int:
         """The next compaction number for artifact names. Numbers continue from the artifacts on disk across

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
     from runtime.gateway import Gateway
+    from runtime.observability.tracing import Tracing
     from runtime.store.sessions import SessionDirectory
     from runtime.store.writer import LogWriter
     from runtime.tools.executor import ToolExecutor
@@ -53,6 +54,7 @@ class Services:
     writer: LogWriter
     directory: SessionDirectory
     approvals: ApprovalBroker
+    tracing: Tracing | None = None  # OpenTelemetry spans (SPEC 7.5); None: the runtime does not trace
 
 
 @dataclass

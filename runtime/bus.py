@@ -107,6 +107,7 @@ class Subscription:
             lost = self._lost = {}
         lost[old.session_id] = lost.get(old.session_id, 0) + 1
         self.dropped += 1
+        self._bus.dropped += 1
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -306,6 +307,8 @@ class EventBus:
         self._by_session: dict[str, tuple[Subscription, ...]] = {}
         self._tags: dict[type, str] = {}
         self._parents: dict[str, tuple[str, str]] = {}  # sub-agent session -> (parent, call id)
+        self.dropped = 0
+        """Events lost by subscribers that fell behind, all of them together, since the bus was made."""
 
     def publish(self, event: E) -> E:
         """Stamp ``event`` with its session's next ``seq`` (from 1) and ``ts`` (now, unless already set),

@@ -162,6 +162,7 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     workspace_root: str | None = None
     allow_shell: bool = False
     allow_api_base: bool = False
+    metrics_public: bool = False  # GET /metrics without the bearer token (a scraper on a trusted network)
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -213,6 +214,15 @@ class SubagentsConfig(_Section, frozen=True, forbid_unknown_fields=True):
     timeout: Seconds = 1_800.0  # the most one delegation may take, its child's whole turn
 
 
+class TelemetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """OpenTelemetry spans (SPEC 7.5; see ``runtime.observability``)."""
+
+    # auto: trace when an OpenTelemetry SDK's tracer provider is set when the runtime starts; on: always, on
+    # the global provider; off: never
+    tracing: Literal["auto", "on", "off"] = "auto"
+    record_content: bool = False  # prompts, completions, tool arguments and results on spans (opt-in)
+
+
 class Config(_Section, frozen=True, forbid_unknown_fields=True):
     compaction: CompactionConfig = msgspec.field(default_factory=CompactionConfig)
     tool_output: ToolOutputConfig = msgspec.field(default_factory=ToolOutputConfig)
@@ -226,6 +236,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
     subagents: SubagentsConfig = msgspec.field(default_factory=SubagentsConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     agents: dict[str, AgentProfile] = msgspec.field(default_factory=dict)
 
     @property

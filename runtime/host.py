@@ -56,7 +56,10 @@ class Runtime:
         config_path: str | os.PathLike[str] | None = None,
         approval: Callable[[str, Any], bool | str] | None = None,
         agents: Mapping[str, Any] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
+        """``tracer_provider``: an OpenTelemetry ``TracerProvider`` for the runtime's spans (SPEC 7.5); without
+        one, the global provider is used when an SDK set it (``telemetry.tracing``)."""
         from runtime.subagents import Delegations, parse_profiles
 
         cfg = config if config is not None else load_config(config_path)
@@ -74,6 +77,8 @@ class Runtime:
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
         self._counters: dict[tuple[str, Any], Any] = {}
         self._windows: dict[str, int] = {}
+        self._tracer_provider = tracer_provider
+        self._metrics: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -100,6 +105,7 @@ class Runtime:
         from runtime.approval import ApprovalBroker
         from runtime.bus import EventBus
         from runtime.gateway import Gateway, IoLoop
+        from runtime.observability import tracing_for
         from runtime.registry import SessionRegistry
         from runtime.store.sessions import SessionDirectory
         from runtime.store.transcript import TranscriptWriter
@@ -132,7 +138,10 @@ class Runtime:
             writer=writer,
             directory=directory,
             approvals=ApprovalBroker(self.bus.publish),
+            tracing=tracing_for(cfg.telemetry, self._tracer_provider),
         )
+        if self.services.tracing is not None:
+            self.services.tracing.parent_of = self.bus.parent_of  # a sub-agent's turn: under its tool call
         self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
         self._sessions = SessionRegistry()
         self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
@@ -161,6 +170,9 @@ class Runtime:
                 return
             self._started = False
             self._stopping.set()
+            if self._metrics is not None:
+                self._metrics.close()
+                self._metrics = None
             if self._reaper is not None:
                 self._reaper.join()
             for session in list(self._sessions.values()):
@@ -177,6 +189,18 @@ class Runtime:
 
     def __enter__(self) -> Runtime:
         return self.start()
+
+    def metrics(self) -> Any:
+        """The runtime's Prometheus metrics (a :class:`~runtime.observability.metrics.RuntimeMetrics`): a
+        collector with its own ``registry``, counting from the first call (``agentcell serve`` makes it at
+        start). Needs the ``prometheus-client`` package."""
+        from runtime.observability.metrics import RuntimeMetrics
+
+        with self._lock:
+            self._require_started()
+            if self._metrics is None:
+                self._metrics = RuntimeMetrics(self)
+            return self._metrics
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

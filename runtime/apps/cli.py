@@ -58,6 +58,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         workspace_root=args.workspace_root,
         allow_shell=True if args.allow_shell else None,
         allow_api_base=True if args.allow_api_base else None,
+        metrics_public=True if args.metrics_public else None,
         shards=args.shards,
         ray_address=args.ray_address,
     )
@@ -195,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let a session name an api_base without its own api_key: the server's provider keys then go to "
         "that URL (server.allow_api_base)",
+    )
+    serve.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve GET /metrics (Prometheus) without the bearer token (server.metrics_public)",
     )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")

@@ -32,6 +32,8 @@ workspace, config and endpoint pass the same policy.
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
     GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
     GET    /overview                     every hosted session at a glance (the dashboard's table)
+    GET    /metrics                      Prometheus metrics (runtime/observability/metrics.py); without
+                                         the token too with server.metrics_public (--metrics-public)
     GET    /                             the live dashboard (runtime/apps/dashboard): its files need no token
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
@@ -325,12 +327,13 @@ def create_app(
     stopping: Callable[[], bool] | None = None,
     policy: ServerPolicy | None = None,
     max_body_bytes: int | None = None,
+    metrics_public: bool | None = None,
 ) -> Any:
     """The Starlette application serving ``runtime`` (a ``Runtime`` or a ``ClusterRuntime``); every route
-    requires ``token``.
+    requires ``token`` (``/metrics`` too, unless ``metrics_public``).
 
-    ``stopping`` tells open event streams to end (the server is shutting down). ``policy`` and
-    ``max_body_bytes`` default to the runtime's ``server.*`` settings.
+    ``stopping`` tells open event streams to end (the server is shutting down). ``policy``,
+    ``max_body_bytes`` and ``metrics_public`` default to the runtime's ``server.*`` settings.
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -338,11 +341,16 @@ def create_app(
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    from runtime.observability.metrics import metrics_for
+
     if not token:
         raise ValueError("the server needs a bearer token")
     is_stopping = stopping or (lambda: False)
     policy = policy if policy is not None else ServerPolicy.from_config(runtime.config.server)
     limit = max_body_bytes if max_body_bytes is not None else runtime.config.server.max_body_bytes
+    if metrics_public is None:
+        metrics_public = runtime.config.server.metrics_public
+    metrics, metrics_missing = metrics_for(runtime)  # counting from now on
     Handler = Callable[[Request], Awaitable[Any]]
 
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -526,6 +534,12 @@ def create_app(
     async def overview(request: Request) -> Any:
         return await asyncio.to_thread(board.snapshot)
 
+    async def metrics_text(request: Request) -> Any:
+        if metrics is None:
+            raise HttpError(503, metrics_missing or "metrics are unavailable")
+        body, content_type = await asyncio.to_thread(metrics.exposition)
+        return Response(body, media_type=content_type)
+
     async def events(request: Request) -> Response:
         params = request.query_params
         sessions: list[str] | None = None
@@ -569,6 +583,7 @@ def create_app(
         Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
         Route("/events", endpoint(events), methods=["GET"]),
         Route("/overview", endpoint(overview), methods=["GET"]),
+        Route("/metrics", endpoint(metrics_text), methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -577,18 +592,21 @@ def create_app(
         return error(exc.status_code, message, dict(exc.headers or {}))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token))
+    public = frozenset({"/metrics"}) if metrics_public else frozenset()
+    return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
 
 
 class _BearerAuth:
-    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>`` (401 otherwise)."""
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>`` (401 otherwise), except
+    GET requests for the ``public`` paths."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, token: str, *, public: frozenset[str] = frozenset()) -> None:
         self.app = app
         self._expected = token.encode()
+        self._public = public
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not (scope["method"] == "GET" and scope["path"] in self._public):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, credentials = given.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
             valid = hmac.compare_digest(credentials, self._expected)  # (compared whatever the scheme)
@@ -727,6 +745,7 @@ class ApiServer:
         *,
         policy: ServerPolicy | None = None,
         max_body_bytes: int | None = None,
+        metrics_public: bool | None = None,
     ) -> None:
         import uvicorn
 
@@ -748,6 +767,7 @@ class ApiServer:
                 stopping=lambda: self._server.should_exit,
                 policy=policy,
                 max_body_bytes=max_body_bytes,
+                metrics_public=metrics_public,
             ),
             log_config=None,
             log_level="warning",
@@ -808,6 +828,7 @@ def run_server(
     workspace_root: str | None = None,
     allow_shell: bool | None = None,
     allow_api_base: bool | None = None,
+    metrics_public: bool | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
 ) -> int:
@@ -831,6 +852,8 @@ def run_server(
         overrides["server.allow_shell"] = allow_shell
     if allow_api_base is not None:
         overrides["server.allow_api_base"] = allow_api_base
+    if metrics_public is not None:
+        overrides["server.metrics_public"] = metrics_public
     try:
         cfg = load_config(config_path).with_overrides(overrides)
         policy = ServerPolicy.from_config(cfg.server)
@@ -864,7 +887,8 @@ def run_server(
         print(
             f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
             f"shell {'allowed' if policy.allow_shell else 'off'}; "
-            f"api_base {'allowed' if policy.allow_api_base else 'only with its own api_key'})",
+            f"api_base {'allowed' if policy.allow_api_base else 'only with its own api_key'}; "
+            f"/metrics {'public' if cfg.server.metrics_public else 'with the token'})",
             file=sys.stderr,
             flush=True,
         )

@@ -1,0 +1,287 @@
+"""Prometheus metrics of a runtime (SPEC 7.5), derived from its event bus.
+
+:class:`RuntimeMetrics` subscribes once to every session's events of the types it counts (no deltas) and
+turns them into counters, gauges and histograms. Nothing on the runtime's hot path calls it: publishing an
+event appends it to the subscription's queue as for any subscriber, and the queue is drained in batches,
+once a second by a thread of its own and at every scrape (so a scrape sees every event published before
+it). Durations come from the events' own timestamps, so a batch drained late measures the same.
+
+The metrics (``agentcell_`` prefix)::
+
+    sessions_hosted                 gauge      sessions the runtime hosts (awake or hibernated)
+    sessions_running                gauge      sessions with a turn in progress
+    turns_total{status}             counter    finished turns: ok, aborted, error
+    turn_duration_seconds           histogram  agent_start to agent_end
+    provider_calls_total{model, outcome}  counter  a turn's provider calls: ok, overflow, cancelled, or
+                                               the error kind (rate_limit, transient, timeout, auth, ...)
+    provider_call_duration_seconds  histogram  request_start to the call's end, its retries included
+    provider_retries_total          counter    failed attempts that were retried (summarizer calls too)
+    tokens_total{model, type}       counter    input, output, cache_read, cache_write, reasoning
+    cost_usd_total{model}           counter    where litellm knows the model's prices
+    compactions_total{trigger, result}   counter    compacted or failed, by trigger
+    overflow_recoveries_total{trigger, result}  counter  compactions after an overflow (trigger overflow)
+                                               or a silent one (usage_overflow)
+    tool_calls_total{outcome}       counter    ok or error
+    tool_call_duration_seconds      histogram
+    event_bus_dropped_events_total  counter    events lost by subscribers that fell behind (all of them)
+
+``RuntimeMetrics`` is a collector: ``metrics.registry`` holds it alone (``prometheus_client.generate_latest
+(metrics.registry)``), and it can be registered in another registry too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from runtime import events as ev
+
+__all__ = ["EVENT_TYPES", "RuntimeMetrics", "metrics_for"]
+
+log = logging.getLogger("agentcell.metrics")
+
+EVENT_TYPES = frozenset(
+    {
+        "agent_start",
+        "agent_end",
+        "agent_abort",
+        "request_start",
+        "turn_end",
+        "error",
+        "provider_retry",
+        "compaction_start",
+        "compaction_end",
+        "compaction_failed",
+        "tool_execution_end",
+        "session_stopped",
+    }
+)
+"""The event types the metrics are made from."""
+
+TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
+_OVERFLOW_TRIGGERS = ("overflow", "usage_overflow")
+
+
+def _load() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise RuntimeError(
+            "metrics need the prometheus-client package: pip install prometheus-client"
+        ) from None
+    return prometheus_client
+
+
+class RuntimeMetrics:
+    """The Prometheus metrics of ``runtime`` (a ``Runtime`` or a ``ClusterRuntime``), counted from now on.
+
+    ``interval``: seconds between background drains of the event queue. ``queue_size``: the subscription's
+    bound; events beyond it between two drains are lost to the metrics (and counted as dropped).
+    """
+
+    def __init__(self, runtime: Any, *, interval: float = 1.0, queue_size: int = 100_000) -> None:
+        prom = _load()
+        self._prom = prom
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._turns: dict[str, float] = {}  # session id -> its running turn's start time
+        self._requests: dict[str, tuple[float, str]] = {}  # session id -> its open provider call
+        self._lost = 0  # events this subscription lost (a runtime without a local bus reports these)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return prom.Counter(f"agentcell_{name}", doc, labels, registry=None)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return prom.Histogram(f"agentcell_{name}", doc, buckets=buckets, registry=None)
+
+        self.turns = counter("turns", "Finished turns, by status (ok, aborted, error).", ("status",))
+        self.turn_duration = histogram(
+            "turn_duration_seconds", "Turn duration (agent_start to agent_end).", TURN_BUCKETS
+        )
+        self.provider_calls = counter(
+            "provider_calls",
+            "Provider calls of turns, by model and outcome (ok, overflow, cancelled, or the error kind).",
+            ("model", "outcome"),
+        )
+        self.provider_call_duration = histogram(
+            "provider_call_duration_seconds", "Provider call duration, retries included.", CALL_BUCKETS
+        )
+        self.provider_retries = counter("provider_retries", "Failed provider attempts that were retried.")
+        self.tokens = counter(
+            "tokens",
+            "Tokens of provider responses, by model and type (input, output, cache_read, cache_write, reasoning).",
+            ("model", "type"),
+        )
+        self.cost = counter(
+            "cost_usd", "Cost of provider calls in USD, where the model's prices are known.", ("model",)
+        )
+        self.compactions = counter(
+            "compactions", "Compactions by trigger and result (compacted, failed).", ("trigger", "result")
+        )
+        self.overflow_recoveries = counter(
+            "overflow_recoveries",
+            "Compactions that recover from a context overflow (trigger overflow) or a silent one "
+            "(usage_overflow), by result.",
+            ("trigger", "result"),
+        )
+        self.tool_calls = counter("tool_calls", "Tool calls by outcome (ok, error).", ("outcome",))
+        self.tool_duration = histogram("tool_call_duration_seconds", "Tool call duration.", TOOL_BUCKETS)
+        self._families = (
+            self.turns,
+            self.turn_duration,
+            self.provider_calls,
+            self.provider_call_duration,
+            self.provider_retries,
+            self.tokens,
+            self.cost,
+            self.compactions,
+            self.overflow_recoveries,
+            self.tool_calls,
+            self.tool_duration,
+        )
+        self._subscription = runtime.subscribe("*", EVENT_TYPES, queue_size=queue_size)
+        self.registry = prom.CollectorRegistry()
+        self.registry.register(self)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._drain_every, args=(interval,), name="agentcell-metrics", daemon=True
+        )
+        self._thread.start()
+
+    # -- prometheus_client's collector protocol --------------------------------------------------------
+    def collect(self) -> Iterator[Any]:
+        """Every metric, after the events published so far have been counted."""
+        self.drain()
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        hosted = getattr(self._runtime, "hosted_sessions", None)
+        try:
+            count = len(hosted()) if hosted is not None and self._runtime.running else 0
+        except Exception:  # a stopping runtime: no sessions to report
+            count = 0
+        yield GaugeMetricFamily(
+            "agentcell_sessions_hosted", "Sessions the runtime hosts (awake or hibernated).", value=count
+        )
+        with self._lock:
+            running = len(self._turns)
+            lost = self._lost
+        yield GaugeMetricFamily(
+            "agentcell_sessions_running", "Sessions with a turn in progress.", value=running
+        )
+        bus = getattr(self._runtime, "bus", None)
+        dropped = bus.dropped if bus is not None and hasattr(bus, "dropped") else lost
+        yield CounterMetricFamily(
+            "agentcell_event_bus_dropped_events",
+            "Events lost by event-bus subscribers that fell behind (all subscribers).",
+            value=dropped,
+        )
+        for family in self._families:
+            yield from family.collect()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The metrics in Prometheus' text format, and its content type."""
+        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        """Stop counting: the subscription is closed and the drain thread ends."""
+        self._stop.set()
+        self._subscription.close()
+
+    # -- counting --------------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Count every event queued so far."""
+        with self._lock:
+            for event in self._subscription.drain():
+                try:
+                    self._count(event)
+                except Exception:  # a metric must never stop the counting of the rest
+                    log.exception("metrics: could not count a %s event", event.type)
+
+    def _drain_every(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.drain()
+
+    def _count(self, event: ev.Event) -> None:
+        sid = event.session_id
+        match event:
+            case ev.RequestStart(model=model):
+                self._requests[sid] = (event.ts, model)
+            case ev.TurnEnd(usage=usage):
+                model = self._end_request(sid, event.ts, "ok")
+                self._count_usage(model, usage)
+            case ev.Error(code=code):
+                outcome = code.removeprefix("provider_") if code.startswith("provider_") else "error"
+                self._end_request(sid, event.ts, "overflow" if "overflow" in code else outcome)
+            case ev.AgentAbort():
+                self._end_request(sid, event.ts, "cancelled")
+            case ev.AgentStart():
+                self._turns[sid] = event.ts
+            case ev.AgentEnd(status=status):
+                self._end_request(sid, event.ts, "cancelled" if status == "aborted" else "error")
+                started = self._turns.pop(sid, None)
+                self.turns.labels(status).inc()
+                if started is not None:
+                    self.turn_duration.observe(max(0.0, event.ts - started))
+            case ev.ProviderRetry():
+                self.provider_retries.inc()
+            case ev.CompactionStart(trigger=trigger) if trigger == "overflow":
+                self._end_request(sid, event.ts, "overflow")  # a call that overflowed: recovery starts
+            case ev.CompactionEnd(trigger=trigger):
+                self._compaction(trigger, "compacted")
+            case ev.CompactionFailed(trigger=trigger):
+                if trigger == "overflow":
+                    self._end_request(sid, event.ts, "overflow")
+                self._compaction(trigger or "unknown", "failed")
+            case ev.ToolExecutionEnd(is_error=is_error, duration=duration):
+                self.tool_calls.labels("error" if is_error else "ok").inc()
+                self.tool_duration.observe(duration)
+            case ev.SessionStopped():
+                self._turns.pop(sid, None)
+                self._requests.pop(sid, None)
+            case ev.SubscriberLagged(dropped=dropped):
+                self._lost += dropped
+
+    def _end_request(self, sid: str, ts: float, outcome: str) -> str:
+        """Count the session's open provider call (if any) with ``outcome``; its model ('' if none)."""
+        open_call = self._requests.pop(sid, None)
+        if open_call is None:
+            return ""
+        started, model = open_call
+        self.provider_calls.labels(model, outcome).inc()
+        self.provider_call_duration.observe(max(0.0, ts - started))
+        return model
+
+    def _count_usage(self, model: str, usage: Any) -> None:
+        for kind, value in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_tokens),
+            ("cache_write", usage.cache_write_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ):
+            if value:
+                self.tokens.labels(model, kind).inc(value)
+        if usage.cost:
+            self.cost.labels(model).inc(usage.cost)
+
+    def _compaction(self, trigger: str, result: str) -> None:
+        self.compactions.labels(trigger, result).inc()
+        if trigger in _OVERFLOW_TRIGGERS:
+            self.overflow_recoveries.labels(trigger, result).inc()
+
+
+def metrics_for(runtime: Any) -> tuple[RuntimeMetrics | None, str | None]:
+    """The metrics a server exposes for ``runtime`` (its own ``metrics()`` where it has one), or None and
+    why not (``prometheus-client`` is missing)."""
+    try:
+        own = getattr(runtime, "metrics", None)
+        return (own() if own is not None else RuntimeMetrics(runtime)), None
+    except RuntimeError as exc:
+        if "prometheus-client" not in str(exc):
+            raise
+        log.warning("GET /metrics is unavailable: %s", exc)
+        return None, str(exc)
