@@ -411,8 +411,10 @@ class OnRuntime:
         thread_per_actor: bool = False,
         overrides: dict[str, Any] | None = None,
         transport: str = "litellm",
+        tracer_provider: Any = None,
     ) -> None:
         self.work = work
+        self.tracer_provider = tracer_provider  # an OpenTelemetry TracerProvider for the runtime's spans
         self.url = url
         self.subscribers = subscribers
         self.thread_per_actor = thread_per_actor
@@ -472,9 +474,11 @@ class OnRuntime:
         if self.thread_per_actor:
             overrides["runtime.dispatcher_threads"] = ACTORS_PER_SESSION * (self.work.sessions + warmup)
         self.folder = tempfile.mkdtemp(prefix="agentcell-bench-throughput-")
-        folder = self.folder
+        folder, tracer_provider = self.folder, self.tracer_provider
         self.rt = await asyncio.to_thread(
-            lambda: runtime.Runtime(Config().with_overrides(overrides), sessions_dir=folder).start()
+            lambda: runtime.Runtime(
+                Config().with_overrides(overrides), sessions_dir=folder, tracer_provider=tracer_provider
+            ).start()
         )
         warm = await asyncio.to_thread(self._start, min(warmup, self.work.sessions))
         await self._drive(warm, 1, [])

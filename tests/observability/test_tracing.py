@@ -80,7 +80,13 @@ def test_a_tool_turn_is_one_invoke_agent_span_over_chat_tools_chat(
     assert turn.status.status_code is not StatusCode.ERROR
 
     kids = children(spans, turn)
-    assert [s.name.split(" ")[0] for s in kids] == ["chat", "execute_tool", "execute_tool", "execute_tool", "chat"]
+    assert [s.name.split(" ")[0] for s in kids] == [
+        "chat",
+        "execute_tool",
+        "execute_tool",
+        "execute_tool",
+        "chat",
+    ]
     assert len(spans) == 6, [s.name for s in spans]  # nothing else, nothing orphaned
     assert {s.context.trace_id for s in spans} == {turn.context.trace_id}
 
