@@ -341,7 +341,7 @@ def create_app(
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from runtime.observability.metrics import metrics_for
+    from runtime.observability.metrics import MetricsUnavailable, ServedMetrics
 
     if not token:
         raise ValueError("the server needs a bearer token")
@@ -350,7 +350,7 @@ def create_app(
     limit = max_body_bytes if max_body_bytes is not None else runtime.config.server.max_body_bytes
     if metrics_public is None:
         metrics_public = runtime.config.server.metrics_public
-    metrics, metrics_missing = metrics_for(runtime)  # counting from now on
+    metrics = ServedMetrics(runtime)  # counting from now on
     Handler = Callable[[Request], Awaitable[Any]]
 
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -535,9 +535,10 @@ def create_app(
         return await asyncio.to_thread(board.snapshot)
 
     async def metrics_text(request: Request) -> Any:
-        if metrics is None:
-            raise HttpError(503, metrics_missing or "metrics are unavailable")
-        body, content_type = await asyncio.to_thread(metrics.exposition)
+        try:
+            body, content_type = await asyncio.to_thread(metrics.exposition)
+        except MetricsUnavailable as exc:
+            raise HttpError(503, str(exc)) from None
         return Response(body, media_type=content_type)
 
     async def events(request: Request) -> Response:

@@ -38,7 +38,7 @@ from typing import Any
 
 from runtime import events as ev
 
-__all__ = ["EVENT_TYPES", "RuntimeMetrics", "metrics_for"]
+__all__ = ["EVENT_TYPES", "MetricsUnavailable", "RuntimeMetrics", "ServedMetrics"]
 
 log = logging.getLogger("agentcell.metrics")
 
@@ -160,7 +160,7 @@ class RuntimeMetrics:
 
         hosted = getattr(self._runtime, "hosted_sessions", None)
         try:
-            count = len(hosted()) if hosted is not None and self._runtime.running else 0
+            count = len(hosted()) if hosted is not None and getattr(self._runtime, "running", True) else 0
         except Exception:  # a stopping runtime: no sessions to report
             count = 0
         yield GaugeMetricFamily(
@@ -204,6 +204,8 @@ class RuntimeMetrics:
     def _drain_every(self, interval: float) -> None:
         while not self._stop.wait(interval):
             self.drain()
+            if self._subscription.closed and not self._subscription.pending:  # the runtime stopped
+                return
 
     def _count(self, event: ev.Event) -> None:
         sid = event.session_id
@@ -274,14 +276,35 @@ class RuntimeMetrics:
             self.overflow_recoveries.labels(trigger, result).inc()
 
 
-def metrics_for(runtime: Any) -> tuple[RuntimeMetrics | None, str | None]:
-    """The metrics a server exposes for ``runtime`` (its own ``metrics()`` where it has one), or None and
-    why not (``prometheus-client`` is missing)."""
-    try:
-        own = getattr(runtime, "metrics", None)
-        return (own() if own is not None else RuntimeMetrics(runtime)), None
-    except RuntimeError as exc:
-        if "prometheus-client" not in str(exc):
-            raise
-        log.warning("GET /metrics is unavailable: %s", exc)
-        return None, str(exc)
+class MetricsUnavailable(RuntimeError):
+    """The metrics cannot be had: ``prometheus-client`` is missing, or the runtime is not running."""
+
+
+class ServedMetrics:
+    """The metrics a server exposes for ``runtime`` (its own ``metrics()`` where it has one): made with the
+    server, so they count from its start, or else at the first scrape that can have them."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+        self._metrics: RuntimeMetrics | None = None
+        self._why = "metrics are unavailable"
+        self._lock = threading.Lock()
+        self._make()
+
+    def _make(self) -> RuntimeMetrics | None:
+        with self._lock:
+            if self._metrics is None:
+                try:
+                    own = getattr(self._runtime, "metrics", None)
+                    self._metrics = own() if own is not None else RuntimeMetrics(self._runtime)
+                except RuntimeError as exc:  # no prometheus-client, or a runtime not (yet) running
+                    self._why = str(exc) or type(exc).__name__
+                    log.warning("GET /metrics is unavailable for now: %s", self._why)
+            return self._metrics
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The metrics in Prometheus' text format and its content type; :class:`MetricsUnavailable` if none."""
+        metrics = self._metrics or self._make()
+        if metrics is None:
+            raise MetricsUnavailable(self._why)
+        return metrics.exposition()

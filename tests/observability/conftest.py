@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,14 @@ class Traced:
         self.exporter = exporter
         self.provider = provider
         self.recorder = recorder
+        self.ended = threading.Condition()
+
+    def wait_for(self, predicate: Callable[[list[Any]], bool], timeout: float = 30.0) -> list[Any]:
+        """The finished spans, once ``predicate`` holds for them (woken by each span that ends)."""
+        with self.ended:
+            if not self.ended.wait_for(lambda: predicate(self.spans()), timeout):
+                raise AssertionError(f"spans: {[s.name for s in self.spans()]}")
+        return self.spans()
 
     def spans(self) -> list[Any]:
         self.provider.force_flush()
@@ -40,10 +49,24 @@ def traced(sessions_dir: Path) -> Iterator[Callable[..., Traced]]:
 
     made: list[tuple[Any, Any]] = []
 
+    class Notify(SimpleSpanProcessor):
+        """Exports each span as it ends, then wakes whoever waits for spans."""
+
+        def __init__(self, exporter: Any) -> None:
+            super().__init__(exporter)
+            self.traced: Traced | None = None
+
+        def on_end(self, span: Any) -> None:
+            super().on_end(span)
+            if self.traced is not None:
+                with self.traced.ended:
+                    self.traced.ended.notify_all()
+
     def make(record_content: bool = False, **config: Any) -> Traced:
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        processor = Notify(exporter)
+        provider.add_span_processor(processor)
         cfg = Config().with_overrides(
             {
                 "retry.base_delay": 0.01,
@@ -56,7 +79,8 @@ def traced(sessions_dir: Path) -> Iterator[Callable[..., Traced]]:
         recorder = Recorder()
         sub = rt.subscribe(callback=recorder)
         made.append((rt, sub))
-        return Traced(rt, exporter, provider, recorder)
+        processor.traced = Traced(rt, exporter, provider, recorder)
+        return processor.traced
 
     yield make
     for rt, sub in made:

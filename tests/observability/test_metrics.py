@@ -191,6 +191,26 @@ def test_metrics_need_the_token_unless_public(rt: Any) -> None:
         assert httpx.post(f"{server.url}/metrics", timeout=30).status_code == 401
 
 
+def test_without_prometheus_client_metrics_say_what_to_install(
+    rt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client fails
+    with pytest.raises(RuntimeError, match="pip install prometheus-client"):
+        rt.metrics()
+    with ApiServer(rt, TOKEN) as server:
+        response = httpx.get(
+            f"{server.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        )
+        assert response.status_code == 503
+        assert "pip install prometheus-client" in response.json()["error"]
+        assert (
+            httpx.get(f"{server.url}/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code
+            == 200
+        )
+
+
 def test_embedders_get_one_collector_and_registry(rt: Any, provider: Any) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 

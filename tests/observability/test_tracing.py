@@ -249,3 +249,52 @@ def test_tracing_on_uses_the_global_provider_even_before_an_sdk_is_set() -> None
 
     assert tracing_for(TelemetryConfig(tracing="on")) is not None
     assert tracing_for(TelemetryConfig(tracing="off"), provider=object()) is None
+
+
+def test_a_sub_agent_turn_is_a_child_of_the_delegating_tool_call(
+    traced: Callable[..., Traced], provider: Any
+) -> None:
+    import json
+
+    tr = traced()
+    provider.add_script("otel-child", [Turn(text="The answer is 42.")])
+    delegation = ToolCallSpec(
+        name="agent", arguments=json.dumps({"profile": "researcher", "task": "Find it."}), id="call_d1"
+    )
+    provider.add_script("otel-parent", [Turn(tool_calls=(delegation,)), Turn(text="It is 42.")])
+    agents = {"researcher": {"description": "finds", "model": "openai/otel-child", "tools": "none"}}
+    parent = tr.rt.start_session(
+        model="openai/otel-parent", api_base=provider.url, api_key="sk-local", agents=agents
+    )
+    assert tr.rt.prompt(parent, "What is the answer?").result(timeout=60).text == "It is 42."
+    spans = tr.spans()
+    (root,) = [s for s in spans if s.parent is None]
+    (tool,) = tr.named("execute_tool agent")
+    assert tool.parent.span_id == root.context.span_id
+    (child_turn,) = children(spans, tool)
+    assert child_turn.name == "invoke_agent agentcell"
+    assert child_turn.attributes["agentcell.session.id"] not in (parent, "")
+    assert [s.name for s in children(spans, child_turn)] == ["chat openai/otel-child"]
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}  # one trace for the whole
+
+
+def test_an_aborted_turn_ends_its_spans_as_aborted_and_cancelled(
+    traced: Callable[..., Traced], provider: Any
+) -> None:
+    tr = traced()
+    provider.add_script("otel-hang", [Turn(fault=Fault(kind="hang"))])
+    sid = tr.rt.start_session(model="openai/otel-hang", api_base=provider.url, api_key="sk-local")
+    handle = tr.rt.prompt(sid, "hello")
+    tr.recorder.wait_type("request_start", timeout=30)
+    assert tr.rt.abort(sid).result(timeout=30)
+    assert handle.result(timeout=30).status == "aborted"
+    tr.recorder.wait_type("agent_end", timeout=30)
+    (turn,) = tr.named("invoke_agent")
+    assert turn.attributes["agentcell.turn.status"] == "aborted"
+    assert turn.status.status_code is not StatusCode.ERROR
+    # the cancelled call's result comes back from the gateway's loop, and ends its span there
+    spans = tr.wait_for(lambda spans: any(s.name.startswith("chat") for s in spans))
+    (chat,) = [s for s in spans if s.name.startswith("chat")]
+    assert chat.parent.span_id == turn.context.span_id
+    assert chat.attributes["error.type"] == "cancelled"
+    assert chat.status.status_code is not StatusCode.ERROR
