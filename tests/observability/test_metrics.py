@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime.apps.server import ApiServer
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from runtime.server import ApiServer
 from tests.conftest import Recorder
 
 TOKEN = "metrics-test-token"
