@@ -28,6 +28,7 @@ _STOP_REASONS: Final[dict[str, StopReason]] = {
     "tool_use": "tool_calls",
     "length": "length",
     "max_tokens": "length",
+    "model_context_window_exceeded": "length",  # Anthropic: the output ran into the end of the window
     "content_filter": "content_filter",
 }
 

@@ -660,10 +660,12 @@ def test_reasoning_sent_as_reasoning_is_read_as_reasoning_content(
         assert "".join(d.text for d in rec.deltas if d.kind == "reasoning") == "The capital of France."
 
 
+# Anthropic's model_context_window_exceeded: the output stopped because the window is full.
+@pytest.mark.parametrize("finish_reason", ["length", "max_tokens", "model_context_window_exceeded"])
 def test_a_length_stop_and_its_usage_come_through(
-    transport: str, provider: LocalProvider, gateway: Gateway
+    transport: str, finish_reason: str, provider: LocalProvider, gateway: Gateway
 ) -> None:
-    provider.add_script("long", [Turn(text="cut short", finish_reason="length")])
+    provider.add_script("long", [Turn(text="cut short", finish_reason=finish_reason)])
     result = sync_call(gateway, request(provider, "long", [m.user("go on")], max_tokens=3))
     assert result.message is not None and result.message.stop_reason == "length"
     assert provider.request_log[-1].body["max_tokens"] == 3
