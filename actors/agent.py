@@ -33,6 +33,8 @@ from runtime import events as ev
 from runtime.context import working_set as ws
 from runtime.context.estimate import effective_limit
 from runtime.context.integrity import (
+    CLIENT_CALLS_KEY,
+    awaiting_client,
     interrupted_turn_note,
     repair_tool_calls,
     request_view,
@@ -79,13 +81,45 @@ class IllegalTransition(RuntimeError):
 # -- messages ---------------------------------------------------------------------------------------------
 
 
+class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What a client that keeps part of a turn on its side (the Responses API front door) asks of a run.
+
+    ``client_tools``: function tools the client runs itself (OpenAI ``function`` schemas). The model sees
+    them beside the session's own tools; a step whose calls include them runs the session's own calls,
+    then ends the run with the client's calls pending (:attr:`TurnResult.awaiting`). Their results come
+    back as ``tool`` messages in the next prompt's :attr:`Prompt.lead`, and the thread goes on from them.
+    ``instructions``: this run's system prompt (None: the session's). ``compaction``: False turns automatic
+    compaction off for the run: a context that does not fit is then an error.
+    """
+
+    client_tools: tuple[dict[str, Any], ...] = ()
+    instructions: str | None = None
+    compaction: bool = True
+
+    @property
+    def client_tool_names(self) -> frozenset[str]:
+        return frozenset(str(t.get("function", {}).get("name", "")) for t in self.client_tools)
+
+
 class Prompt(msgspec.Struct, frozen=True):
     """A user message. ``steer``: while a turn runs, apply it at the turn's next step boundary (after the
-    running tools' results) instead of queueing it for the next turn."""
+    running tools' results) instead of queueing it for the next turn.
+
+    ``lead``: messages recorded before ``message``, in order: the history a client sends along, or the
+    results (``tool`` messages) of the client tool calls the previous run stopped for; ``message`` may then
+    be the last of those results. ``options``: see :class:`TurnOptions`.
+    """
 
     message: Message
     handle: PromptHandle
     steer: bool = False
+    lead: tuple[Message, ...] = ()
+    options: TurnOptions | None = None
+
+    @property
+    def inputs(self) -> tuple[Message, ...]:
+        """Everything the prompt records, in order."""
+        return (*self.lead, self.message) if self.lead else (self.message,)
 
 
 class Abort(msgspec.Struct, frozen=True):
@@ -130,12 +164,20 @@ class _Run:
     joined: list[Prompt] = field(default_factory=list)  # steering messages applied to this run
     child_input_tokens: int = 0  # what its sub-agents sent, counted against its spend guard (SPEC 3.10)
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
+    awaiting: tuple[ToolCallPart, ...] = ()  # the client tool calls the run stops for (TurnOptions)
     estimated_tokens: int = 0
     last_message: Message | None = None
     call: Any = None  # runtime.gateway.CallHandle
     tools: Any = None  # runtime.tools.executor.ToolBatchHandle
     started: float = field(default_factory=time.monotonic)
     span: Any = None  # the turn's invoke_agent span, when the runtime traces (SPEC 7.5)
+
+    @property
+    def options(self) -> TurnOptions:
+        return self.prompt.options or _DEFAULT_OPTIONS
+
+
+_DEFAULT_OPTIONS: Final = TurnOptions()
 
 
 @dataclass
@@ -194,7 +236,8 @@ class Agent(SessionActor):
             self._dequeue()
             return
         self.refs.require("usage").tell(ut.Restore(tuple(view.messages)))
-        repairs = repair_tool_calls(view.messages)
+        awaited = awaiting_client(view.messages)  # a run that stopped for the client's tools still waits
+        repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None
         continuing = run is not None and interrupted
@@ -359,32 +402,44 @@ class Agent(SessionActor):
             )
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
         self._enter(AgentState.RUNNING)
-        refusal = self._prompt_refusal(prompt.message)
+        inputs = prompt.inputs
+        results = tuple(m for m in inputs if m.role == "tool")
+        refusal = None if results else self._prompt_refusal(inputs)
         if refusal is not None:
             # Kept on record for the user, hidden from the model, never summarized, never sent (SPEC 5.13).
-            hidden = msgspec.structs.replace(prompt.message, agent_visible=False)
+            hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
             self.call(
                 self.refs.require("store"),
-                st.Append((hidden,)),
+                st.Append(hidden),
                 self._guard(run, lambda _: self._finish("error", refusal, code=ws.PROMPT_TOO_LARGE)),
+            )
+            return
+        if results:
+            # The results of the client's tool calls: a step's results like any other, clipped to fit the
+            # working set, and the thread goes on from them (see TurnOptions).
+            run.step_results = results
+            clipped = {m.id: m for m in self._clip_results(self._working_set_budget(None))}
+            inputs = tuple(clipped.get(m.id, m) for m in inputs)
+            self.call(
+                self.refs.require("store"), st.Append(inputs), self._guard(run, self._after_tool_results)
             )
             return
         self.call(
             self.refs.require("store"),
-            st.Append((prompt.message,), with_view=True),
+            st.Append(inputs, with_view=True),
             self._guard(run, lambda stored: self._before_request(stored.view if stored.ok else None)),
         )
 
-    def _prompt_refusal(self, message: Message) -> str | None:
+    def _prompt_refusal(self, messages: tuple[Message, ...]) -> str | None:
         """Why a prompt cannot be sent at all, or None. A prompt many times the window is refused on its
         length alone: counting 100 MB of text would hold the dispatcher for seconds."""
         limit = effective_limit(self.context_window, self.spec.config.compaction) or self.context_window
         fixed = self.estimate.fixed_tokens
-        chars = len(message.text)
+        chars = sum(len(m.text) for m in messages)
         if chars > _CHARS_PER_TOKEN_CEILING * (limit + 1):
             tokens = chars // 4
         else:
-            tokens = self.counter.count_message(message)
+            tokens = sum(self.counter.count_message(m) for m in messages)
         return ws.prompt_too_large(
             prompt_tokens=tokens, fixed_tokens=fixed, window=self.context_window, limit=limit
         )
@@ -424,11 +479,14 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         cfg = self.spec.config
+        compaction = cfg.compaction
+        if not run.options.compaction and compaction.auto:
+            compaction = msgspec.structs.replace(compaction, auto=False)
         decision = ws.decide_step(
             estimate=estimate,
             message_count=len(context),
             window=self.context_window,
-            config=cfg.compaction,
+            config=compaction,
             pending=self._pending_trigger,
             threshold_used=run.compacted,
             overflow_used=run.overflow_recoveries > 0,
@@ -482,16 +540,19 @@ class Agent(SessionActor):
         from runtime.gateway import CompletionRequest
 
         spec, cfg = self.spec, self.spec.config
+        options = run.options
+        system_prompt = spec.system_prompt if options.instructions is None else options.instructions
         messages: list[Message] = []
-        if spec.system_prompt:
+        if system_prompt:
             from runtime.messages import system
 
-            messages.append(system(spec.system_prompt))
+            messages.append(system(system_prompt))
         messages.extend(view)  # each result right after its call, duplicates dropped
+        tools = spec.tools.schemas() if len(spec.tools) else []
         request = CompletionRequest(
             model=self.model,
             messages=messages,
-            tools=spec.tools.schemas() if len(spec.tools) else [],
+            tools=[*tools, *options.client_tools] if options.client_tools else tools,
             api_base=spec.api_base,
             api_key=spec.api_key,
             max_tokens=cfg.agent.max_output_tokens,
@@ -570,6 +631,12 @@ class Agent(SessionActor):
             self.call(self.refs.require("overflow"), request, self._guard(run, self._on_error_verdict))
             return
         message: Message = result.message
+        client_names = run.options.client_tool_names if run.options.client_tools else frozenset()
+        client_calls = [c.id for c in message.tool_calls if c.name in client_names]
+        if client_calls:  # recorded, so that a restart knows these calls wait for the client's results
+            message = msgspec.structs.replace(
+                message, metadata={**message.metadata, CLIENT_CALLS_KEY: client_calls}
+            )
         run.last_message = message
         if message.usage is not None:
             run.usage = run.usage + message.usage
@@ -606,12 +673,19 @@ class Agent(SessionActor):
                 repair=True,
             )
             return
+        client_ids = message.metadata.get(CLIENT_CALLS_KEY)
+        if client_ids:  # the client runs these: the session's own calls run first, then the run stops
+            run.awaiting = tuple(c for c in calls if c.id in client_ids)
+            calls = tuple(c for c in calls if c.id not in client_ids)
+            if not calls:
+                self._finish("ok")
+                return
         self._run_tools(calls)
 
     def _on_error_verdict(self, verdict: ov.Verdict) -> None:
         run = self.run
         assert run is not None
-        if verdict.action == "compact_and_retry":
+        if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
             self.call(
                 self.refs.require("compactor"),
@@ -645,7 +719,7 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         return prompt_caused_overflow(
-            prompt_tokens=self.counter.count_message(run.prompt.message),
+            prompt_tokens=sum(self.counter.count_message(m) for m in run.prompt.inputs),
             request_tokens=request_tokens,
             answered=run.last_message is not None,
         )
@@ -654,7 +728,7 @@ class Agent(SessionActor):
         """End the run; hide its prompt from the model (it stays on record) so later turns can fit."""
         run = self.run
         assert run is not None
-        hide = st.SetVisibility(message_ids=(run.prompt.message.id,), agent_visible=False)  # the ids only
+        hide = st.SetVisibility(message_ids=tuple(m.id for m in run.prompt.inputs), agent_visible=False)
         self.call(
             self.refs.require("store"),
             hide,
@@ -736,21 +810,26 @@ class Agent(SessionActor):
         self._enter(AgentState.RUNNING)
         run.step_results, run.reclipped = tuple(r.message for r in results), False
         run.child_input_tokens += sum(_child_input_tokens(m) for m in run.step_results)
-        compaction = self.spec.config.compaction
-        budget = ws.working_set_budget(
-            limit=effective_limit(self.context_window, compaction) or self.context_window,
-            fixed_tokens=self.estimate.fixed_tokens,
-            call_tokens=self.counter.count_message(run.last_message) if run.last_message else 0,
-            config=compaction,
-        )
-        messages = self._clip_results(budget)
-        steering, self.steering = self.steering, []
+        messages = self._clip_results(self._working_set_budget(run.last_message))
+        steering: list[Prompt] = []
+        if not run.awaiting:  # (a run that stops for the client's tools leaves steering to the next turn)
+            steering, self.steering = self.steering, []
         if steering:  # the step boundary: the user's steering joins the turn right after the results
             run.joined.extend(steering)
             messages += tuple(msgspec.structs.replace(p.message, kind=KIND_STEER) for p in steering)
         self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
 
     # -- the working set: a step's results clipped to fit (SPEC 5.13) --------------------------------
+    def _working_set_budget(self, call: Message | None) -> int:
+        """The tokens a step's results may take, after the assistant message ``call`` that asked for them."""
+        compaction = self.spec.config.compaction
+        return ws.working_set_budget(
+            limit=effective_limit(self.context_window, compaction) or self.context_window,
+            fixed_tokens=self.estimate.fixed_tokens,
+            call_tokens=self.counter.count_message(call) if call is not None else 0,
+            config=compaction,
+        )
+
     def _clip_results(self, budget: int) -> tuple[Message, ...]:
         """The newest step's results, the largest clipped head and tail (from the tools' own text) so that
         together they take at most ``budget`` tokens. A clipped result's full text is saved beside the
@@ -822,6 +901,9 @@ class Agent(SessionActor):
     def _after_tool_results(self, _: Any) -> None:
         run = self.run
         assert run is not None
+        if run.awaiting:  # the step's own calls are answered; the client's are the client's to answer
+            self._finish("ok")
+            return
         self.call(
             self.refs.require("compactor"), cp.MaybeArchiveTools(), self._guard(run, self._before_request)
         )
@@ -870,8 +952,8 @@ class Agent(SessionActor):
                     ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable
                 )
             if store is not None and not (status == "ok" and run.synced):
-                with contextlib.suppress(pykka.ActorDeadError):
-                    store.tell(st.SyncTurn(ended=status != "ok"))
+                with contextlib.suppress(pykka.ActorDeadError):  # (a run that waits for the client ends
+                    store.tell(st.SyncTurn(ended=status != "ok" or bool(run.awaiting)))  # there too)
             self._enter(AgentState.IDLE, run.turn_id)  # the turn's last event is its agent_end
             self.emit(
                 ev.AgentEnd,
@@ -889,6 +971,7 @@ class Agent(SessionActor):
                     usage=run.usage,
                     steps=run.step,
                     error=error if status != "ok" else None,
+                    awaiting=run.awaiting if status == "ok" else (),
                 )
             )
             for joined in run.joined:  # steering messages share the turn they joined

@@ -9,7 +9,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from runtime.messages import Message, Usage
+from runtime.messages import Message, ToolCallPart, Usage
 
 T = TypeVar("T")
 
@@ -69,6 +69,9 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     steps: int = 0
     error: str | None = None
+    awaiting: tuple[ToolCallPart, ...] = ()
+    """The client tool calls the run stopped for (``TurnOptions.client_tools``): send their results, as
+    ``tool`` messages, to go on."""
 
     @property
     def text(self) -> str:

@@ -606,6 +606,41 @@ class Runtime:
         refs.require("agent").tell(Prompt(user(text, *images), handle, steer=steer))
         return handle
 
+    def send(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        options: Any = None,
+        prompt_id: str | None = None,
+    ) -> PromptHandle:
+        """Run a turn on ``messages``, recorded in order: what a client that keeps its own side of the
+        conversation sends (the Responses API front door). The last is a user message, or a tool result.
+
+        ``messages`` may hold history (user and assistant messages, tool calls and their results) and the
+        results of the client tool calls the previous run stopped for (``tool`` messages answering the calls
+        of :attr:`TurnResult.awaiting`). ``options`` is an :class:`actors.agent.TurnOptions`: client-side
+        tools, this run's instructions, compaction on or off. Queued like :meth:`prompt` while busy.
+        """
+        from actors.agent import Prompt, TurnOptions
+
+        if not messages:
+            raise ValueError("send needs at least one message")
+        for message in messages:
+            if not isinstance(message, Message) or message.role not in ("user", "assistant", "tool"):
+                raise ValueError("send takes user, assistant and tool messages")
+            _require_unicode(message.text, f"the {message.role} message")
+        if messages[-1].role not in ("user", "tool"):
+            raise ValueError("the last message sent must be a user message or a tool result")
+        if options is not None and not isinstance(options, TurnOptions):
+            raise TypeError("options must be an actors.agent.TurnOptions")
+        session = self._session(session_id)
+        handle = PromptHandle(prompt_id or new_id())
+        refs = session.ensure_running()
+        *lead, last = messages
+        refs.require("agent").tell(Prompt(last, handle, lead=tuple(lead), options=options))
+        return handle
+
     def abort(self, session_id: str) -> Handle[bool]:
         """Stop the running turn, repair unanswered tool calls, emit ``agent_abort``. Resolves to whether
         a turn was running."""

@@ -40,6 +40,10 @@ from runtime.messages import (
 
 CURRENT_REQUEST_MARK = f"<{CURRENT_REQUEST_TAG}>"
 
+CLIENT_CALLS_KEY = "client_calls"
+"""Metadata of an assistant message: the ids of its tool calls that the client runs (the Responses API's
+function tools), whose results come from outside the runtime."""
+
 INTERRUPTED_TEXT = (
     "Error: tool call was interrupted (aborted or crashed) before it produced a result. "
     "Its effects, if any, are unknown; check before retrying."
@@ -128,6 +132,22 @@ def _view(context: Sequence[Message], match: _Match) -> list[Message]:
             elif (index, call.id) in orphan_ids:
                 out.append(interrupted_result(call))
     return out
+
+
+def awaiting_client(context: Sequence[Message]) -> frozenset[str]:
+    """The ids of the client tool calls (:data:`CLIENT_CALLS_KEY`) of the newest assistant message that
+    have no result yet: the run stopped for them, and their results are still to come from the client, so
+    they are not orphans to repair."""
+    for index in range(len(context) - 1, -1, -1):
+        message = context[index]
+        if message.role != "assistant":
+            continue
+        client = message.metadata.get(CLIENT_CALLS_KEY)
+        if not client:
+            return frozenset()
+        answered = {m.tool_call_id for m in context[index + 1 :] if m.role == "tool"}
+        return frozenset(str(i) for i in client if i not in answered)
+    return frozenset()
 
 
 # ---------------------------------------------------------------------------------------------------
