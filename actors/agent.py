@@ -165,6 +165,7 @@ class _Run:
     child_input_tokens: int = 0  # what its sub-agents sent, counted against its spend guard (SPEC 3.10)
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     awaiting: tuple[ToolCallPart, ...] = ()  # the client tool calls the run stops for (TurnOptions)
+    message_id: str | None = None  # the id the current step's answer gets (announced by request_start)
     estimated_tokens: int = 0
     last_message: Message | None = None
     call: Any = None  # runtime.gateway.CallHandle
@@ -564,6 +565,7 @@ class Agent(SessionActor):
         run.step += 1
         run.estimated_tokens = estimate
         route = self.services.gateway.route(request)
+        run.message_id = new_id()
         self.emit(
             ev.RequestStart,
             turn_id=run.turn_id,
@@ -572,6 +574,7 @@ class Agent(SessionActor):
             messages=len(messages),
             estimated_tokens=estimate,
             transport=route.transport,
+            message_id=run.message_id,
         )
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
@@ -631,6 +634,8 @@ class Agent(SessionActor):
             self.call(self.refs.require("overflow"), request, self._guard(run, self._on_error_verdict))
             return
         message: Message = result.message
+        if run.message_id is not None:  # the id RequestStart announced (a stream's client names it early)
+            message = msgspec.structs.replace(message, id=run.message_id)
         client_names = run.options.client_tool_names if run.options.client_tools else frozenset()
         client_calls = [c.id for c in message.tool_calls if c.name in client_names]
         if client_calls:  # recorded, so that a restart knows these calls wait for the client's results

@@ -74,6 +74,7 @@ class RequestStart(Event, frozen=True, tag="request_start"):
     messages: int
     estimated_tokens: int
     transport: str | None = None  # the gateway transport the call goes over: litellm or openai_compat
+    message_id: str | None = None  # the id the answer will have when it is appended
 
 
 class TextDelta(Event, frozen=True, tag="text_delta"):

@@ -394,7 +394,10 @@ def create_app(
 
     async def hosted(request: Request) -> str:
         """The path's session id, hosted by this runtime (a stored one is resumed); else 404."""
-        session_id = validate_session_id(request.path_params["session_id"])
+        return await ensure_hosted(validate_session_id(request.path_params["session_id"]))
+
+    async def ensure_hosted(session_id: str) -> str:
+        """``session_id``, hosted by this runtime (a stored one is resumed under the policy); else 404."""
         if _is_hosted(runtime, session_id):
             return session_id
         async with resuming:
@@ -586,6 +589,13 @@ def create_app(
         Route("/overview", endpoint(overview), methods=["GET"]),
         Route("/metrics", endpoint(metrics_text), methods=["GET"]),
     ]
+    if isinstance(runtime, Runtime):  # the OpenAI Responses API (runtime/apps/responses)
+        from runtime.apps.responses import responses_routes
+
+        def check_config(config: dict[str, Any]) -> None:
+            policy.check_config(runtime.config.for_session(config), runtime.config)
+
+        routes += responses_routes(runtime, ensure_hosted, check_config)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -612,7 +622,7 @@ class _BearerAuth:
             scheme, _, credentials = given.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
             valid = hmac.compare_digest(credentials, self._expected)  # (compared whatever the scheme)
             if not (valid and scheme.lower() == b"bearer"):
-                body = msgspec.json.encode({"error": "missing or wrong bearer token"})
+                body = _error_body(scope, 401, "missing or wrong bearer token")
                 headers = [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
@@ -648,10 +658,10 @@ class _BodyLimit:
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None:
             if not declared.isdigit():
-                await _send_error(send, 400, "Content-Length must be a number of bytes")
+                await _send_error(send, scope, 400, "Content-Length must be a number of bytes")
                 return
             if int(declared) > self.limit:
-                await _send_error(send, 413, _BodyTooLarge(self.limit).message, close=True)
+                await _send_error(send, scope, 413, _BodyTooLarge(self.limit).message, close=True)
                 return
         received = 0
         limit = self.limit
@@ -668,8 +678,17 @@ class _BodyLimit:
         await self.app(scope, counted, send)
 
 
-async def _send_error(send: Any, status: int, message: str, *, close: bool = False) -> None:
-    body = msgspec.json.encode({"error": message})
+def _error_body(scope: Any, status: int, message: str) -> bytes:
+    """``{"error": message}``; under ``/v1/`` (the OpenAI-compatible routes) the OpenAI API's error shape."""
+    if not str(scope.get("path", "")).startswith("/v1/"):
+        return msgspec.json.encode({"error": message})
+    kind = {401: "authentication_error", 413: "invalid_request_error"}.get(status, "invalid_request_error")
+    code = {401: "invalid_api_key", 413: "request_too_large"}.get(status)
+    return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+async def _send_error(send: Any, scope: Any, status: int, message: str, *, close: bool = False) -> None:
+    body = _error_body(scope, status, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:  # the unread body stays behind: this connection cannot carry another request
         headers.append((b"connection", b"close"))

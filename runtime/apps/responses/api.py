@@ -1,0 +1,305 @@
+"""The Responses API's request body, response object, usage and error shapes: pure, no I/O.
+
+The shapes follow the ``openai`` package's types (``openai.types.responses``), field by field. A request
+parameter this server does not honour is refused with a 400 naming it (:func:`unsupported`), never ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final, Literal
+
+import msgspec
+
+from runtime.context import working_set as ws
+from runtime.messages import Usage
+
+# agentcell's error codes for a context that does not fit even after what compaction could do (or with
+# compaction off): the API calls that ``context_length_exceeded``.
+CONTEXT_CODES: Final = frozenset(
+    {
+        ws.PROMPT_TOO_LARGE,
+        ws.WORKING_SET_TOO_LARGE,
+        ws.CONTEXT_OVERFLOW,
+        "context_overflow_after_compaction",
+        "session_dead",
+    }
+)
+
+
+class ApiError(Exception):
+    """An error answered in the API's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def not_found(what: str, id: str, param: str | None = None) -> ApiError:
+    return ApiError(404, f"{what} with id '{id}' not found.", param=param, code=None)
+
+
+class CreateResponse(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/responses``: every parameter of ``ResponseCreateParams``; see :func:`unsupported`."""
+
+    model: str | None = None
+    input: Any = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
+    background: bool | None = None
+    prompt: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    context_management: Any = None
+    moderation: Any = None
+    image: Any = None
+    access_programs: Any = None
+    background_options: Any = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, dict):
+            value = self.conversation.get("id")
+            return value if isinstance(value, str) else None
+        return self.conversation
+
+
+_NOT_HONOURED: Final = (
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "max_tool_calls",
+    "top_logprobs",
+    "prompt",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "context_management",
+    "moderation",
+    "image",
+    "access_programs",
+    "background_options",
+)
+
+
+def unsupported(body: CreateResponse) -> list[str]:
+    """The parameters of ``body`` this server would not honour (given, and not at a value it honours)."""
+    names = [name for name in _NOT_HONOURED if getattr(body, name) is not None]
+    if body.background:
+        names.append("background")
+    if body.tool_choice not in (None, "auto"):
+        names.append("tool_choice")
+    if body.parallel_tool_calls is False:
+        names.append("parallel_tool_calls")
+    if body.include:
+        names.append("include")
+    if body.text is not None and (body.text.get("format") or {"type": "text"}).get("type") != "text":
+        names.append("text.format")
+    if body.reasoning is not None and any(v is not None for v in body.reasoning.values()):
+        names.append("reasoning")
+    if body.service_tier not in (None, "auto", "default"):
+        names.append("service_tier")
+    return names
+
+
+def decode_error(exc: Exception) -> ApiError:
+    """A 400 for a body that is not JSON, or not the request's shape (naming the field)."""
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        param = None
+        if "unknown field" in text:
+            param = text.split("`")[1] if "`" in text else None
+            return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
+        if "at `$." in text:
+            param = text.rsplit("at `$.", 1)[1].rstrip("`")
+        return ApiError(400, f"Invalid request body: {text}", param=param, code="invalid_value")
+    return ApiError(400, f"The request body is not valid JSON: {text}", code="invalid_json")
+
+
+def function_tools(tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
+    """The request's ``function`` tools in the chat format the gateway sends; 400 for any other kind."""
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for index, tool in enumerate(tools or ()):
+        param = f"tools[{index}]"
+        if tool.get("type") != "function":
+            raise ApiError(
+                400,
+                f"{param}: tools of type {tool.get('type')!r} are not supported by this server (function "
+                "tools run on the client; the server's own tools come with the model's agent profile)",
+                param=f"{param}.type",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, f"{param}.name is required", param=f"{param}.name")
+        if name in names:
+            raise ApiError(400, f"{param}: two tools are named {name!r}", param=f"{param}.name")
+        names.add(name)
+        function: dict[str, Any] = {"name": name, "parameters": tool.get("parameters") or {"type": "object"}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return tuple(out)
+
+
+def usage_object(usage: Usage) -> dict[str, Any]:
+    """``ResponseUsage`` of a run's usage."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cache_read_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+
+
+ResponseStatus = Literal["completed", "failed", "in_progress", "cancelled", "incomplete"]
+
+
+class ResponseRecord(msgspec.Struct, kw_only=True):
+    """A response as the server keeps it: the API object's fields, and where it is in its session."""
+
+    id: str
+    session_id: str
+    model: str
+    created_at: float = msgspec.field(default_factory=time.time)
+    status: ResponseStatus = "in_progress"
+    start_leaf: str | None = None  # the session's leaf the response continued from
+    leaf_id: str | None = None  # ... and the one it ended at (a later response continues from here)
+    awaiting: list[str] = msgspec.field(default_factory=list)  # client calls waiting for their outputs
+    input_items: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    output: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    completed_at: float | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation_id: str | None = None
+    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    truncation: str = "auto"
+    store: bool = True
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        """The ``Response`` object."""
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "incomplete_details": self.incomplete_details,
+            "instructions": self.instructions,
+            "max_output_tokens": None,
+            "max_tool_calls": None,
+            "model": self.model,
+            "output": self.output,
+            "parallel_tool_calls": True,
+            "previous_response_id": self.previous_response_id,
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
+            "reasoning": self.reasoning or {"effort": None, "summary": None},
+            "safety_identifier": self.safety_identifier,
+            "prompt_cache_key": self.prompt_cache_key,
+            "service_tier": self.service_tier or "default",
+            "store": self.store,
+            "temperature": None,
+            "text": self.text or {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": self.tools,
+            "top_p": None,
+            "truncation": self.truncation,
+            "usage": self.usage,
+            "user": self.user,
+            "metadata": self.metadata,
+            "background": False,
+        }
+
+
+def request_tools(body: CreateResponse) -> list[dict[str, Any]]:
+    """The request's tools as the response echoes them (``FunctionTool``)."""
+    return [
+        {
+            "type": "function",
+            "name": t.get("name"),
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict", True),
+        }
+        for t in body.tools or ()
+    ]
+
+
+def failure(code: str, message: str) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the ``error`` of a run that ended with agentcell's error ``code``."""
+    if code in CONTEXT_CODES:
+        return 400, {"code": "context_length_exceeded", "message": message}
+    if code.endswith("rate_limit") or "rate_limit" in code:
+        return 429, {"code": "rate_limit_exceeded", "message": message}
+    return 500, {"code": "server_error", "message": message}
+
+
+def error_type(status: int) -> str:
+    return {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}.get(
+        status, "server_error"
+    )
+
+
+def list_page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: str) -> dict[str, Any]:
+    """A cursor page (``{"object": "list", "data", "first_id", "last_id", "has_more"}``) of ``items``
+    (oldest first), in ``order``, after the item ``after``."""
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [i.get("id") for i in ordered]
+        if after not in ids:
+            raise ApiError(400, f"after: no item with id '{after}'", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    data = ordered[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0].get("id") if data else None,
+        "last_id": data[-1].get("id") if data else None,
+        "has_more": len(ordered) > limit,
+    }

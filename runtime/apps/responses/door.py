@@ -1,0 +1,402 @@
+"""The front door's work: a response request run on a session, and what is kept of it (I/O lives here).
+
+:class:`FrontDoor` owns the records (:mod:`records`), one lock per session (or new conversation: two
+requests never run on one tree at once; the second waits), and the runs in progress. Each run is an
+asyncio task of its own: a client that goes away mid-stream leaves it running to the end, and its
+response is kept and can be retrieved or continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actors.agent import TurnOptions
+from runtime import events as ev
+from runtime.apps.responses import items as it
+from runtime.apps.responses.api import (
+    ApiError,
+    CreateResponse,
+    ResponseRecord,
+    failure,
+    function_tools,
+    not_found,
+    request_tools,
+    unsupported,
+    usage_object,
+)
+from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
+from runtime.apps.responses.stream import StreamTranslator
+from runtime.handles import TurnResult
+from runtime.messages import Message
+from runtime.served import served
+
+log = logging.getLogger("agentcell.responses")
+
+STREAM_END = object()  # what ends a run's event queue
+
+
+class Run:
+    """One response being made: its record, its stream's events (a queue, when streamed), its task."""
+
+    def __init__(self, record: ResponseRecord, streamed: bool, client_tools: frozenset[str]) -> None:
+        self.record = record
+        self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if streamed else None
+        self.translator = StreamTranslator(client_tools)
+        self.task: asyncio.Task[None] | None = None
+        self.session_id: str | None = None
+        self.cancelled = False
+        self.deleted = False
+        self.http_status = 200
+
+    def send(self, events: list[dict[str, Any]]) -> None:
+        if self.queue is not None:
+            for event in events:
+                self.queue.put_nowait(event)
+
+
+class FrontDoor:
+    """Responses and conversations over ``runtime``; ``hosted(session_id)`` hosts a stored session (under
+    the server's policy) or raises ``SessionNotFound``; ``check_config`` applies the policy to a profile's
+    config."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        hosted: Callable[[str], Awaitable[str]],
+        check_config: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.runtime = runtime
+        self.hosted = hosted
+        self.check_config = check_config
+        self.records = Records(runtime.sessions_path)
+        self.runs: dict[str, Run] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    # -- reading ----------------------------------------------------------------------------------------
+    async def response(self, response_id: str) -> ResponseRecord:
+        run = self.runs.get(response_id)
+        if run is not None and not run.deleted:
+            return run.record
+        record = await asyncio.to_thread(self.records.load_response, response_id)
+        if record is None:
+            raise not_found("Response", response_id)
+        return record
+
+    async def conversation(self, conversation_id: str, param: str | None = None) -> ConversationRecord:
+        record = await asyncio.to_thread(self.records.load_conversation, conversation_id)
+        if record is None:
+            raise not_found("Conversation", conversation_id, param)
+        return record
+
+    async def conversation_items(self, record: ConversationRecord) -> list[dict[str, Any]]:
+        """The conversation's items, oldest first: its session's path up to its leaf, then pending items."""
+        out: list[dict[str, Any]] = []
+        if record.session_id is not None:
+            await self.hosted(record.session_id)
+            messages = await self.runtime.amessages(record.session_id)
+            ids = [m.id for m in messages]
+            if record.leaf_id in ids:
+                messages = messages[: ids.index(record.leaf_id) + 1]
+            out.extend(it.to_items(messages))
+        out.extend(record.pending)
+        return out
+
+    # -- a response -------------------------------------------------------------------------------------
+    async def create(self, body: CreateResponse) -> Run:
+        """Check ``body``, start its run, and return it (its task runs on)."""
+        names = unsupported(body)
+        if names:
+            raise ApiError(
+                400,
+                f"Unsupported parameter(s) for this server: {', '.join(names)}.",
+                param=names[0],
+                code="unsupported_parameter",
+            )
+        if not body.model:
+            raise ApiError(
+                400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+            )
+        if body.previous_response_id and body.conversation is not None:
+            raise ApiError(
+                400,
+                "previous_response_id and conversation cannot be used together.",
+                param="previous_response_id",
+            )
+        client_tools = function_tools(body.tools)
+        try:
+            parsed = it.parse_input(body.input if body.input is not None else [])
+        except it.InputError as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+        previous = conversation = None
+        if body.previous_response_id:
+            previous = await self.response(body.previous_response_id)
+            if previous.status == "in_progress":
+                raise ApiError(
+                    400,
+                    f"Previous response '{previous.id}' is still in progress.",
+                    param="previous_response_id",
+                )
+        elif body.conversation is not None:
+            conversation_id = body.conversation_id
+            if not conversation_id:
+                raise ApiError(400, "conversation must be an id or {'id': ...}", param="conversation")
+            conversation = await self.conversation(conversation_id, "conversation")
+            pending = it.parse_input(conversation.pending, keep_ids=True)
+            parsed.messages[:0] = pending.messages
+            parsed.instructions[:0] = pending.instructions
+            parsed.calls[:0] = pending.calls
+            parsed.outputs[:0] = pending.outputs
+        if not parsed.messages:
+            raise ApiError(400, "input is empty: send a message or function call outputs.", param="input")
+        if parsed.messages[-1].role not in ("user", "tool"):
+            raise ApiError(
+                400, "input must end with a user message or a function_call_output.", param="input"
+            )
+        awaiting = previous.awaiting if previous else conversation.awaiting if conversation else []
+        _check_outputs(parsed, awaiting)
+        session_id = previous.session_id if previous else conversation.session_id if conversation else None
+        model, profile = self._model(body.model)
+        instructions = "\n\n".join(t for t in (body.instructions, *parsed.instructions) if t) or None
+        record = ResponseRecord(
+            id=new_response_id(),
+            session_id=session_id or "",
+            model=body.model,
+            start_leaf=previous.leaf_id if previous else conversation.leaf_id if conversation else None,
+            input_items=it.to_items(parsed.messages),
+            instructions=instructions,
+            previous_response_id=body.previous_response_id,
+            conversation_id=conversation.id if conversation else None,
+            tools=request_tools(body),
+            metadata=body.metadata or {},
+            truncation=body.truncation or "auto",
+            store=body.store is not False,
+            user=body.user,
+            safety_identifier=body.safety_identifier,
+            prompt_cache_key=body.prompt_cache_key,
+            text=body.text,
+            reasoning=body.reasoning,
+            service_tier=body.service_tier,
+        )
+        options = TurnOptions(
+            client_tools=client_tools, instructions=instructions, compaction=body.truncation != "disabled"
+        )
+        run = Run(record, bool(body.stream), frozenset(t["function"]["name"] for t in client_tools))
+        if session_id is None:
+            run.session_id = await self._start_session(model, profile, instructions)
+            record.session_id = run.session_id
+        else:
+            run.session_id = session_id
+        self.runs[record.id] = run
+        key = conversation.id if conversation is not None else run.session_id
+        run.task = asyncio.create_task(self._run(run, key, parsed.messages, options, model, conversation))
+        return run
+
+    def _model(self, name: str) -> tuple[str, Any]:
+        """The model to run, and the agent profile ``name`` names (or None)."""
+        from runtime.models import validate_model_name
+
+        profile = self.runtime.agents.get(name)
+        if profile is not None:
+            return profile.model or self.runtime.config.agent.model, profile
+        try:
+            return validate_model_name(name), None
+        except ValueError as exc:
+            raise ApiError(400, f"model: {exc}", param="model", code="model_not_found") from None
+
+    async def _start_session(self, model: str, profile: Any, instructions: str | None) -> str:
+        tools: Any = None
+        config: dict[str, Any] | None = None
+        system_prompt = instructions or ""
+        if profile is not None:
+            config = dict(profile.config) or None
+            if config:
+                self.check_config(config)
+            system_prompt = instructions or profile.system_prompt
+            tools = _profile_tools(profile.tools, self.runtime)
+        sid: str = await self.runtime.astart_session(
+            model=model, system_prompt=system_prompt, tools=tools, config=config
+        )
+        return sid
+
+    async def _run(
+        self,
+        run: Run,
+        key: str,
+        messages: list[Message],
+        options: TurnOptions,
+        model: str,
+        conversation: ConversationRecord | None,
+    ) -> None:
+        record = run.record
+        run.send(run.translator.start(record.to_api()))
+        try:
+            async with self._lock(key):
+                if run.cancelled:
+                    self._end(run, "cancelled", None)
+                else:
+                    await self._turn(run, messages, options, model)
+        except Exception as exc:  # the run fails, in the API's shape; the server goes on
+            log.exception("response %s failed", record.id)
+            status, error = failure("internal", f"{type(exc).__name__}: {exc}")
+            run.http_status = status
+            self._end(run, "failed", error)
+        record.completed_at = time.time() if record.status == "completed" else None
+        try:
+            await self._keep(run, conversation)
+        finally:
+            run.send(run.translator.finish(record.to_api()))
+            if run.queue is not None:
+                run.queue.put_nowait(STREAM_END)
+            self.runs.pop(record.id, None)
+
+    async def _turn(self, run: Run, messages: list[Message], options: TurnOptions, model: str) -> None:
+        runtime, record = self.runtime, run.record
+        sid = run.session_id
+        assert sid is not None
+        await self.hosted(sid)
+        before = await runtime.amessages(sid)
+        if (before[-1].id if before else None) != record.start_leaf and record.start_leaf is not None:
+            await runtime.abranch(sid, record.start_leaf)  # an older response: its branch of the tree
+        summary = await asyncio.to_thread(served(runtime).session_summary, sid)
+        if summary.model != model:
+            await runtime.aset_model(sid, model)
+        subscription = await asyncio.to_thread(runtime.subscribe, sid)
+        try:
+            handle = runtime.send(sid, messages, options=options)
+            code = await self._follow(run, subscription, handle)
+        finally:
+            subscription.close()
+        result: TurnResult = await handle
+        after = await runtime.amessages(sid)
+        inputs = {m.id for m in messages}
+        last_input = max((i for i, m in enumerate(after) if m.id in inputs), default=-1)
+        new = [m for m in after[last_input + 1 :] if m.id not in inputs]
+        record.output = it.to_items(new)
+        record.usage = usage_object(result.usage)
+        record.leaf_id = after[-1].id if after else None
+        record.awaiting = [c.id for c in result.awaiting]
+        if result.status == "ok":
+            final = result.message
+            if final is not None and final.stop_reason == "length":
+                self._end(run, "incomplete", None, {"reason": "max_output_tokens"})
+            else:
+                self._end(run, "completed", None)
+        elif result.status == "aborted":
+            self._end(run, "cancelled", None)
+        else:
+            status, error = failure(code or "error", result.error or "the run failed")
+            run.http_status = status
+            self._end(run, "failed", error)
+
+    async def _follow(self, run: Run, subscription: Any, handle: Any) -> str | None:
+        """Translate the run's events until its ``agent_end``; the error code it ended with, if any."""
+        turn: str | None = None
+        code: str | None = None
+        iterator = subscription.__aiter__()
+        while True:
+            try:
+                event = await asyncio.wait_for(iterator.__anext__(), 0.5)
+            except TimeoutError:
+                if handle.done():  # (agent_end comes before the handle resolves: nothing is left)
+                    return code
+                continue
+            except StopAsyncIteration:
+                return code
+            if isinstance(event, ev.AgentStart):
+                if event.prompt_id == handle.id:
+                    turn = event.turn_id
+                continue
+            if turn is None:
+                continue
+            if getattr(event, "turn_id", turn) not in (turn, None):
+                continue  # another turn's event (a prompt sent to the session by other means)
+            if isinstance(event, ev.Error) and event.turn_id == turn:
+                code = event.code
+            if isinstance(event, ev.AgentEnd) and event.turn_id == turn:
+                return code
+            if run.queue is None:
+                continue
+            run.send(run.translator.on_event(event))
+            if isinstance(event, ev.MessageAppended) and event.role == "tool" and run.translator.waiting:
+                assert run.session_id is not None
+                recent = await self.runtime.amessages(run.session_id)
+                run.send(run.translator.results(m for m in recent[-64:] if m.role == "tool"))
+
+    def _end(self, run: Run, status: Any, error: dict[str, Any] | None, incomplete: Any = None) -> None:
+        run.record.status = status
+        run.record.error = error
+        run.record.incomplete_details = incomplete
+
+    async def _keep(self, run: Run, conversation: ConversationRecord | None) -> None:
+        """Save what the response leaves: its record (when stored), its conversation's place."""
+        record = run.record
+        if conversation is not None and record.leaf_id is not None:
+            conversation.session_id, conversation.leaf_id = record.session_id, record.leaf_id
+            conversation.awaiting, conversation.pending = list(record.awaiting), []
+            await asyncio.to_thread(self.records.save_conversation, conversation)
+        if record.store and not run.deleted:
+            await asyncio.to_thread(self.records.save_response, record)
+        elif not record.store and record.previous_response_id is None and conversation is None:
+            with contextlib.suppress(Exception):  # store: false keeps nothing of a session it started
+                await self.runtime.adelete_session(record.session_id)
+
+    async def cancel(self, response_id: str) -> ResponseRecord:
+        run = self.runs.get(response_id)
+        if run is None:
+            record = await self.response(response_id)
+            raise ApiError(
+                400, f"Response '{record.id}' is {record.status}: only one in progress can be cancelled."
+            )
+        run.cancelled = True
+        if run.session_id is not None and served(self.runtime).is_hosted(run.session_id):
+            await self.runtime.abort(run.session_id)
+        if run.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(run.task)
+        return run.record
+
+    async def delete(self, response_id: str) -> None:
+        run = self.runs.get(response_id)
+        if run is not None:
+            run.deleted = True
+            return
+        if not await asyncio.to_thread(self.records.delete_response, response_id):
+            raise not_found("Response", response_id)
+
+
+def _check_outputs(parsed: it.ParsedInput, awaiting: list[str]) -> None:
+    """Every ``function_call_output`` answers a call waiting for it (or one of the input's own), and every
+    waiting call gets its output."""
+    known = set(awaiting) | set(parsed.calls)
+    for call_id in parsed.outputs:
+        if call_id not in known:
+            raise ApiError(
+                400, f"No tool call found for function call output with call_id {call_id}.", param="input"
+            )
+    for call_id in awaiting:
+        if call_id not in parsed.outputs:
+            raise ApiError(400, f"No tool output found for function call {call_id}.", param="input")
+
+
+def _profile_tools(tools: Any, runtime: Any) -> Any:
+    """A profile's ``tools`` for a session of its own: ``builtin``, a list of built-in tools, or none."""
+    if tools == "builtin":
+        return "builtin"
+    if not isinstance(tools, list):
+        return None  # "none", or "inherit" (a session started here has no parent to inherit from)
+    from runtime.tools.builtin import builtin_registry
+
+    available = {t.name: t for t in builtin_registry(shell=runtime.config.agent.shell_enabled).tools()}
+    return [available[name] for name in tools if name in available]

@@ -1,0 +1,109 @@
+"""Where the front door keeps its responses and conversations: one JSON file each, beside the sessions.
+
+``<sessions_dir>/responses/<resp_id>.json`` and ``<sessions_dir>/conversations/<conv_id>.json``, written
+whole to a temporary file and renamed into place. Ids are checked against their pattern before any path
+is made of them. Every method does file I/O: call them off the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from runtime.apps.responses.api import ResponseRecord
+
+RESPONSE_ID: Final = re.compile(r"^resp_[0-9a-f]{32}$")
+CONVERSATION_ID: Final = re.compile(r"^conv_[0-9a-f]{32}$")
+
+
+class ConversationRecord(msgspec.Struct, kw_only=True):
+    """A conversation: its session (from its first response on), where it is in that session's tree, the
+    client calls its last response waits for, and items added but not yet sent to the model."""
+
+    id: str
+    created_at: float = msgspec.field(default_factory=time.time)
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    session_id: str | None = None
+    leaf_id: str | None = None
+    awaiting: list[str] = msgspec.field(default_factory=list)
+    pending: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": int(self.created_at),
+            "metadata": self.metadata,
+        }
+
+
+def new_response_id() -> str:
+    return f"resp_{secrets.token_hex(16)}"
+
+
+def new_conversation_id() -> str:
+    return f"conv_{secrets.token_hex(16)}"
+
+
+_T = TypeVar("_T")
+
+
+class Records:
+    """Response and conversation records under ``root`` (the sessions directory)."""
+
+    def __init__(self, root: Path) -> None:
+        self.responses = root / "responses"
+        self.conversations = root / "conversations"
+
+    def save_response(self, record: ResponseRecord) -> None:
+        self._write(self.responses, record.id, record)
+
+    def load_response(self, response_id: str) -> ResponseRecord | None:
+        if not RESPONSE_ID.match(response_id):
+            return None
+        return self._read(self.responses / f"{response_id}.json", ResponseRecord)
+
+    def delete_response(self, response_id: str) -> bool:
+        return RESPONSE_ID.match(response_id) is not None and _unlink(self.responses / f"{response_id}.json")
+
+    def save_conversation(self, record: ConversationRecord) -> None:
+        self._write(self.conversations, record.id, record)
+
+    def load_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        if not CONVERSATION_ID.match(conversation_id):
+            return None
+        return self._read(self.conversations / f"{conversation_id}.json", ConversationRecord)
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        return CONVERSATION_ID.match(conversation_id) is not None and _unlink(
+            self.conversations / f"{conversation_id}.json"
+        )
+
+    @staticmethod
+    def _write(directory: Path, name: str, record: Any) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}.json"
+        temporary = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        temporary.write_bytes(msgspec.json.encode(record))
+        os.replace(temporary, path)
+
+    @staticmethod
+    def _read(path: Path, kind: type[_T]) -> _T | None:
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=kind)
+        except FileNotFoundError:
+            return None
+
+
+def _unlink(path: Path) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+        return True
+    return False
