@@ -149,3 +149,39 @@ def test_a_streamed_function_call(client: openai.OpenAI, script: Any) -> None:
     item = [e.item for e in events if e.type == "response.output_item.done"][-1]
     assert item.type == "function_call" and item.call_id == "call_rome" and item.status == "completed"
     assert events[-1].type == "response.completed"
+
+
+def test_conversations_keep_the_thread(client: openai.OpenAI, provider: Any, script: Any) -> None:
+    model = script(Turn(text="Blue."), Turn(text="Still blue."))
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "Remember: the colour is blue."}],
+        metadata={"topic": "colours"},
+    )
+    assert conversation.object == "conversation" and conversation.metadata == {"topic": "colours"}
+    first = client.responses.create(model=model, conversation=conversation.id, input="Which colour?")
+    assert first.output_text == "Blue." and first.conversation is not None
+    assert first.conversation.id == conversation.id
+    assert [m["content"] for m in sent(provider, model)[-1]] == ["Remember: the colour is blue.", "Which colour?"]
+    client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "Noted?"}])
+    second = client.responses.create(model=model, conversation=conversation.id, input="And now?")
+    assert second.output_text == "Still blue."
+    assert [m["content"] for m in sent(provider, model)[-1]] == [
+        "Remember: the colour is blue.",
+        "Which colour?",
+        "Blue.",
+        "Noted?",
+        "And now?",
+    ]
+    listed = client.conversations.items.list(conversation.id, order="asc")
+    texts = [item.content[0].text for item in listed.data]
+    assert texts == ["Remember: the colour is blue.", "Which colour?", "Blue.", "Noted?", "And now?", "Still blue."]
+    newest = client.conversations.items.list(conversation.id, limit=2)
+    assert [i.content[0].text for i in newest.data] == ["Still blue.", "And now?"] and newest.has_more
+    item = client.conversations.items.retrieve(listed.data[2].id, conversation_id=conversation.id)
+    assert item.role == "assistant"
+    updated = client.conversations.update(conversation.id, metadata={"topic": "paint"})
+    assert client.conversations.retrieve(conversation.id).metadata == updated.metadata == {"topic": "paint"}
+    deleted = client.conversations.delete(conversation.id)
+    assert deleted.deleted and deleted.id == conversation.id
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)

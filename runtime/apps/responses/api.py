@@ -47,7 +47,8 @@ class ApiError(Exception):
 
 
 def not_found(what: str, id: str, param: str | None = None) -> ApiError:
-    return ApiError(404, f"{what} with id '{id}' not found.", param=param, code=None)
+    code = "previous_response_not_found" if param == "previous_response_id" else None
+    return ApiError(404, f"{what} with id '{id}' not found.", param=param, code=code)
 
 
 class CreateResponse(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

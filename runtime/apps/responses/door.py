@@ -85,13 +85,13 @@ class FrontDoor:
         return lock
 
     # -- reading ----------------------------------------------------------------------------------------
-    async def response(self, response_id: str) -> ResponseRecord:
+    async def response(self, response_id: str, param: str | None = None) -> ResponseRecord:
         run = self.runs.get(response_id)
         if run is not None and not run.deleted:
             return run.record
         record = await asyncio.to_thread(self.records.load_response, response_id)
         if record is None:
-            raise not_found("Response", response_id)
+            raise not_found("Response", response_id, param)
         return record
 
     async def conversation(self, conversation_id: str, param: str | None = None) -> ConversationRecord:
@@ -141,7 +141,7 @@ class FrontDoor:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
         previous = conversation = None
         if body.previous_response_id:
-            previous = await self.response(body.previous_response_id)
+            previous = await self.response(body.previous_response_id, "previous_response_id")
             if previous.status == "in_progress":
                 raise ApiError(
                     400,
