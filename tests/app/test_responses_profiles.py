@@ -25,7 +25,9 @@ _names = itertools.count()
 def models(provider: Any) -> dict[str, str]:
     n = next(_names)
     chatty = f"chatty-p{n}"
-    provider.add_script(chatty, [Turn(text="Noted. " + " ".join(f"detail{i}" for i in range(120)))], loop=True)
+    provider.add_script(
+        chatty, [Turn(text="Noted. " + " ".join(f"detail{i}" for i in range(120)))], loop=True
+    )
     tools = f"tools-p{n}"
     provider.add_script(
         tools,
@@ -100,7 +102,10 @@ def test_truncation_auto_compacts_and_a_standard_client_skips_the_extra_events(c
     extra: list[str] = []
     for turn in range(8):
         stream = client.responses.create(
-            model="tiny", input=f"Note {turn}: {filler(2_400, f't{turn}')}", previous_response_id=previous, stream=True
+            model="tiny",
+            input=f"Note {turn}: {filler(2_400, f't{turn}')}",
+            previous_response_id=previous,
+            stream=True,
         )
         events = list(stream)
         assert events[-1].type == "response.completed", [e.type for e in events]
@@ -125,4 +130,7 @@ def test_truncation_disabled_makes_an_overflow_an_error(client: openai.OpenAI) -
     assert isinstance(error, dict) and error["code"] == "context_length_exceeded"
     assert previous is not None  # some turns fitted before the window was full
     # the session stays usable: an earlier point of it goes on
-    assert client.responses.create(model="tiny", input="short", previous_response_id=previous).status == "completed"
+    assert (
+        client.responses.create(model="tiny", input="short", previous_response_id=previous).status
+        == "completed"
+    )

@@ -161,7 +161,10 @@ def test_conversations_keep_the_thread(client: openai.OpenAI, provider: Any, scr
     first = client.responses.create(model=model, conversation=conversation.id, input="Which colour?")
     assert first.output_text == "Blue." and first.conversation is not None
     assert first.conversation.id == conversation.id
-    assert [m["content"] for m in sent(provider, model)[-1]] == ["Remember: the colour is blue.", "Which colour?"]
+    assert [m["content"] for m in sent(provider, model)[-1]] == [
+        "Remember: the colour is blue.",
+        "Which colour?",
+    ]
     client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "Noted?"}])
     second = client.responses.create(model=model, conversation=conversation.id, input="And now?")
     assert second.output_text == "Still blue."
@@ -174,7 +177,14 @@ def test_conversations_keep_the_thread(client: openai.OpenAI, provider: Any, scr
     ]
     listed = client.conversations.items.list(conversation.id, order="asc")
     texts = [item.content[0].text for item in listed.data]
-    assert texts == ["Remember: the colour is blue.", "Which colour?", "Blue.", "Noted?", "And now?", "Still blue."]
+    assert texts == [
+        "Remember: the colour is blue.",
+        "Which colour?",
+        "Blue.",
+        "Noted?",
+        "And now?",
+        "Still blue.",
+    ]
     newest = client.conversations.items.list(conversation.id, limit=2)
     assert [i.content[0].text for i in newest.data] == ["Still blue.", "And now?"] and newest.has_more
     item = client.conversations.items.retrieve(listed.data[2].id, conversation_id=conversation.id)

@@ -42,9 +42,13 @@ def test_a_client_tool_call_stops_the_run_and_its_result_continues_the_thread(
     sid = rt.start_session(model=model, api_base=provider.url, api_key="sk-local")
     first = rt.send(sid, [user("Weather in Oslo?")], options=OPTIONS).result(timeout=30)
     assert first.status == "ok"
-    assert [(c.id, c.name, c.arguments) for c in first.awaiting] == [("call_w1", "get_weather", '{"city": "Oslo"}')]
+    assert [(c.id, c.name, c.arguments) for c in first.awaiting] == [
+        ("call_w1", "get_weather", '{"city": "Oslo"}')
+    ]
     assert first.message is not None and first.message.tool_calls
-    assert [t["function"]["name"] for t in _last(provider, model).get("tools", [])] == ["get_weather"]  # the model saw the tool
+    assert [t["function"]["name"] for t in _last(provider, model).get("tools", [])] == [
+        "get_weather"
+    ]  # the model saw the tool
     assert rt.messages(sid)[-1].role == "assistant"  # nothing ran, no error result was made up
 
     second = rt.send(sid, [tool_result("call_w1", "get_weather", "sunny, 21 C")], options=OPTIONS).result(
@@ -76,7 +80,9 @@ def test_the_sessions_own_tools_run_in_the_same_step_and_the_client_ones_wait(
     recorded = rt.messages(sid)
     assert [(m.role, m.tool_call_id) for m in recorded[-2:]] == [("assistant", None), ("tool", "call_own")]
     assert "hello" in recorded[-1].text
-    second = rt.send(sid, [tool_result("call_cli", "get_weather", "rainy")], options=OPTIONS).result(timeout=30)
+    second = rt.send(sid, [tool_result("call_cli", "get_weather", "rainy")], options=OPTIONS).result(
+        timeout=30
+    )
     assert second.text == "done"
     own, client = _tool_messages(provider, model)  # each result right after its call, in call order
     assert "hello" in own["content"] and client["content"] == "rainy"
@@ -93,12 +99,16 @@ def test_a_restart_keeps_the_client_calls_waiting(sessions_dir: Path, provider: 
     with Runtime(sessions_dir=sessions_dir) as rt:
         rt.resume_session(sid, api_key="sk-local")
         assert rt.messages(sid)[-1].role == "assistant"  # recovery made up no result for the waiting call
-        done = rt.send(sid, [tool_result("call_r", "get_weather", "28 C")], options=OPTIONS).result(timeout=30)
+        done = rt.send(sid, [tool_result("call_r", "get_weather", "28 C")], options=OPTIONS).result(
+            timeout=30
+        )
         assert done.text == "warm"
         assert [m["content"] for m in _tool_messages(provider, model)] == ["28 C"]
 
 
-def test_a_prompt_without_the_results_repairs_the_waiting_calls(rt: Runtime, provider: Any, script: Any) -> None:
+def test_a_prompt_without_the_results_repairs_the_waiting_calls(
+    rt: Runtime, provider: Any, script: Any
+) -> None:
     model = script(
         Turn(tool_calls=(ToolCallSpec(name="get_weather", arguments='{"city": "Oslo"}', id="call_x"),)),
         Turn(text="never mind then"),

@@ -276,8 +276,10 @@ def failure(code: str, message: str) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the ``error`` of a run that ended with agentcell's error ``code``."""
     if code in CONTEXT_CODES:
         return 400, {"code": "context_length_exceeded", "message": message}
-    if code.endswith("rate_limit") or "rate_limit" in code:
+    if code == "provider_rate_limit":
         return 429, {"code": "rate_limit_exceeded", "message": message}
+    if code == "provider_invalid_request":  # the provider refused the request (an unknown model...)
+        return 400, {"code": "invalid_prompt", "message": message}
     return 500, {"code": "server_error", "message": message}
 
 

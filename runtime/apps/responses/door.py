@@ -141,13 +141,11 @@ class FrontDoor:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
         previous = conversation = None
         if body.previous_response_id:
+            running = self.runs.get(body.previous_response_id)
+            if running is not None and running.task is not None:  # it goes on from where that one ends
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(running.task)
             previous = await self.response(body.previous_response_id, "previous_response_id")
-            if previous.status == "in_progress":
-                raise ApiError(
-                    400,
-                    f"Previous response '{previous.id}' is still in progress.",
-                    param="previous_response_id",
-                )
         elif body.conversation is not None:
             conversation_id = body.conversation_id
             if not conversation_id:
