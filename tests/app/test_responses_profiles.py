@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: openai checks it mid-import)
 import openai
 import pytest
 
@@ -77,7 +78,8 @@ def test_the_servers_own_tools_are_mcp_call_items(client: openai.OpenAI) -> None
     assert kinds == ["mcp_call", "message"]
     call = response.output[0]
     assert call.name == "list_dir" and call.server_label == "agentcell" and call.arguments == '{"path": "."}'
-    assert call.status == "failed" and "no workspace" in (call.error or "")  # the tool ran on the server
+    assert call.status == "failed" and "no workspace" in (call.output or "")  # the tool ran on the server
+    assert call.error is not None and call.error.type == "mcp_tool_execution_error"
     assert response.output_text == "The directory could not be listed."
 
     events = list(client.responses.create(model="lister", input="again", stream=True))

@@ -131,8 +131,9 @@ def parse_input(value: Any, *, keep_ids: bool = False, param: str = "input") -> 
                 arguments=_str(item.get("arguments", "{}"), f"{where}.arguments"),
             )
             error = item.get("error")
-            output = error if isinstance(error, str) and error else item.get("output") or ""
-            group.call(call, client=False, result=(str(output), bool(error)))
+            group.call(
+                call, client=False, result=(str(item.get("output") or _error_text(error)), bool(error))
+            )
         elif kind == "function_call_output":
             call_id = _str(item.get("call_id"), f"{where}.call_id")
             output = _output_text(item.get("output"), f"{where}.output")
@@ -203,6 +204,16 @@ class _AssistantGroup:
         )
         self.done.extend(self.results)
         self.parts, self.client, self.results, self.message_id = [], [], [], None
+
+
+def _error_text(error: Any) -> str:
+    """The text of an ``mcp_call``'s ``error`` (a string, or one of the API's error objects)."""
+    if isinstance(error, dict):
+        content = error.get("content")
+        if isinstance(content, list):
+            return "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+        return str(error.get("message") or content or "")
+    return str(error or "")
 
 
 def _rank(part: Part) -> int:
@@ -395,8 +406,11 @@ def mcp_call_item(call: ToolCallPart, result: Message | None) -> dict[str, Any]:
     }
     if result is not None:
         item["output"] = result.text
-        if result.is_error:
-            item["error"] = result.text
+        if result.is_error:  # (McpToolExecutionError: the tool ran and failed; its output says why)
+            item["error"] = {
+                "type": "mcp_tool_execution_error",
+                "content": [{"type": "text", "text": result.text}],
+            }
     return item
 
 
