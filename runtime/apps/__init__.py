@@ -6,6 +6,7 @@
 - :mod:`runtime.apps.sessions_cli`: ``agentcell sessions``, the stored sessions.
 - :mod:`runtime.apps.server`: ``agentcell serve``, the runtime over HTTP and Server-Sent Events.
 - :mod:`runtime.apps.dashboard`: the live dashboard the server answers at ``/``.
+- :mod:`runtime.apps.responses`: the OpenAI Responses API the server answers at ``/v1/``.
 
 They use only the runtime's public API (and :mod:`runtime.served` for the server); nothing in the core
 imports them.

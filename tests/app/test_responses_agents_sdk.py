@@ -12,7 +12,7 @@ import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: o
 import pytest
 
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.server import ApiServer
+from runtime.apps.server import ApiServer
 
 agents = pytest.importorskip("agents")
 openai = pytest.importorskip("openai")

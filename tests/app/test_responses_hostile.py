@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.server import ApiServer
+from runtime.apps.server import ApiServer
 
 TOKEN = "hostile-token"
 TOOL = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}

@@ -15,7 +15,7 @@ import pytest
 from runtime import Runtime
 from runtime.config import Config
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.server import ApiServer
+from runtime.apps.server import ApiServer
 from tests.scenarios.workload import filler
 
 TOKEN = "profiles-token"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.server import ApiServer
+from runtime.apps.server import ApiServer
 
 TOKEN = "responses-token"
 
