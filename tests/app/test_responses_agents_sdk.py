@@ -11,8 +11,8 @@ from typing import Any
 import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: openai checks it mid-import)
 import pytest
 
-from runtime.provider.script import ToolCallSpec, Turn
 from runtime.apps.server import ApiServer
+from runtime.provider.script import ToolCallSpec, Turn
 
 agents = pytest.importorskip("agents")
 openai = pytest.importorskip("openai")

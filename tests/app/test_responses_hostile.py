@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from runtime.provider.script import ToolCallSpec, Turn
 from runtime.apps.server import ApiServer
+from runtime.provider.script import ToolCallSpec, Turn
 
 TOKEN = "hostile-token"
 TOOL = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from runtime import Runtime
+from runtime.apps.server import ApiServer
 from runtime.config import Config
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.apps.server import ApiServer
 from tests.scenarios.workload import filler
 
 TOKEN = "profiles-token"

@@ -10,8 +10,8 @@ import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: o
 import openai
 import pytest
 
-from runtime.provider.script import ToolCallSpec, Turn
 from runtime.apps.server import ApiServer
+from runtime.provider.script import ToolCallSpec, Turn
 
 TOKEN = "responses-token"
 
