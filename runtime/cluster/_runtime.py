@@ -120,6 +120,8 @@ class ClusterRuntime:
         self.start_timeout = start_timeout
         self._ray_init = dict(ray_init or {})
         self._owns_ray = False
+        self._metrics: Any = None
+        self._metrics_lock = threading.Lock()  # not the fleet's: making them subscribes on every shard
         self._fleet = Fleet(
             cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
         )
@@ -196,6 +198,10 @@ class ClusterRuntime:
             self._fleet.started = False
             shards = [s for s in self._fleet.shards.values() if s.alive]
             relays = list(self._fleet.relays.values())
+        with self._metrics_lock:
+            metrics, self._metrics = self._metrics, None
+        if metrics is not None:
+            metrics.close()
         with contextlib.suppress(Exception):
             ray.get([s.actor.stop.remote(timeout) for s in shards], timeout=timeout + 10)
         # The feeds end once each shard's bus has closed and they have passed on what it queued.
@@ -214,6 +220,17 @@ class ClusterRuntime:
             self._fleet.sessions.clear()
             self._fleet.relays.clear()
         self._disconnect(ray)
+
+    def metrics(self) -> Any:
+        """The cluster's Prometheus metrics, as ``Runtime.metrics``: counted at the front from the events of
+        every shard (one subscription across them), from the first call on. Needs ``prometheus-client``."""
+        from runtime.observability.metrics import RuntimeMetrics
+
+        with self._metrics_lock:
+            self._fleet.require_started()
+            if self._metrics is None:
+                self._metrics = RuntimeMetrics(self)
+            return self._metrics
 
     def __enter__(self) -> ClusterRuntime:
         return self.start()

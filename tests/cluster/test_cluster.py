@@ -94,6 +94,26 @@ def test_sessions_on_two_shards_and_events_from_both(cluster: ClusterRuntime, pr
     assert {e.type for e in recorder.events} == {"agent_start", "text_delta", "agent_end"}
 
 
+def test_metrics_count_the_turns_of_every_shard(cluster: ClusterRuntime, provider: Any) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    metrics = cluster.metrics()
+    assert cluster.metrics() is metrics
+    sids = [start(cluster, provider, sid) for sid in ids_on_each_shard(cluster, "metered", 1)]
+    assert {cluster.shard_of(sid) for sid in sids} == set(cluster.shards)
+    assert all(cluster.prompt(sid, "count me").result(timeout=60).status == "ok" for sid in sids)
+    cluster.prompt(sids[0], "and me").result(timeout=60)
+    deadline = time.monotonic() + 10  # the front counts events as they arrive from the shards
+    text = ""
+    while time.monotonic() < deadline:
+        text = generate_latest(metrics.registry).decode()
+        if 'agentcell_turns_total{status="ok"} 3.0' in text:
+            break
+        time.sleep(0.05)
+    assert 'agentcell_turns_total{status="ok"} 3.0' in text, text
+
+
 def test_queries_and_controls_reach_the_sessions_shard(cluster: ClusterRuntime, provider: Any) -> None:
     sid = start(cluster, provider, "controls")
     with pytest.raises(ValueError, match="already exists"):
