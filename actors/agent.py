@@ -233,7 +233,12 @@ class Agent(SessionActor):
         if isinstance(view, CallFailed):
             self.emit(ev.Error, message=f"agent recovery could not read the session: {view}", code="recovery")
             if handover is not None:
-                abandon(handover, f"the session could not be read after an agent crash: {view}")
+                abandon(
+                    handover,
+                    f"the session could not be read after an agent crash: {view}",
+                    self.services.tracing,
+                    self.session_id,
+                )
             self._dequeue()
             return
         self.refs.require("usage").tell(ut.Restore(tuple(view.messages)))
@@ -1046,9 +1051,21 @@ def _child_input_tokens(result: Message) -> int:
     return tokens if isinstance(tokens, int) else 0
 
 
-def abandon(handover: Handover, reason: str) -> None:
-    """Answer every prompt of a handover nobody will take up (the session stopped, or could not recover)."""
+def abandon(handover: Handover, reason: str, tracing: Any = None, session_id: str = "") -> None:
+    """Answer every prompt of a handover nobody will take up (the session stopped, or could not recover);
+    with ``tracing``, end the span of its run."""
     run = handover.run
+    if run is not None and run.span is not None and tracing is not None:
+        span, run.span = run.span, None
+        tracing.end_turn(
+            span,
+            session_id,
+            status="error",
+            usage=run.usage,
+            steps=run.step,
+            error=reason,
+            code="agent_crashed",
+        )
     if run is not None:
         run.prompt.handle.set_result(
             TurnResult(

@@ -202,7 +202,12 @@ class Session:
         with self._lock:
             self.supervisor = None
         if self.refs.handover is not None:  # a crashed agent's run that no successor will take up
-            abandon(self.refs.handover, f"the session's actors kept crashing and were stopped ({error})")
+            abandon(
+                self.refs.handover,
+                f"the session's actors kept crashing and were stopped ({error})",
+                self.services.tracing,
+                self.session_id,
+            )
         self.refs = SessionRefs()
         self.spec.resume = True
         self.services.bus.publish(

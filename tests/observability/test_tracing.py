@@ -298,3 +298,41 @@ def test_an_aborted_turn_ends_its_spans_as_aborted_and_cancelled(
     assert chat.parent.span_id == turn.context.span_id
     assert chat.attributes["error.type"] == "cancelled"
     assert chat.status.status_code is not StatusCode.ERROR
+
+
+def test_a_turn_taken_up_after_an_agent_crash_stays_one_span(
+    traced: Callable[..., Traced], provider: Any
+) -> None:
+    """The crashed agent hands its run to its successor: the turn's span goes with it, and the call made
+    after the recovery is a child of the same turn span as the one before."""
+    tr = traced()
+    release = threading.Event()
+
+    def wait_here() -> str:
+        """Wait until released."""
+        release.wait(30)
+        return "released"
+
+    calls = (ToolCallSpec(name="wait_here", arguments="{}", id="call_crash"),)
+    provider.add_script("otel-crash", [Turn(tool_calls=calls), Turn(text="recovered fine")])
+    sid = tr.rt.start_session(
+        model="openai/otel-crash", tools=[wait_here], api_base=provider.url, api_key="sk-local"
+    )
+    handle = tr.rt.prompt(sid, "go")
+    tr.recorder.wait_type("tool_execution_start", timeout=30)
+    tr.rt._session(sid).refs.agent.tell(object())  # an unexpected message: the agent crashes
+    try:
+        assert handle.result(timeout=30).text == "recovered fine"
+    finally:
+        release.set()
+    spans = tr.spans()
+    (turn,) = tr.named("invoke_agent")
+    assert turn.attributes["agentcell.turn.status"] == "ok"
+    kids = children(spans, turn)
+    assert [s.name for s in kids] == [
+        "chat openai/otel-crash",
+        "execute_tool wait_here",
+        "chat openai/otel-crash",
+    ]
+    assert kids[1].attributes["error.type"] == "aborted"  # the crash cut the tool call short
+    assert len(spans) == 4
