@@ -101,19 +101,16 @@ class Tracing:
         return cls(tracer, record_content=record_content)
 
     # -- turns ----------------------------------------------------------------------------------------
-    def start_turn(
-        self, session_id: str, turn_id: str, *, model: str, prompt: Message | None = None, agent: str = ""
-    ) -> Span:
+    def start_turn(self, session_id: str, turn_id: str, *, model: str, prompt: Message | None = None) -> Span:
         """The ``invoke_agent`` span of a turn (a child of the delegating tool call's span for a sub-agent)."""
         parent: Span | None = None
         link = self.parent_of(session_id)
         if link is not None:
             parent = self._tools.get(link)
-        name = agent or INSTRUMENTATION
         attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
-            PROVIDER: INSTRUMENTATION,
-            AGENT_NAME: name,
+            PROVIDER: _provider_name(None, model),
+            AGENT_NAME: INSTRUMENTATION,
             CONVERSATION: session_id,
             REQUEST_MODEL: model,
             SESSION_ID: session_id,
@@ -122,7 +119,7 @@ class Tracing:
         if self.record_content and prompt is not None:
             attributes[INPUT_MESSAGES] = _messages_json([prompt])
         span = self.tracer.start_span(
-            f"invoke_agent {name}",
+            f"invoke_agent {INSTRUMENTATION}",
             context=_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attributes,
@@ -177,7 +174,7 @@ class Tracing:
         """A ``chat`` span for one provider call (its retries included), a child of ``parent``."""
         attributes: dict[str, Any] = {
             OPERATION: "chat",
-            PROVIDER: PROVIDER_NAMES.get(provider or "", provider or _provider_of(request.model)),
+            PROVIDER: _provider_name(provider, request.model),
             REQUEST_MODEL: request.model,
             CONVERSATION: session_id,
             SESSION_ID: session_id,
@@ -379,9 +376,13 @@ def _context(parent: Span | None) -> Any:
     return trace.set_span_in_context(parent)
 
 
-def _provider_of(model: str) -> str:
-    prefix, slash, _ = model.partition("/")
-    return prefix if slash else "openai"
+def _provider_name(provider: str | None, model: str) -> str:
+    """``gen_ai.provider.name``: litellm's provider for the call (else the model's prefix; none: openai), in
+    the conventions' spelling where they have one."""
+    if not provider:
+        prefix, slash, _ = model.partition("/")
+        provider = prefix if slash else "openai"
+    return PROVIDER_NAMES.get(provider, provider)
 
 
 def _usage_attributes(usage: Usage) -> dict[str, Any]:
