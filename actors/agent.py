@@ -404,7 +404,7 @@ class Agent(SessionActor):
         tracing = self.services.tracing
         if tracing is not None:
             run.span = tracing.start_turn(
-                self.session_id, run.turn_id, model=self.model, prompt=prompt.message
+                self.session_id, run.turn_id, model=self.model, inputs=prompt.inputs
             )
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
         self._enter(AgentState.RUNNING)

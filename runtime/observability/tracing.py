@@ -101,8 +101,11 @@ class Tracing:
         return cls(tracer, record_content=record_content)
 
     # -- turns ----------------------------------------------------------------------------------------
-    def start_turn(self, session_id: str, turn_id: str, *, model: str, prompt: Message | None = None) -> Span:
-        """The ``invoke_agent`` span of a turn (a child of the delegating tool call's span for a sub-agent)."""
+    def start_turn(
+        self, session_id: str, turn_id: str, *, model: str, inputs: Sequence[Message] = ()
+    ) -> Span:
+        """The ``invoke_agent`` span of a turn (a child of the delegating tool call's span for a sub-agent);
+        ``inputs``: what the prompt records (the user's message, or a client's tool results)."""
         parent: Span | None = None
         link = self.parent_of(session_id)
         if link is not None:
@@ -116,8 +119,8 @@ class Tracing:
             SESSION_ID: session_id,
             TURN_ID: turn_id,
         }
-        if self.record_content and prompt is not None:
-            attributes[INPUT_MESSAGES] = _messages_json([prompt])
+        if self.record_content and inputs:
+            attributes[INPUT_MESSAGES] = _messages_json(inputs)
         span = self.tracer.start_span(
             f"invoke_agent {INSTRUMENTATION}",
             context=_context(parent),
