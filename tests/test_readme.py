@@ -35,10 +35,11 @@ def run_example(code: str, folder: Path) -> str:
     return done.stdout
 
 
-def test_the_readme_has_its_two_python_examples() -> None:
+def test_the_readme_has_its_three_python_examples() -> None:
     codes = examples()
-    assert len(codes) == 2
+    assert len(codes) == 3
     assert "Runtime(sessions_dir=" in codes[0] and "asyncio.run(main())" in codes[1]
+    assert "client.responses.create" in codes[2]
 
 
 def test_the_threads_example_runs_as_written(tmp_path: Path) -> None:
@@ -55,3 +56,12 @@ def test_the_asyncio_example_runs_as_written(tmp_path: Path) -> None:
     out = run_example(examples()[1], tmp_path / "asyncio")
     assert 'You asked: "Hello!"' in out  # streamed from the text deltas
     assert re.search(r"^ok: [\d,]+ tokens in context$", out, re.MULTILINE), out
+
+
+def test_the_responses_api_example_runs_as_written(tmp_path: Path) -> None:
+    out = run_example(examples()[2], tmp_path / "responses")
+    assert 'function_call get_weather {"city": "Oslo"}' in out  # the turn stopped for the client's tool
+    assert "It is sunny in Oslo, 21 C." in out  # the tool's output went on with the same thread
+    assert re.search(
+        r"^You asked about the weather in Oslo\.\n\d+ tokens in resp_[0-9a-f]{32}$", out, re.MULTILINE
+    ), out

@@ -207,6 +207,12 @@ class Gateway:
             except BaseException as exc:
                 future.set_exception(exc)
 
+        # httpx (which litellm imports) is imported whole here first: a module being imported on another
+        # thread is already in sys.modules, and code that looks it up there (the openai SDK checks for
+        # httpx so) would find it half made.
+        with contextlib.suppress(ImportError):
+            import httpx  # noqa: F401
+
         # Not a daemon: a program that exits while litellm is still importing must wait for the import.
         # A daemon thread would be frozen mid-import holding a module lock, and the first finalizer that
         # imports (litellm's HTTP handlers do, in __del__) would then hang the exit forever.

@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: openai checks it mid-import)
 import pytest
 
 from runtime.apps.server import ApiServer

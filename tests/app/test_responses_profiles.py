@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: openai checks it mid-import)
 import openai
 import pytest
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx  # noqa: F401  (whole before the runtime's I/O thread imports it: openai checks it mid-import)
 import openai
 import pytest
 
