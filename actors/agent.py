@@ -50,7 +50,7 @@ from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentcell.agent")
 
 # No tokenizer packs more characters than this into one token of real text: a prompt longer than this
 # many characters per token of the window is refused without counting it.

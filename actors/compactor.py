@@ -32,7 +32,7 @@ from runtime.messages import Message
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentcell.compactor")
 
 # -- messages -------------------------------------------------------------------------------------------
 

@@ -6,11 +6,16 @@ Importing this package is cheap and offline-safe: it sets ``LITELLM_LOCAL_MODEL_
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from runtime._offline import configure_offline_environment
 
 configure_offline_environment()
+
+# Every module logs under one root, "agentcell.<area>" (agentcell.runtime, .agent, .gateway, .store, ...):
+# configuring "agentcell" configures them all. Without configuration nothing is printed (pykka's way).
+logging.getLogger("agentcell").addHandler(logging.NullHandler())
 
 from runtime.config import Config, ConfigError, load_config  # noqa: E402
 from runtime.ids import InvalidSessionId, validate_session_id  # noqa: E402

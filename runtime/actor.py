@@ -61,7 +61,7 @@ __all__ = [
     "set_default_dispatcher",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("agentcell.actor")
 
 T = TypeVar("T")
 OptExcInfo: TypeAlias = tuple[type[BaseException] | None, BaseException | None, "TracebackType | None"]

@@ -35,7 +35,7 @@ from runtime.events import EVENT_TYPES, Event, SubscriberLagged
 
 __all__ = ["ALL", "EventBus", "Subscription"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("agentcell.bus")
 
 ALL = "*"
 """Subscribe to every session."""

@@ -29,7 +29,7 @@ from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id, user
 
-log = logging.getLogger("agentcell")
+log = logging.getLogger("agentcell.runtime")
 
 ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None
 

@@ -56,7 +56,7 @@ __all__ = [
     "SupervisorActor",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("agentcell.supervisor")
 
 RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]

@@ -36,7 +36,7 @@ from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
 from runtime.gateway.transports.openai_compat import OpenAICompatTransport
 from runtime.messages import Message, Usage
 
-_log = logging.getLogger("runtime.gateway")
+_log = logging.getLogger("agentcell.gateway")
 T = TypeVar("T")
 
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from runtime.affinity import place_thread
 
-_log = logging.getLogger("runtime.gateway")
+_log = logging.getLogger("agentcell.gateway")
 T = TypeVar("T")
 
 Closer = Callable[[], Awaitable[object]]

@@ -34,7 +34,7 @@ from runtime.gateway._cost import Prices, prices_for
 from runtime.gateway._models import CompletionRequest, TransportMode
 from runtime.messages import ImagePart, Message
 
-_log = logging.getLogger("runtime.gateway")
+_log = logging.getLogger("agentcell.gateway")
 
 LITELLM: Final = "litellm"
 OPENAI_COMPAT: Final = "openai_compat"

@@ -42,7 +42,7 @@ _SSE_DONE: Final = b"data: [DONE]\n\n"
 
 Responder = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Turn]
 """A reply computed from a request's messages and tools (see :meth:`LocalProvider.add_responder`)."""
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentcell.provider")
 _json = msgspec.json.Encoder()
 _decode_body = msgspec.json.Decoder(dict[str, Any])
 

@@ -44,7 +44,7 @@ from runtime.messages import Message, ToolCallPart, tool_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 from runtime.tools.workspace import Workspace
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentcell.tools")
 
 Approve = Callable[[ToolCallPart], "bool | str | None"]
 ContextFactory = Callable[[ToolCallPart], ToolContext]

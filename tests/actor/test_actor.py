@@ -744,7 +744,7 @@ def test_blocking_on_a_future_inside_a_handler_is_warned_about(
             return future.get(timeout=WAIT)
 
     actor_module._warned_blocking = False
-    with caplog.at_level(logging.WARNING, logger="runtime.actor"):
+    with caplog.at_level(logging.WARNING, logger="agentcell.actor"):
         assert Blocker.start(dispatcher=dispatcher).ask("x", timeout=WAIT) == 1
     assert "blocking on Future.get()" in caplog.text
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from runtime.gateway._routing import Route
     from runtime.messages import Message
 
-_log = logging.getLogger("runtime.gateway")
+_log = logging.getLogger("agentcell.gateway")
 
 _FIRST_CALL_MODULES: Final = (
     # What litellm's first OpenAI-compatible call imports lazily (~500 modules, seconds): imported here, off
