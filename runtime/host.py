@@ -622,18 +622,9 @@ class Runtime:
         of :attr:`TurnResult.awaiting`). ``options`` is an :class:`actors.agent.TurnOptions`: client-side
         tools, this run's instructions, compaction on or off. Queued like :meth:`prompt` while busy.
         """
-        from actors.agent import Prompt, TurnOptions
+        from actors.agent import Prompt
 
-        if not messages:
-            raise ValueError("send needs at least one message")
-        for message in messages:
-            if not isinstance(message, Message) or message.role not in ("user", "assistant", "tool"):
-                raise ValueError("send takes user, assistant and tool messages")
-            _require_unicode(message.text, f"the {message.role} message")
-        if messages[-1].role not in ("user", "tool"):
-            raise ValueError("the last message sent must be a user message or a tool result")
-        if options is not None and not isinstance(options, TurnOptions):
-            raise TypeError("options must be an actors.agent.TurnOptions")
+        check_sendable(messages, options)
         session = self._session(session_id)
         handle = PromptHandle(prompt_id or new_id())
         refs = session.ensure_running()
@@ -815,6 +806,22 @@ class Runtime:
         return self.bus.subscribe(
             sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
         )
+
+
+def check_sendable(messages: Sequence[Message], options: Any) -> None:
+    """Raise ``ValueError`` (``TypeError``) unless :meth:`Runtime.send` can take ``messages`` and ``options``."""
+    from actors.agent import TurnOptions
+
+    if not messages:
+        raise ValueError("send needs at least one message")
+    for message in messages:
+        if not isinstance(message, Message) or message.role not in ("user", "assistant", "tool"):
+            raise ValueError("send takes user, assistant and tool messages")
+        _require_unicode(message.text, f"the {message.role} message")
+    if messages[-1].role not in ("user", "tool"):
+        raise ValueError("the last message sent must be a user message or a tool result")
+    if options is not None and not isinstance(options, TurnOptions):
+        raise TypeError("options must be an actors.agent.TurnOptions")
 
 
 def _require_unicode(text: str, what: str) -> None:

@@ -50,7 +50,7 @@ from runtime.cluster._placement import owner
 from runtime.cluster._shard import Shard, ShardInfo
 from runtime.config import Config, load_config
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
-from runtime.host import SessionNotFound, _require_unicode
+from runtime.host import SessionNotFound, _require_unicode, check_sendable
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
@@ -457,6 +457,23 @@ class ClusterRuntime:
         entry.gate.then(send)
         return handle
 
+    def send(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        options: Any = None,
+        prompt_id: str | None = None,
+    ) -> PromptHandle:
+        """Run a turn on ``messages`` (see :meth:`runtime.Runtime.send`) on the session's shard; a shard that
+        dies first resolves it like :meth:`prompt`."""
+        check_sendable(messages, options)
+        entry = self._fleet.hosted(session_id)
+        handle = PromptHandle(prompt_id or new_id())
+        payload = (_wire.encode(list(messages)), _wire.encode(options), handle.id)
+        entry.gate.then(partial(self._send, session_id, handle, "send", payload))
+        return handle
+
     def abort(self, session_id: str) -> Handle[bool]:
         """Stop the running turn; resolves to whether a turn was running."""
         entry = self._fleet.hosted(session_id)
@@ -516,14 +533,14 @@ class ClusterRuntime:
                 f"{SHARD_LOST}: {error}; the session is resumed from its log on another shard and this turn "
                 "is not retried (what it wrote before is kept): send the prompt again"
             )
-            if method == "prompt":
+            if method in ("prompt", "send"):
                 handle.set_result(TurnResult(prompt_id=handle.id, status="error", error=note))
             elif method == "compact":
                 handle.set_result(CompactionResult(compacted=False, reason=note))
             else:  # abort: no turn runs on a dead shard
                 handle.set_result(False)
             return
-        if method == "prompt":
+        if method in ("prompt", "send"):
             data, positions = value
             self._after_events(shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
         elif method == "compact":

@@ -155,6 +155,19 @@ class Shard:
         result = await handle
         return _wire.encode(result), self._positions(session_id)
 
+    async def send(
+        self, session_id: str, messages: bytes, options: bytes, prompt_id: str
+    ) -> tuple[bytes, dict[str, int]]:
+        """Run a turn on messages (see ``Runtime.send``); like :meth:`prompt`."""
+        handle = self.runtime.send(
+            session_id,
+            _wire.decode_messages(messages),
+            options=_wire.decode_turn_options(options),
+            prompt_id=prompt_id,
+        )
+        result = await handle
+        return _wire.encode(result), self._positions(session_id)
+
     async def abort(self, session_id: str) -> bool:
         return await self.runtime.abort(session_id)
 

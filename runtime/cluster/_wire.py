@@ -50,6 +50,19 @@ def decode_messages(data: bytes) -> list[Message]:
     return _messages.decode(data)
 
 
+def decode_turn_options(data: bytes) -> Any:
+    """An ``actors.agent.TurnOptions``, or None (imported here: the front need not import the actors)."""
+    global _options
+    if _options is None:
+        from actors.agent import TurnOptions
+
+        _options = msgspec.msgpack.Decoder(TurnOptions | None)
+    return _options.decode(data)
+
+
+_options: Any = None
+
+
 def _reduce_corrupt_log(exc: CorruptLogError) -> tuple[Any, ...]:
     return (CorruptLogError, (exc.path, exc.line, exc.reason))
 

@@ -151,6 +151,24 @@ def test_queries_and_controls_reach_the_sessions_shard(cluster: ClusterRuntime, 
         cluster.resume_session(sid)
 
 
+def test_send_with_client_tools_crosses_to_the_shard(cluster: ClusterRuntime, provider: Any) -> None:
+    from actors.agent import TurnOptions
+    from runtime.messages import tool_result, user
+    from runtime.provider.script import ToolCallSpec
+
+    provider.add_script(
+        "cluster-client-tools",
+        [Turn(tool_calls=(ToolCallSpec(name="lookup", id="call_c"),)), Turn(text="looked up")],
+    )
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    options = TurnOptions(client_tools=(tool,), instructions="Be brief.")
+    sid = start(cluster, provider, "send-1", model="openai/cluster-client-tools")
+    first = cluster.send(sid, [user("look it up")], options=options).result(timeout=60)
+    assert [c.id for c in first.awaiting] == ["call_c"]
+    done = cluster.send(sid, [tool_result("call_c", "lookup", "found")], options=options).result(timeout=60)
+    assert done.text == "looked up" and not done.awaiting
+
+
 def test_the_cluster_works_from_asyncio(cluster: ClusterRuntime, provider: Any) -> None:
     async def main() -> list[str]:
         sid = await cluster.astart_session(
