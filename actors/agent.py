@@ -81,6 +81,10 @@ class IllegalTransition(RuntimeError):
 # -- messages ---------------------------------------------------------------------------------------------
 
 
+CLIENT_TOOL_CLASH: Final = "client_tool_clash"
+"""The error code of a run whose client tools have the names of the session's own."""
+
+
 class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What a client that keeps part of a turn on its side (the Responses API front door) asks of a run.
 
@@ -408,6 +412,11 @@ class Agent(SessionActor):
             )
         self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
         self._enter(AgentState.RUNNING)
+        clash = sorted(run.options.client_tool_names & set(self.spec.tools.names)) if prompt.options else []
+        if clash:  # the model could not tell which one it calls: refused before anything is recorded
+            message = f"client tools {clash} have the names of tools this session runs itself; rename them"
+            self._finish("error", message, code=CLIENT_TOOL_CLASH)
+            return
         inputs = prompt.inputs
         results = tuple(m for m in inputs if m.role == "tool")
         refusal = None if results else self._prompt_refusal(inputs)

@@ -132,7 +132,7 @@ def test_tools_usage_errors_and_the_response_object_have_the_apis_shapes() -> No
     assert usage["input_tokens_details"]["cached_tokens"] == 6 and usage["total_tokens"] == 14
     assert failure("context_overflow_after_compaction", "x") == (
         400,
-        {"code": "context_length_exceeded", "message": "x"},
+        {"code": "context_length_exceeded", "message": "x", "param": "input"},
     )
     assert failure("turn_budget", "x")[0] == 500 and failure("provider_rate_limit", "x")[0] == 429
     record = ResponseRecord(id="resp_1", session_id="s", model="m", usage=usage, status="completed")

@@ -135,3 +135,11 @@ def test_truncation_disabled_makes_an_overflow_an_error(client: openai.OpenAI) -
         client.responses.create(model="tiny", input="short", previous_response_id=previous).status
         == "completed"
     )
+
+
+def test_a_client_tool_named_like_a_server_tool_is_refused(client: openai.OpenAI) -> None:
+    clash = {"type": "function", "name": "list_dir", "parameters": {"type": "object", "properties": {}}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="lister", input="list it", tools=[clash])
+    error = raised.value.body
+    assert isinstance(error, dict) and error["param"] == "tools" and "list_dir" in error["message"]

@@ -43,6 +43,18 @@ def sent(provider: Any, model: str) -> list[list[dict[str, Any]]]:
     return [list(r.body["messages"]) for r in provider.request_log if r.model == name]
 
 
+def test_store_false_keeps_nothing(client: openai.OpenAI, rt: Any, script: Any) -> None:
+    model = script(Turn(text="not kept"))
+    before = {s.id for s in rt.list_sessions()}
+    response = client.responses.create(model=model, input="forget this", store=False)
+    assert response.output_text == "not kept" and response.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=model, input="more", previous_response_id=response.id)
+    assert {s.id for s in rt.list_sessions()} == before  # the session it started is gone too
+
+
 def test_a_response_starts_a_session_and_is_kept(client: openai.OpenAI, provider: Any, script: Any) -> None:
     model = script(Turn(text="Hello there!", reasoning="The user greets me."))
     response = client.responses.create(model=model, input="Hi!", instructions="Be brief.")

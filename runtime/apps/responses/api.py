@@ -11,6 +11,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from actors.agent import CLIENT_TOOL_CLASH
 from runtime.context import working_set as ws
 from runtime.messages import Usage
 
@@ -275,7 +276,9 @@ def request_tools(body: CreateResponse) -> list[dict[str, Any]]:
 def failure(code: str, message: str) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the ``error`` of a run that ended with agentcell's error ``code``."""
     if code in CONTEXT_CODES:
-        return 400, {"code": "context_length_exceeded", "message": message}
+        return 400, {"code": "context_length_exceeded", "message": message, "param": "input"}
+    if code == CLIENT_TOOL_CLASH:
+        return 400, {"code": "invalid_value", "message": message, "param": "tools"}
     if code == "provider_rate_limit":
         return 429, {"code": "rate_limit_exceeded", "message": message}
     if code == "provider_invalid_request":  # the provider refused the request (an unknown model...)

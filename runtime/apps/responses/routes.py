@@ -110,13 +110,12 @@ def responses_routes(
         await asyncio.shield(run.task)  # (a client that goes away does not cut the run short)
         record = run.record
         if record.status == "failed" and record.error is not None and run.http_status != 200:
-            code = record.error.get("code")
             raise ApiError(
                 run.http_status,
                 str(record.error.get("message")),
                 type=error_type(run.http_status),
-                param="input" if code == "context_length_exceeded" else None,
-                code=str(code),
+                param=record.error.get("param"),
+                code=str(record.error.get("code")),
             )
         return record.to_api()
 
