@@ -356,6 +356,20 @@ def _cluster(doc: dict[str, Any]) -> Summary:
     ]
 
 
+def _responses(doc: dict[str, Any]) -> Summary:
+    return [
+        _figure(
+            "responses",
+            f"CPU per turn, {row['side']} against the runtime's own HTTP API",
+            f"{row['cpu_ms_per_turn']:.2f} ms ({row['cpu_ratio_to_own']:.2f}x)",
+            "-",
+            None,
+        )
+        for row in doc["rows"]
+        if row["side"] != "own"
+    ]
+
+
 BENCHES: tuple[Bench, ...] = (
     Bench("sessions", ("--quick",), (), _sessions, "idle sessions per process: start time, RSS, files"),
     Bench(
@@ -390,6 +404,13 @@ BENCHES: tuple[Bench, ...] = (
         _capacity,
         "1,000 sessions, 1-2 s provider latency: CPU per turn, turns/s; runtime (both transports) against bare"
         " litellm, the openai SDK and the Agents SDK",
+    ),
+    Bench(
+        "responses",
+        ("--quick",),
+        (),
+        _responses,
+        "the OpenAI Responses API front door's CPU per turn against the runtime's own HTTP API",
     ),
     Bench(
         "cluster",

@@ -267,10 +267,12 @@ class FrontDoor:
         before = await runtime.amessages(sid)
         if (before[-1].id if before else None) != record.start_leaf and record.start_leaf is not None:
             await runtime.abranch(sid, record.start_leaf)  # an older response: its branch of the tree
-        summary = await asyncio.to_thread(served(runtime).session_summary, sid)
+        summary = served(runtime).session_summary(sid)  # (in memory: a local runtime's)
         if summary.model != model:
             await runtime.aset_model(sid, model)
-        subscription = await asyncio.to_thread(runtime.subscribe, sid)
+        # a stream needs every event of the turn; an answer in one piece only where it starts and ends
+        types = None if run.queue is not None else ("agent_start", "agent_end", "error")
+        subscription = runtime.subscribe(sid, types)
         try:
             handle = runtime.send(sid, messages, options=options)
             code = await self._follow(run, subscription, handle)
@@ -305,7 +307,8 @@ class FrontDoor:
         iterator = subscription.__aiter__()
         while True:
             try:
-                event = await asyncio.wait_for(iterator.__anext__(), 0.5)
+                async with asyncio.timeout(0.5):  # (no task per event, as wait_for would make)
+                    event = await iterator.__anext__()
             except TimeoutError:
                 if handle.done():  # (agent_end comes before the handle resolves: nothing is left)
                     return code

@@ -218,10 +218,18 @@ def responses_routes(
 
 async def _sse(run: Run) -> AsyncIterator[bytes]:
     """The stream of ``run``: its events as they come; a client that goes away leaves the run going."""
-    assert run.queue is not None
+    queue = run.queue
+    assert queue is not None
     while True:
-        event = await run.queue.get()
-        if event is STREAM_END:
+        events = [await queue.get()]
+        while not queue.empty():  # what is there already goes out in one write
+            events.append(queue.get_nowait())
+        frames = [
+            b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
+            for e in events
+            if e is not STREAM_END
+        ]
+        if frames:
+            yield b"".join(frames)
+        if events[-1] is STREAM_END:
             return
-        data = msgspec.json.encode(event)
-        yield b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n"
