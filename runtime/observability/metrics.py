@@ -211,6 +211,8 @@ class RuntimeMetrics:
         sid = event.session_id
         match event:
             case ev.RequestStart(model=model):
+                # a call still open was cut off without an event of its own (an agent crash mid-call)
+                self._end_request(sid, event.ts, "cancelled")
                 self._requests[sid] = (event.ts, model)
             case ev.TurnEnd(usage=usage):
                 model = self._end_request(sid, event.ts, "ok")

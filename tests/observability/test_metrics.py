@@ -253,3 +253,21 @@ def test_scrapes_while_turns_run_never_break_the_counting(rt: Any, provider: Any
     text = metrics.exposition()[0].decode()
     assert 'agentcell_turns_total{status="ok"} 20.0' in text
     assert 'agentcell_provider_calls_total{model="openai/metrics-busy",outcome="ok"} 20.0' in text
+
+
+def test_a_call_cut_off_by_an_agent_crash_counts_as_cancelled(
+    rt: Any, recorder: Recorder, provider: Any
+) -> None:
+    metrics = rt.metrics()
+    provider.add_script("metrics-crash", [Turn(text="too late", latency=5.0), Turn(text="after the crash")])
+    sid = rt.start_session(model="openai/metrics-crash", api_base=provider.url, api_key="sk-local")
+    handle = rt.prompt(sid, "hello")
+    recorder.wait_type("request_start", timeout=30)
+    rt._session(sid).refs.agent.tell(object())  # an unexpected message: the agent crashes mid-call
+    assert handle.result(timeout=30).text == "after the crash"  # its successor makes the call again
+    assert len(recorder.of("request_start", sid)) == 2
+    text = metrics.exposition()[0].decode()
+    assert 'agentcell_provider_calls_total{model="openai/metrics-crash",outcome="cancelled"} 1.0' in text
+    assert 'agentcell_provider_calls_total{model="openai/metrics-crash",outcome="ok"} 1.0' in text
+    assert 'agentcell_turns_total{status="ok"} 1.0' in text
+    assert "agentcell_sessions_running 0.0" in text
