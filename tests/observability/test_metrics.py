@@ -271,3 +271,54 @@ def test_a_call_cut_off_by_an_agent_crash_counts_as_cancelled(
     assert 'agentcell_provider_calls_total{model="openai/metrics-crash",outcome="ok"} 1.0' in text
     assert 'agentcell_turns_total{status="ok"} 1.0' in text
     assert "agentcell_sessions_running 0.0" in text
+
+
+def test_the_serve_command_takes_metrics_public() -> None:
+    from runtime.apps.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--metrics-public"]).metrics_public is True
+    assert build_parser().parse_args(["serve"]).metrics_public is False
+
+
+@pytest.mark.slow  # ~30 s here: the server process imports litellm and waits for it to stop
+def test_serve_with_metrics_public_lets_a_scraper_in_without_the_token(tmp_path: Any) -> None:
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
+    command = [
+        sys.executable,
+        "-m",
+        "runtime.apps.cli",
+        "serve",
+        "--port",
+        "0",
+        "--token",
+        TOKEN,
+        "--metrics-public",
+    ]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        timer = threading.Timer(60, proc.kill)
+        timer.start()
+        line = ""
+        while "listening on" not in line:
+            line = proc.stderr.readline()
+            assert line, "serve exited early"
+        timer.cancel()
+        assert "/metrics public" in line
+        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert url, line
+        samples = scrape(url.group(1), token=None)
+        assert value(samples, "agentcell_sessions_hosted") == 0
+        assert httpx.get(f"{url.group(1)}/sessions", timeout=10).status_code == 401
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
