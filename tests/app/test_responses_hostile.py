@@ -154,6 +154,23 @@ def test_cancel_mid_stream_stops_the_turn_and_the_session_goes_on(client: openai
     assert after.output_text == "after the cancel"
 
 
+def test_cancelling_a_response_that_waits_for_its_session_leaves_the_running_one_alone(
+    client: openai.OpenAI, script: Any
+) -> None:
+    model = script(Turn(text="root"), Turn(text="the running one", latency=2.0), Turn(text="never asked"))
+    root = client.responses.create(model=model, input="root")
+    running = client.responses.create(model=model, input="a", previous_response_id=root.id, stream=True)
+    running_events = iter(running)
+    assert next(running_events).type == "response.created"
+    waiting = client.responses.create(model=model, input="b", previous_response_id=root.id, stream=True)
+    waiting_events = iter(waiting)
+    created = next(waiting_events)
+    assert client.responses.cancel(created.response.id).status == "cancelled"
+    assert list(waiting_events)[-1].response.status == "cancelled"
+    finished = list(running_events)[-1]
+    assert finished.type == "response.completed" and finished.response.output_text == "the running one"
+
+
 def test_a_client_that_disconnects_mid_stream_leaves_the_response_whole(
     server: ApiServer, client: openai.OpenAI, script: Any
 ) -> None:

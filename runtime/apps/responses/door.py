@@ -51,6 +51,7 @@ class Run:
         self.task: asyncio.Task[None] | None = None
         self.session_id: str | None = None
         self.cancelled = False
+        self.sent = False  # its turn was sent to the session (a cancel aborts it from then on)
         self.deleted = False
         self.http_status = 200
 
@@ -272,9 +273,13 @@ class FrontDoor:
             await runtime.aset_model(sid, model)
         # a stream needs every event of the turn; an answer in one piece only where it starts and ends
         types = None if run.queue is not None else ("agent_start", "agent_end", "error")
+        if run.cancelled:  # (cancelled while it waited for the session)
+            self._end(run, "cancelled", None)
+            return
         subscription = runtime.subscribe(sid, types)
         try:
             handle = runtime.send(sid, messages, options=options)
+            run.sent = True
             code = await self._follow(run, subscription, handle)
         finally:
             subscription.close()
@@ -361,8 +366,10 @@ class FrontDoor:
                 400, f"Response '{record.id}' is {record.status}: only one in progress can be cancelled."
             )
         run.cancelled = True
-        if run.session_id is not None and served(self.runtime).is_hosted(run.session_id):
-            await self.runtime.abort(run.session_id)
+        if run.sent and run.session_id is not None and served(self.runtime).is_hosted(run.session_id):
+            await self.runtime.abort(
+                run.session_id
+            )  # (before it is sent, another run may be the one running)
         if run.task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(run.task)
