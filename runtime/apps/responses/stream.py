@@ -79,6 +79,10 @@ class StreamTranslator:
         self.sequence += 1
         return event
 
+    def _on(self, item: _Item, type: str, **fields: Any) -> dict[str, Any]:
+        """An event about ``item``."""
+        return self._event(type, item_id=item.id, output_index=item.index, **fields)
+
     def start(self, response: dict[str, Any]) -> list[dict[str, Any]]:
         return [
             self._event("response.created", response=response),
@@ -101,10 +105,9 @@ class StreamTranslator:
                 if not item.done and item.id not in self.announced:
                     self.announced.add(item.id)
                     out.append(
-                        self._event(
+                        self._on(
+                            item,
                             "response.mcp_call_arguments.done",
-                            item_id=item.id,
-                            output_index=item.index,
                             arguments="".join(item.text),
                         )
                     )
@@ -121,7 +124,7 @@ class StreamTranslator:
                 self.open = None
             else:
                 item, out = waiting, []
-            out.append(self._event("response.mcp_call.in_progress", item_id=item.id, output_index=item.index))
+            out.append(self._on(item, "response.mcp_call.in_progress"))
             return out
         if event.type in PASSED_ON:
             data = ev.event_to_builtins(event)
@@ -138,7 +141,7 @@ class StreamTranslator:
             call = ToolCallPart(message.tool_call_id or "", str(item.item["name"]), "".join(item.text))
             item.item = it.mcp_call_item(call, message)
             kind = "response.mcp_call.failed" if message.is_error else "response.mcp_call.completed"
-            out.append(self._event(kind, item_id=item.id, output_index=item.index))
+            out.append(self._on(item, kind))
             out.extend(self._done(item))
         return out
 
@@ -180,10 +183,9 @@ class StreamTranslator:
                 item = self._add(it.reasoning_item(self.message_id, "", "in_progress") | {"summary": []}, out)
                 part = {"type": "summary_text", "text": ""}
                 out.append(
-                    self._event(
+                    self._on(
+                        item,
                         "response.reasoning_summary_part.added",
-                        item_id=item.id,
-                        output_index=item.index,
                         summary_index=0,
                         part=part,
                     )
@@ -191,10 +193,9 @@ class StreamTranslator:
             else:
                 item = self._add(it.text_item(self.message_id, "", "in_progress"), out)
                 out.append(
-                    self._event(
+                    self._on(
+                        item,
                         "response.content_part.added",
-                        item_id=item.id,
-                        output_index=item.index,
                         content_index=0,
                         part=it.output_text_part(""),
                     )
@@ -205,20 +206,18 @@ class StreamTranslator:
         item.text.append(delta)
         if kind == "reasoning":
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.reasoning_summary_text.delta",
-                    item_id=item.id,
-                    output_index=item.index,
                     summary_index=0,
                     delta=delta,
                 )
             )
         else:
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.output_text.delta",
-                    item_id=item.id,
-                    output_index=item.index,
                     content_index=0,
                     delta=delta,
                     logprobs=[],
@@ -255,7 +254,7 @@ class StreamTranslator:
             if item.item["type"] == "function_call"
             else "response.mcp_call_arguments.delta"
         )
-        out.append(self._event(kind, item_id=item.id, output_index=item.index, delta=delta))
+        out.append(self._on(item, kind, delta=delta))
         return out
 
     def _close(self) -> list[dict[str, Any]]:
@@ -269,19 +268,17 @@ class StreamTranslator:
         if kind == "reasoning":
             part = {"type": "summary_text", "text": text}
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.reasoning_summary_text.done",
-                    item_id=item.id,
-                    output_index=item.index,
                     summary_index=0,
                     text=text,
                 )
             )
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.reasoning_summary_part.done",
-                    item_id=item.id,
-                    output_index=item.index,
                     summary_index=0,
                     part=part,
                 )
@@ -289,20 +286,18 @@ class StreamTranslator:
             item.item = it.reasoning_item(self.message_id or "", text) | {"id": item.id}
         elif kind == "message":
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.output_text.done",
-                    item_id=item.id,
-                    output_index=item.index,
                     content_index=0,
                     text=text,
                     logprobs=[],
                 )
             )
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.content_part.done",
-                    item_id=item.id,
-                    output_index=item.index,
                     content_index=0,
                     part=it.output_text_part(text),
                 )
@@ -310,10 +305,9 @@ class StreamTranslator:
             item.item = {**item.item, "status": "completed", "content": [it.output_text_part(text)]}
         elif kind == "function_call":
             out.append(
-                self._event(
+                self._on(
+                    item,
                     "response.function_call_arguments.done",
-                    item_id=item.id,
-                    output_index=item.index,
                     arguments=text,
                 )
             )
