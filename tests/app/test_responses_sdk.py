@@ -207,3 +207,30 @@ def test_conversations_keep_the_thread(client: openai.OpenAI, provider: Any, scr
     assert deleted.deleted and deleted.id == conversation.id
     with pytest.raises(openai.NotFoundError):
         client.conversations.retrieve(conversation.id)
+
+
+def test_two_responses_at_once_in_a_conversation_go_one_after_the_other(
+    client: openai.OpenAI, provider: Any, script: Any
+) -> None:
+    import threading
+
+    model = script(Turn(text="first answer", latency=0.5), Turn(text="second answer", latency=0.5))
+    conversation = client.conversations.create()
+    answers: list[str] = []
+    threads = [
+        threading.Thread(
+            target=lambda text=text: answers.append(
+                client.responses.create(model=model, conversation=conversation.id, input=text).output_text
+            )
+        )
+        for text in ("one", "two")
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(answers) == ["first answer", "second answer"]
+    last = [m["content"] for m in sent(provider, model)[-1]]
+    assert len(last) == 3 and last[1] == "first answer"  # the second saw the first: one thread, not two
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert len(items) == 4

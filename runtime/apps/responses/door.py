@@ -116,7 +116,26 @@ class FrontDoor:
 
     # -- a response -------------------------------------------------------------------------------------
     async def create(self, body: CreateResponse) -> Run:
-        """Check ``body``, start its run, and return it (its task runs on)."""
+        """Check ``body``, start its run, and return it (its task runs on).
+
+        A response in a conversation holds the conversation from before it reads where the conversation is
+        until it has recorded where it left it: the next one goes on after it, not beside it."""
+        held: asyncio.Lock | None = None
+        if body.conversation is not None and not body.previous_response_id and body.conversation_id:
+            held = self._lock(body.conversation_id)
+            await held.acquire()
+        try:
+            run, messages, options, model, conversation = await self._prepare(body)
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        run.task = asyncio.create_task(self._run(run, messages, options, model, conversation, held))
+        return run
+
+    async def _prepare(
+        self, body: CreateResponse
+    ) -> tuple[Run, list[Message], TurnOptions, str, ConversationRecord | None]:
         names = unsupported(body)
         if names:
             raise ApiError(
@@ -198,9 +217,7 @@ class FrontDoor:
         else:
             run.session_id = session_id
         self.runs[record.id] = run
-        key = conversation.id if conversation is not None else run.session_id
-        run.task = asyncio.create_task(self._run(run, key, parsed.messages, options, model, conversation))
-        return run
+        return run, parsed.messages, options, model, conversation
 
     def _model(self, name: str) -> tuple[str, Any]:
         """The model to run, and the agent profile ``name`` names (or None)."""
@@ -232,7 +249,21 @@ class FrontDoor:
     async def _run(
         self,
         run: Run,
-        key: str,
+        messages: list[Message],
+        options: TurnOptions,
+        model: str,
+        conversation: ConversationRecord | None,
+        held: asyncio.Lock | None,
+    ) -> None:
+        try:
+            await self._run_held(run, messages, options, model, conversation)
+        finally:
+            if held is not None:  # the conversation's lock, taken in create
+                held.release()
+
+    async def _run_held(
+        self,
+        run: Run,
         messages: list[Message],
         options: TurnOptions,
         model: str,
@@ -240,8 +271,9 @@ class FrontDoor:
     ) -> None:
         record = run.record
         run.send(run.translator.start(record.to_api()))
+        assert run.session_id is not None
         try:
-            async with self._lock(key):
+            async with self._lock(run.session_id):
                 if run.cancelled:
                     self._end(run, "cancelled", None)
                 else:
