@@ -22,6 +22,8 @@ DURATIONS = [
     "retry.base_delay",
     "retry.max_delay",
     "retry.request_timeout",
+    "retry.first_byte_timeout",
+    "retry.stall_timeout",
     "agent.tool_timeout",
     "agent.stream_stall_seconds",
     "agent.shell_timeout",
