@@ -17,6 +17,7 @@ import msgspec
 import pykka
 
 from runtime.actor import PooledActor, PooledFuture
+from runtime.errors import RuntimeStateError
 from runtime.events import Event, ProviderRetry
 
 log = logging.getLogger("agentcell.actors")
@@ -73,7 +74,7 @@ def _deliver(caller: pykka.ActorRef[Any], token: int, future: PooledFuture[Any])
         pass
 
 
-class CallFailed(RuntimeError):
+class CallFailed(RuntimeStateError):
     """The actor that was called is gone or raised; ``__cause__`` holds the reason."""
 
 

@@ -45,6 +45,7 @@ from runtime.context.recovery import (
     compaction_did_not_help,
     prompt_caused_overflow,
 )
+from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
 from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
@@ -74,7 +75,7 @@ TRANSITIONS: Final[dict[AgentState, frozenset[AgentState]]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(RuntimeStateError):
     """The agent was asked to move between two states the state machine does not link."""
 
 
@@ -235,7 +236,11 @@ class Agent(SessionActor):
     def _recover(self, view: Any) -> None:
         handover, self.refs.handover = self.refs.handover, None
         if isinstance(view, CallFailed):
-            self.emit(ev.Error, message=f"agent recovery could not read the session: {view}", code="recovery")
+            self.emit(
+                ev.ErrorOccurred,
+                message=f"agent recovery could not read the session: {view}",
+                code="recovery",
+            )
             if handover is not None:
                 abandon(
                     handover,
@@ -316,7 +321,7 @@ class Agent(SessionActor):
             )
         for queued in self.queue:
             self.services.bus.publish(
-                ev.Error(
+                ev.ErrorOccurred(
                     session_id=self.session_id, message="queued prompt lost to an agent crash; resend it"
                 )
             )
@@ -339,7 +344,7 @@ class Agent(SessionActor):
         self._end_span(run, status, reason, code="agent_crashed" if status == "error" else None)
         try:
             if status == "error":
-                self.emit(ev.Error, message=reason, code="agent_crashed", turn_id=run.turn_id)
+                self.emit(ev.ErrorOccurred, message=reason, code="agent_crashed", turn_id=run.turn_id)
             self.emit(
                 ev.AgentEnd,
                 turn_id=run.turn_id,
@@ -912,7 +917,7 @@ class Agent(SessionActor):
 
         def written(error: Exception | None) -> None:  # on the writer thread
             if error is not None:
-                publish(ev.PersistenceError(session_id=sid, path=str(path), error=str(error)))
+                publish(ev.PersistenceFailed(session_id=sid, path=str(path), error=str(error)))
 
         self.services.writer.write_file(path, data, written)
         return str(path), sha
@@ -968,7 +973,11 @@ class Agent(SessionActor):
                 self.emit(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
             elif status == "error":
                 self.emit(
-                    ev.Error, message=error or "error", code=code, turn_id=run.turn_id, retryable=retryable
+                    ev.ErrorOccurred,
+                    message=error or "error",
+                    code=code,
+                    turn_id=run.turn_id,
+                    retryable=retryable,
                 )
             if store is not None and not (status == "ok" and run.synced):
                 with contextlib.suppress(pykka.ActorDeadError):  # (a run that waits for the client ends

@@ -26,6 +26,7 @@ from runtime.context import compaction as comp
 from runtime.context import tool_summary as ts
 from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
 from runtime.context.working_set import working_set_start
+from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult, Handle
 from runtime.messages import Message
@@ -106,7 +107,7 @@ class SessionEstimate:
         )
 
 
-class CompactionInterrupted(RuntimeError):
+class CompactionInterrupted(RuntimeStateError):
     """The compactor stopped (crashed, or its session stopped) before it answered this request."""
 
 
@@ -536,7 +537,7 @@ class Compactor(SessionActor):
 
         def written(error: Exception | None) -> None:  # on the writer thread
             if error is not None:
-                publish(ev.PersistenceError(session_id=session_id, path=str(path), error=str(error)))
+                publish(ev.PersistenceFailed(session_id=session_id, path=str(path), error=str(error)))
 
         data = text.encode("utf-8", errors="replace")  # a lone surrogate must not crash the compactor
         self.services.writer.write_file(path, data, written)

@@ -211,7 +211,7 @@ class Session:
         self.refs = SessionRefs()
         self.spec.resume = True
         self.services.bus.publish(
-            ev.Error(
+            ev.ErrorOccurred(
                 session_id=self.session_id,
                 message=f"session actors kept crashing and were stopped ({error}); the next request restarts them",
                 code="session_crashed",

@@ -37,12 +37,13 @@ from pykka.messages import _ActorStop
 
 from runtime import events as ev
 from runtime.actor import PooledActor
+from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.ids import validate_session_id
 from runtime.messages import Message
 from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay
-from runtime.store.sessions import SessionDirectory, SessionLock, SessionLockedError, SessionNotFoundError
+from runtime.store.sessions import SessionDirectory, SessionLock
 from runtime.store.tree import TURN_ENDED_KEY, SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
@@ -205,7 +206,7 @@ class _OpenAgain(msgspec.Struct, frozen=True):
     pass
 
 
-class StoreWriteError(RuntimeError):
+class StoreWriteError(StoreError, RuntimeError):
     """The store stopped because its log could not be written; it restarts from what is on disk."""
 
 
@@ -260,7 +261,7 @@ class SessionStore(PooledActor):
     """Owns one session's tree and log.
 
     ``header`` starts a new session when there is no log yet; with a log on disk (a restart) the log
-    wins. ``header=None`` resumes and fails with :class:`SessionNotFoundError` when there is no log.
+    wins. ``header=None`` resumes and fails with :class:`~runtime.errors.SessionNotFound` when there is no log.
     ``fsync`` overrides the writer's policy for this session; ``estimator`` (e.g. a token counter's
     ``count_messages``) fills :attr:`ContextView.estimated_tokens`.
     """
@@ -362,7 +363,9 @@ class SessionStore(PooledActor):
                 raise opening.error
             self._open(opening.entries, opening.info)
         except BaseException as exc:
-            self._emit(ev.Error, message=f"cannot open session {self.session_id}: {exc}", code="store_open")
+            self._emit(
+                ev.ErrorOccurred, message=f"cannot open session {self.session_id}: {exc}", code="store_open"
+            )
             raise  # the stashed asks fail as the store stops; its supervisor restarts it
         self.unstash_all()
 
@@ -375,7 +378,7 @@ class SessionStore(PooledActor):
             return
         # No log, or one that died before its header was written: a new session.
         if self._header is None:
-            raise SessionNotFoundError(f"no stored session {self.session_id!r} in {self.directory.root}")
+            raise SessionNotFound(f"no stored session {self.session_id!r} in {self.directory.root}")
         if self._header.session_id != self.session_id:
             raise ValueError(f"header is for session {self._header.session_id!r}, not {self.session_id!r}")
         header = msgspec.structs.replace(self._header, config=scrub_secrets(self._header.config))
@@ -536,7 +539,7 @@ class SessionStore(PooledActor):
                         )
                 _settle(reply_to, future, Stored(session_id, entries, view=view))
                 return
-            publish(ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error)))
+            publish(ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error)))
             _settle(reply_to, future, Stored(session_id, entries, error=str(error)), error)
             try:
                 me.tell(_WriteFailed(error))
@@ -562,7 +565,7 @@ class SessionStore(PooledActor):
         def done(error: Exception | None) -> None:
             if error is not None:
                 publish(
-                    ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error))
+                    ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error))
                 )
             _settle(reply_to, future, Stored(session_id, error=None if error is None else str(error)), error)
 

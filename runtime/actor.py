@@ -41,6 +41,7 @@ from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from runtime.affinity import place_thread
 from runtime.config import RuntimeConfig
+from runtime.errors import DispatcherClosed
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -68,10 +69,6 @@ OptExcInfo: TypeAlias = tuple[type[BaseException] | None, BaseException | None, 
 ExitReason = Literal["normal", "failure", "killed"]
 
 _thread_state = threading.local()  # .dispatcher is set on dispatcher threads
-
-
-class DispatcherClosed(RuntimeError):
-    """Raised when starting an actor on a dispatcher that is shutting down or shut down."""
 
 
 # --- futures -------------------------------------------------------------------------------------------

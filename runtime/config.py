@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from runtime.errors import ConfigError
+
 Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -29,10 +31,6 @@ MAX_DEPTH = 8
 """How deeply config tables may nest (the deepest real key, ``models.context_windows.<model>``, is 3)."""
 
 ENV_PREFIX = "AGENTCELL_"
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key."""
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -191,7 +191,7 @@ class ProviderRetry(Event, frozen=True, tag="provider_retry"):
     status_code: int | None = None
 
 
-class Error(Event, frozen=True, tag="error"):
+class ErrorOccurred(Event, frozen=True, tag="error"):
     message: str
     code: str = "error"
     turn_id: str | None = None
@@ -279,7 +279,7 @@ class LogRecovered(Event, frozen=True, tag="log_recovered"):
     kept_in: str | None = None
 
 
-class PersistenceError(Event, frozen=True, tag="persistence_error"):
+class PersistenceFailed(Event, frozen=True, tag="persistence_error"):
     path: str
     error: str
 
@@ -316,7 +316,7 @@ AnyEvent = (
     | AgentAbort
     | AgentRecovered
     | ProviderRetry
-    | Error
+    | ErrorOccurred
     | UsageUpdate
     | Calibration
     | UsageOverflow
@@ -327,7 +327,7 @@ AnyEvent = (
     | ToolOutputsCleared
     | SubscriberLagged
     | LogRecovered
-    | PersistenceError
+    | PersistenceFailed
     | ActorRestarted
 )
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from runtime import events as ev
 from runtime.config import Config, load_config
+from runtime.errors import RuntimeStopped, SessionNotFound
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id, user
@@ -32,17 +33,6 @@ from runtime.messages import Message, new_id, user
 log = logging.getLogger("agentcell.runtime")
 
 ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None
-
-
-class SessionNotFound(KeyError):
-    """No session with that id is hosted (or stored, for resume)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "session not found"
-
-
-class RuntimeStopped(RuntimeError):
-    """The runtime is not running."""
 
 
 class Runtime:
@@ -160,7 +150,7 @@ class Runtime:
             return
         log.error("event transcript of session %s: %s", session_id, error)
         self.bus.publish(
-            ev.PersistenceError(session_id=session_id, ts=time.time(), path=path, error=str(error))
+            ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error))
         )
 
     def stop(self, timeout: float = 10.0) -> None:

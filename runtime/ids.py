@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import re
 
+from runtime.errors import InvalidSessionId
+
 _VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RESERVED_SUFFIX = ".events"
 """``<id>.events.jsonl`` is session ``<id>``'s event transcript, so no id may end with it."""
-
-
-class InvalidSessionId(ValueError):
-    """A session id that could escape the sessions directory or is otherwise unusable."""
 
 
 def validate_session_id(session_id: object) -> str:

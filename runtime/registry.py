@@ -11,16 +11,11 @@ import threading
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
+from runtime.errors import AlreadyRegistered
+
 __all__ = ["AlreadyRegistered", "SessionRegistry"]
 
 T = TypeVar("T")
-
-
-class AlreadyRegistered(KeyError):
-    """:meth:`SessionRegistry.register` found the session id taken."""
-
-    def __str__(self) -> str:
-        return f"session {self.args[0]!r} is already registered"
 
 
 class SessionRegistry(Generic[T]):

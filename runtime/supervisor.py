@@ -45,6 +45,7 @@ from runtime.actor import (
     kill,
     monitor,
 )
+from runtime.errors import RestartIntensityExceeded
 
 __all__ = [
     "ChildInfo",
@@ -91,18 +92,6 @@ class ChildInfo(msgspec.Struct, frozen=True):
     ref: ActorRef[Any] | None
     restart: RestartType
     restarts: int
-
-
-class RestartIntensityExceeded(RuntimeError):
-    """A supervisor saw more than ``max_restarts`` restarts in ``max_seconds`` and gave up.
-
-    ``__cause__`` is the last child's exception (if it had one).
-    """
-
-    def __init__(self, message: str, *, supervisor: str, child_id: str) -> None:
-        super().__init__(message)
-        self.supervisor = supervisor
-        self.child_id = child_id
 
 
 # --- the supervisor's own messages ---------------------------------------------------------------------

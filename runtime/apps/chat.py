@@ -137,9 +137,9 @@ class ChatPrinter:
                 self._note(f"[archived {count} old tool results]")
             case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
                 self._note(f"[retry {attempt}/{most} in {delay:.1f}s: {error}]")
-            case ev.Error(code="aborted"):
+            case ev.ErrorOccurred(code="aborted"):
                 pass  # agent_abort says it
-            case ev.Error(message=message):
+            case ev.ErrorOccurred(message=message):
                 self._newline()
                 self.out.write(f"error: {message}\n")
             case ev.AgentAbort(repaired_calls=repaired):

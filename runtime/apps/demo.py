@@ -322,7 +322,7 @@ def _update(view: SessionView, event: ev.Event) -> None:
                 view.overflow_compactions += 1
             else:
                 view.other_compactions += 1
-        case ev.Error(message=message):
+        case ev.ErrorOccurred(message=message):
             view.failures.append(message)
         case ev.AgentEnd(status=status, context_tokens=tokens):
             view.turns += 1
@@ -380,7 +380,7 @@ def describe(event: ev.Event, view: SessionView | None = None) -> str | None:
             return f"usage overflow: {tokens:,} input tokens > window {window:,}"
         case ev.ProviderRetry(attempt=attempt, max_attempts=most, error=error):
             return f"retry {attempt}/{most}: {_clip(error, 80)}"
-        case ev.Error(message=message):
+        case ev.ErrorOccurred(message=message):
             return f"ERROR: {_clip(message, 140)}"
         case ev.AgentEnd(status=status, context_tokens=tokens, context_window=window):
             return f"turn {status}; context {tokens:,} of {window:,} tokens"

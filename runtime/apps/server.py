@@ -65,6 +65,7 @@ import msgspec
 from runtime import events as ev
 from runtime.apps.dashboard import DashboardFiles, SessionBoard
 from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
+from runtime.errors import AgentcellError
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.served import served
@@ -222,7 +223,7 @@ class ModelBody(_Body, frozen=True):
     model: str  # checked by Runtime.set_model (runtime.models.validate_model_name)
 
 
-class HttpError(Exception):
+class HttpError(AgentcellError):
     """An error answered as ``{"error": message}`` with ``status``."""
 
     def __init__(self, status: int, message: str) -> None:

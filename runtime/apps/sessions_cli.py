@@ -25,8 +25,9 @@ def run_sessions(
     """Run one ``sessions`` action; returns the exit status (2 for a usage error, 1 when the session is
     missing, unreadable or in use)."""
     from runtime.config import ConfigError, load_config
+    from runtime.errors import SessionLockedError, SessionNotFound
     from runtime.store.log import CorruptLogError
-    from runtime.store.sessions import SessionDirectory, SessionLockedError, SessionNotFoundError
+    from runtime.store.sessions import SessionDirectory
 
     out = out if out is not None else sys.stdout
 
@@ -58,7 +59,7 @@ def run_sessions(
             out.write(f"deleted {session_id}\n")
         else:
             _show(directory, session_id, out)
-    except (SessionLockedError, SessionNotFoundError, CorruptLogError, OSError) as exc:
+    except (SessionLockedError, SessionNotFound, CorruptLogError, OSError) as exc:
         return fail(str(exc))
     return 0
 

@@ -1,7 +1,10 @@
 """The cluster's errors, and how a shard's error is told apart from Ray's.
 
     ClusterError            the cluster could not do what was asked (a shard did not start, none is left)
-     └─ ClusterUnavailable  no Ray cluster answers at the address, or the cluster went away
+     ├─ ClusterUnavailable  no Ray cluster answers at the address, or the cluster went away
+     └─ ShardDied           a call met its shard dead
+
+(defined in :mod:`runtime.errors`, under :class:`~runtime.errors.AgentcellError`).
 
 A shard's own errors (``SessionNotFound``, ``ValueError``, ``CorruptLogError``, ...) reach the caller as
 themselves, out of Ray's wrapper (:func:`cause`).
@@ -9,22 +12,12 @@ themselves, out of Ray's wrapper (:func:`cause`).
 
 from __future__ import annotations
 
+from runtime.errors import ClusterError, ClusterUnavailable, ShardDied
+
 __all__ = ["SHARD_LOST", "ClusterError", "ClusterUnavailable", "ShardDied", "cause", "first_line"]
 
 SHARD_LOST = "shard_lost"
 """How the error of a turn cut off by its shard's death begins (``TurnResult.error``)."""
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not do what was asked: a shard did not start, no shard is left, one is unreachable."""
-
-
-class ClusterUnavailable(ClusterError):
-    """No Ray cluster answers at the address given, or the cluster went away."""
-
-
-class ShardDied(ClusterError):
-    """A call met its shard dead (the front resumes the shard's sessions elsewhere)."""
 
 
 def cause(exc: BaseException) -> BaseException:

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runtime import events as ev
+from runtime.errors import RuntimeStateError
 
 __all__ = ["EVENT_TYPES", "MetricsUnavailable", "RuntimeMetrics", "ServedMetrics"]
 
@@ -217,7 +218,7 @@ class RuntimeMetrics:
             case ev.TurnEnd(usage=usage):
                 model = self._end_request(sid, event.ts, "ok")
                 self._count_usage(model, usage)
-            case ev.Error(code=code):
+            case ev.ErrorOccurred(code=code):
                 outcome = code.removeprefix("provider_") if code.startswith("provider_") else "error"
                 self._end_request(sid, event.ts, "overflow" if "overflow" in code else outcome)
             case ev.AgentAbort():
@@ -278,7 +279,7 @@ class RuntimeMetrics:
             self.overflow_recoveries.labels(trigger, result).inc()
 
 
-class MetricsUnavailable(RuntimeError):
+class MetricsUnavailable(RuntimeStateError):
     """The metrics cannot be had: ``prometheus-client`` is missing, or the runtime is not running."""
 
 

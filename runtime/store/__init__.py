@@ -27,6 +27,7 @@ from runtime.store.sessions import (
     SessionInfo,
     SessionLock,
     SessionLockedError,
+    SessionNotFound,
     SessionNotFoundError,
 )
 from runtime.store.transcript import TranscriptWriter, read_transcript
@@ -53,6 +54,7 @@ __all__ = [
     "SessionLock",
     "SessionLockedError",
     "SessionLog",
+    "SessionNotFound",
     "SessionNotFoundError",
     "SessionTree",
     "TranscriptWriter",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 
+from runtime.errors import CorruptLogError
 from runtime.store.entries import (
     FORMAT_VERSION,
     Entry,
@@ -27,16 +28,6 @@ from runtime.store.entries import (
 )
 from runtime.store.tree import SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, OnDone, StrPath
-
-
-class CorruptLogError(ValueError):
-    """A log line that is not a valid entry (and not a torn last line)."""
-
-    def __init__(self, path: StrPath, line: int, reason: str) -> None:
-        self.path = os.fspath(path)
-        self.line = line
-        self.reason = reason
-        super().__init__(f"{self.path}, line {line}: {reason}")
 
 
 class RecoveryInfo(msgspec.Struct, frozen=True):

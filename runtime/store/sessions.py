@@ -32,6 +32,7 @@ from typing import Any, Final
 
 import msgspec
 
+from runtime.errors import SessionLockedError, SessionNotFound
 from runtime.ids import validate_session_id
 from runtime.store.entries import Header, MetadataEntry, decode_entry
 from runtime.store.log import CorruptLogError, read_file, read_header
@@ -47,25 +48,8 @@ GUARD_NAME: Final = ".agentcell.lock"
 _MESSAGE_LINE: Final = b'{"type":"message"'
 _METADATA_LINE: Final = b'{"type":"metadata"'
 
-
-class SessionLockedError(RuntimeError):
-    """The session is open in another runtime (or another store of this one).
-
-    ``owner_pid`` and ``owner_host`` name the holder when its lock file says who it is.
-    """
-
-    def __init__(self, message: str, owner: LockOwner | None = None) -> None:
-        super().__init__(message)
-        self.owner_pid = owner.pid if owner else None
-        self.owner_host = owner.host if owner else None
-
-    @property
-    def held_by_this_process(self) -> bool:
-        return self.owner_pid == os.getpid() and self.owner_host == socket.gethostname()
-
-
-class SessionNotFoundError(LookupError):
-    """No stored session has this id."""
+SessionNotFoundError = SessionNotFound
+"""The name this module gave :class:`~runtime.errors.SessionNotFound` before the two were one class."""
 
 
 class SessionInfo(msgspec.Struct, frozen=True):
@@ -253,13 +237,13 @@ class SessionDirectory:
         return sorted(out)
 
     def info(self, session_id: str) -> SessionInfo:
-        """A summary of one stored session; raises :class:`SessionNotFoundError` if there is none."""
+        """A summary of one stored session; raises :class:`~runtime.errors.SessionNotFound` if there is none."""
         path = self.log_path(session_id)
         try:
             stat = path.stat()
             data = read_file(path)
         except FileNotFoundError:
-            raise SessionNotFoundError(f"no stored session {session_id!r} in {self.root}") from None
+            raise SessionNotFound(f"no stored session {session_id!r} in {self.root}") from None
         except OSError as exc:
             return SessionInfo(session_id, 0.0, 0.0, 0, None, 0, error=str(exc))
         return _summarize(session_id, path, data, stat.st_mtime, stat.st_size)
@@ -270,7 +254,7 @@ class SessionDirectory:
         for session_id in self.ids():
             try:
                 infos.append(self.info(session_id))
-            except SessionNotFoundError:
+            except SessionNotFound:
                 continue  # deleted meanwhile
         return infos
 
@@ -299,13 +283,13 @@ class SessionDirectory:
     def delete(self, session_id: str) -> None:
         """Delete the session's log, transcript, artifacts and spill files.
 
-        Raises :class:`SessionNotFoundError` when there is nothing to delete and
+        Raises :class:`~runtime.errors.SessionNotFound` when there is nothing to delete and
         :class:`SessionLockedError` while the session is open somewhere.
         """
         paths = [self.log_path(session_id), self.transcript_path(session_id)]
         folders = [self.artifacts_dir(session_id), self.spill_dir(session_id)]
         if not any(p.exists() for p in (*paths, *folders)):
-            raise SessionNotFoundError(f"no stored session {session_id!r} in {self.root}")
+            raise SessionNotFound(f"no stored session {session_id!r} in {self.root}")
         with self.lock(session_id):
             for path in paths:
                 path.unlink(missing_ok=True)

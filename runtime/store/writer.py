@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from runtime.affinity import place_thread
+from runtime.errors import LogWriteError, WriterClosedError
 
 FsyncPolicy = Literal["always", "turn", "never"]
 OnDone = Callable[[Exception | None], None]
@@ -48,14 +49,6 @@ _APPEND, _SYNC, _WRITE_FILE, _CALL, _CLOSE, _BARRIER = range(6)
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _FILE_MODE: Final = 0o600  # transcripts and logs hold conversations: owner only
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
-
-
-class WriterClosedError(RuntimeError):
-    """An operation was handed to a writer that has been closed."""
-
-
-class LogWriteError(OSError):
-    """A write was refused because an earlier write to the same file failed (see :meth:`LogWriter.reset`)."""
 
 
 @dataclass(slots=True)

@@ -318,7 +318,7 @@ def test_printer_writes_a_transcript_and_tracks_what_it_printed() -> None:
             duration=0.5,
             output_chars=10,
         ),
-        ev.Error(session_id="s", seq=5, message="aborted by the user", code="aborted"),
+        ev.ErrorOccurred(session_id="s", seq=5, message="aborted by the user", code="aborted"),
         ev.AgentAbort(session_id="s", seq=6, turn_id="t", repaired_calls=1),
     ]
     assert not printer.catch_up(6, timeout=0.01)

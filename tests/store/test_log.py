@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from runtime import events as ev
+from runtime.errors import SessionLockedError, SessionNotFound
 from runtime.ids import InvalidSessionId
 from runtime.messages import user
 from runtime.store.entries import MessageEntry, new_header, scrub_secrets
 from runtime.store.log import CorruptLogError, SessionLog, load_tree, read_log
-from runtime.store.sessions import SessionDirectory, SessionLockedError, SessionNotFoundError
+from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import TranscriptWriter, read_transcript
 from runtime.store.tree import SessionTree
 from runtime.store.writer import LogWriteError, LogWriter, WriterClosedError, default_max_open_files
@@ -416,7 +417,7 @@ def test_delete_removes_every_file_of_the_session(tmp_path: Path, writer: LogWri
     directory.delete("s")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".agentcell.lock", "other.jsonl"]
     assert not directory.exists("s") and directory.exists("other")
-    with pytest.raises(SessionNotFoundError):
+    with pytest.raises(SessionNotFound):
         directory.delete("s")
 
 
@@ -508,7 +509,7 @@ def test_transcript_sink_writes_each_sessions_events_and_reads_them_back(
         sink(ev.MessageAppended(session_id="a", seq=seq, message_id=f"m{seq}", role="user"))
         sink(ev.TextDelta(session_id="a", seq=100 + seq, turn_id="t", delta="x"))
     sink(ev.AgentStart(session_id="b", seq=1, turn_id="t"))
-    sink(ev.Error(session_id="../escape", message="not a session"))  # ignored: no file to name
+    sink(ev.ErrorOccurred(session_id="../escape", message="not a session"))  # ignored: no file to name
     writer.flush()
     events = read_transcript(directory.transcript_path("a"))
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]

@@ -242,7 +242,7 @@ def test_a_torn_log_is_recovered_and_reported(
 def test_resuming_a_missing_session_fails_clearly(start: Callable[..., Any], events: Events) -> None:
     ref = start("ghost", header=False)
     wait_until(lambda: not ref.is_alive())
-    errors = events.of(ev.Error)
+    errors = events.of(ev.ErrorOccurred)
     assert errors and "no stored session 'ghost'" in errors[0].message
 
 
@@ -253,7 +253,7 @@ def test_two_stores_must_not_write_one_session(
     stored(first, Append((user("a"),)))
     second = start(header=False)
     wait_until(lambda: not second.is_alive(), timeout=10)
-    assert any("is open in this process" in e.message for e in events.of(ev.Error))
+    assert any("is open in this process" in e.message for e in events.of(ev.ErrorOccurred))
     first.stop()
     third = start(header=False)  # the lock was released when the first stopped
     assert [m.text for m in third.ask(GetContext()).messages] == ["a"]
@@ -274,7 +274,7 @@ def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
     ref.tell(Append((user("lost"),), reply_to=replies.append))
     wait_until(lambda: not ref.is_alive())
     assert len(replies) == 1 and not replies[0].ok and "No space left" in (replies[0].error or "")
-    assert [e.path for e in events.of(ev.PersistenceError)] == [str(path)]
+    assert [e.path for e in events.of(ev.PersistenceFailed)] == [str(path)]
     assert [e.message_id for e in events.of(ev.MessageAppended)] == [kept.id]  # "lost" was never announced
     wait_until(lambda: not directory.lock_path("s1").exists())  # a crashed store lets go of its lock too
 
@@ -286,7 +286,7 @@ def test_a_log_that_is_not_a_regular_file_is_refused(
     directory.log_path("s1").symlink_to("/dev/zero")  # reading it would never end
     ref = start()
     wait_until(lambda: not ref.is_alive())
-    assert any("not a regular file" in e.message for e in events.of(ev.Error))
+    assert any("not a regular file" in e.message for e in events.of(ev.ErrorOccurred))
 
 
 def test_sync_turn_makes_the_log_durable_under_the_turn_policy(
@@ -339,7 +339,7 @@ def test_a_store_waiting_for_its_lock_does_not_hold_a_dispatcher_thread(
         view = asked.get(timeout=5)
         assert [m.text for m in view.messages] == ["kept"]
         assert proxied.get(timeout=5) == view.leaf_id
-        assert not events.of(ev.Error)
+        assert not events.of(ev.ErrorOccurred)
         waiting.stop()
         wait_until(lambda: not directory.lock_path("s1").exists())
     finally:

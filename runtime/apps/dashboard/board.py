@@ -110,7 +110,7 @@ class _Row:
             case ev.CompactionFailed(error=error):
                 self.compacting = False
                 self.last_error = error
-            case ev.Error(message=message):
+            case ev.ErrorOccurred(message=message):
                 self.errors += 1
                 self.last_error = message
             case _:

@@ -13,6 +13,7 @@ import msgspec
 
 from actors.agent import CLIENT_TOOL_CLASH
 from runtime.context import working_set as ws
+from runtime.errors import AgentcellError
 from runtime.messages import Usage
 
 # agentcell's error codes for a context that does not fit even after what compaction could do (or with
@@ -28,7 +29,7 @@ CONTEXT_CODES: Final = frozenset(
 )
 
 
-class ApiError(Exception):
+class ApiError(AgentcellError):
     """An error answered in the API's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(

@@ -360,7 +360,7 @@ class FrontDoor:
                 continue
             if getattr(event, "turn_id", turn) not in (turn, None):
                 continue  # another turn's event (a prompt sent to the session by other means)
-            if isinstance(event, ev.Error) and event.turn_id == turn:
+            if isinstance(event, ev.ErrorOccurred) and event.turn_id == turn:
                 code = event.code
             if isinstance(event, ev.AgentEnd) and event.turn_id == turn:
                 return code

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from runtime.context.integrity import CLIENT_CALLS_KEY
+from runtime.errors import AgentcellError
 from runtime.messages import (
     KIND_STEER,
     KIND_TOOL_RESULT,
@@ -46,7 +47,7 @@ _SHOWN_KINDS: Final = frozenset({None, KIND_STEER, KIND_TOOL_RESULT})
 _OUR_ID = re.compile(r"^(?:msg|rs|fco)_([0-9a-f]{16})$")
 
 
-class InputError(ValueError):
+class InputError(AgentcellError, ValueError):
     """An input item the server cannot take: ``param`` names it (``input[2].content[0]``)."""
 
     def __init__(self, message: str, param: str) -> None:

@@ -30,11 +30,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
+from runtime.errors import TransportError
+
 _HEAD_LIMIT: Final = 64 * 1024
 _READ_SIZE: Final = 64 * 1024
 
 
-class HTTPTransportError(Exception):
+class HTTPTransportError(TransportError):
     """A request that failed below HTTP: no connection, a cut, a timeout, a malformed answer."""
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
 
+from runtime.errors import TransportError
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest, Delta
@@ -40,7 +41,7 @@ MAX_ERROR_BODY: Final = 64 * 1024
 """How much of an error response is read (the classifier bounds what it reads too)."""
 
 
-class ProviderHTTPError(Exception):
+class ProviderHTTPError(TransportError):
     """An error response: its status, the provider's own message, its JSON body and its headers."""
 
     def __init__(
