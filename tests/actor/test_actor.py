@@ -735,7 +735,7 @@ def test_defer_reply_answers_an_ask_later_without_blocking_the_thread() -> None:
 def test_blocking_on_a_future_inside_a_handler_is_warned_about(
     dispatcher: Dispatcher, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import runtime.actor as actor_module
+    import runtime.actor._actor as actor_module
 
     class Blocker(PooledActor):
         def on_receive(self, message: Any) -> Any:
