@@ -33,10 +33,10 @@ from typing import Any
 
 import msgspec
 import pykka
-from pykka.messages import _ActorStop
 
 from runtime import events as ev
 from runtime.actor import PooledActor
+from runtime.actor._pykka import ActorStop
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.ids import validate_session_id
@@ -413,7 +413,7 @@ class SessionStore(PooledActor):
 
     def _handle_receive(self, message: Any) -> Any:
         # pykka's own messages (proxy calls and attribute reads) wait for the opening too; a stop does not
-        if self._opening is not None and not isinstance(message, _ActorStop):
+        if self._opening is not None and not isinstance(message, ActorStop):
             self.stash(message)
             return None
         return super()._handle_receive(message)

@@ -33,7 +33,6 @@ from typing import Any, Literal, get_args
 import msgspec
 import pykka
 from pykka import ActorDeadError, ActorRef
-from pykka.messages import _ActorStop
 
 from runtime.actor import (
     ActorExit,
@@ -45,6 +44,7 @@ from runtime.actor import (
     kill,
     monitor,
 )
+from runtime.actor._pykka import ActorStop
 from runtime.errors import RestartIntensityExceeded
 
 __all__ = [
@@ -273,7 +273,7 @@ class SupervisorActor(PooledActor):
         self._abandon()
 
     def _handle_receive(self, message: Any) -> Any:
-        if isinstance(message, _ActorStop):  # an orderly stop: children first, newest first
+        if isinstance(message, ActorStop):  # an orderly stop: children first, newest first
             self._begin_shutdown(self.defer_reply())
             return None
         return super()._handle_receive(message)
@@ -307,7 +307,7 @@ class SupervisorActor(PooledActor):
 
     def _add(self, spec: ChildSpec, ref: ActorRef[Any]) -> _Child:
         if spec.id in self._children:
-            _tell_quietly(ref, _ActorStop())
+            _tell_quietly(ref, ActorStop())
             raise ValueError(f"{self} already has a child {spec.id!r}")
         child = _Child(spec)
         self._attach(child, ref)
@@ -320,7 +320,7 @@ class SupervisorActor(PooledActor):
         try:
             registration = monitor(ref, self.actor_ref)
         except TypeError:
-            _tell_quietly(ref, _ActorStop())
+            _tell_quietly(ref, ActorStop())
             raise
         child.ref = ref
         child.monitor = registration
@@ -341,11 +341,11 @@ class SupervisorActor(PooledActor):
         if existing is not None:
             if existing.ref is not None and existing.ref.is_alive():
                 logger.error("%s: a child %r is already running; stopping the newcomer", self, spec.id)
-                _tell_quietly(ref, _ActorStop())
+                _tell_quietly(ref, ActorStop())
                 return
             self._forget(existing)  # its predecessor is on its way out
         if self._closing:
-            _tell_quietly(ref, _ActorStop())
+            _tell_quietly(ref, ActorStop())
             return
         try:
             self._add(spec, ref)
@@ -378,7 +378,7 @@ class SupervisorActor(PooledActor):
                 self._to_stop.popleft()
                 continue
             child.stopping = True
-            _tell_quietly(ref, _ActorStop())  # if it is already dead, its exit notice is on the way
+            _tell_quietly(ref, ActorStop())  # if it is already dead, its exit notice is on the way
             timeout = child.spec.shutdown_timeout
             dispatcher = self.actor_dispatcher
             if timeout is not None and dispatcher is not None:
@@ -537,7 +537,7 @@ class SupervisorActor(PooledActor):
             if child.monitor is not None:
                 child.monitor.cancel()
             if child.ref is not None:
-                _tell_quietly(child.ref, _ActorStop())
+                _tell_quietly(child.ref, ActorStop())
         replies, self._stop_replies = self._stop_replies, []
         for reply in replies:
             try:
@@ -652,8 +652,8 @@ class Supervisor:
                 started.append((spec, spec.start()))
         except BaseException:
             for _, child in reversed(started):
-                _tell_quietly(child, _ActorStop())
-            _tell_quietly(ref, _ActorStop())
+                _tell_quietly(child, ActorStop())
+            _tell_quietly(ref, ActorStop())
             raise
         for spec, child in started:
             ref.tell(_Adopt(spec, child))

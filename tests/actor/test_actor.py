@@ -3,6 +3,7 @@ what pooling adds: few threads, fairness, containment, monitors, kill, deferred 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import queue
@@ -12,6 +13,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pykka
@@ -735,7 +737,7 @@ def test_defer_reply_answers_an_ask_later_without_blocking_the_thread() -> None:
 def test_blocking_on_a_future_inside_a_handler_is_warned_about(
     dispatcher: Dispatcher, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import runtime.actor._actor as actor_module
+    import runtime.actor._future as actor_module
 
     class Blocker(PooledActor):
         def on_receive(self, message: Any) -> Any:
@@ -877,3 +879,40 @@ def test_stashed_asks_fail_when_the_actor_stops(dispatcher: Dispatcher) -> None:
     ref.stop()
     with pytest.raises(ActorDeadError):
         pending.get(timeout=WAIT)
+
+
+# --- the package's surface and its one door into pykka's internals ------------------------------------
+
+
+def _private_pykka_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pykka"):
+            module = node.module
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            module, names = "", [alias.name for alias in node.names if alias.name.startswith("pykka")]
+        else:
+            continue
+        dotted = [f"{module}.{name}" if module else name for name in names]
+        found += [d for d in dotted if any(part.startswith("_") for part in d.split("."))]
+    return found
+
+
+def test_pykka_private_names_are_imported_by_the_compatibility_module_only() -> None:
+    root = Path(__file__).resolve().parents[2]
+    files = [p for package in ("runtime", "actors", "benchmarks") for p in (root / package).rglob("*.py")]
+    offenders = {
+        str(p.relative_to(root)): names
+        for p in files
+        if (names := _private_pykka_imports(p)) and p != root / "runtime" / "actor" / "_pykka.py"
+    }
+    assert offenders == {}
+    assert _private_pykka_imports(root / "runtime" / "actor" / "_pykka.py")  # the check does see them
+
+
+def test_the_package_exports_its_public_names() -> None:
+    import runtime.actor as package
+
+    public = {name for name in vars(package) if not name.startswith("_")}
+    assert sorted(package.__all__) == sorted(public)
