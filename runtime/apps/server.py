@@ -34,6 +34,8 @@ workspace, config and endpoint pass the same policy.
     GET    /overview                     every hosted session at a glance (the dashboard's table)
     GET    /metrics                      Prometheus metrics (runtime/observability/metrics.py); without
                                          the token too with server.metrics_public (--metrics-public)
+    *      /v1/responses, /v1/conversations  the OpenAI Responses API (runtime/apps/responses), on a local
+                                         Runtime; errors under /v1/ in the API's shape
     GET    /                             the live dashboard (runtime/apps/dashboard): its files need no token
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
