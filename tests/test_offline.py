@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 _NO_NETWORK = textwrap.dedent(
     """
     import socket
@@ -89,6 +91,7 @@ def test_cli_help_does_not_import_litellm() -> None:
     assert proc.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.slow  # a child process collects the whole suite: seconds even on an idle machine
 def test_litellms_import_is_left_out_of_full_collections() -> None:
     # A full collection walks every tracked object; litellm's import leaves hundreds of thousands that live
     # as long as the process. Once loaded they are frozen, and a full pass takes a fraction of the time.

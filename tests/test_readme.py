@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -42,6 +44,7 @@ def test_the_readme_has_its_three_python_examples() -> None:
     assert "client.responses.create" in codes[2]
 
 
+@pytest.mark.slow  # runs the README's example in a child process: seconds even on an idle machine
 def test_the_threads_example_runs_as_written(tmp_path: Path) -> None:
     out = run_example(examples()[0], tmp_path / "threads")
     assert "event: tool_execution_start" in out  # the callback saw the agent read README.md
@@ -52,12 +55,14 @@ def test_the_threads_example_runs_as_written(tmp_path: Path) -> None:
     assert list((tmp_path / "threads" / "sessions").glob("*.jsonl"))  # the session is stored where it said
 
 
+@pytest.mark.slow  # runs the README's example in a child process: seconds even on an idle machine
 def test_the_asyncio_example_runs_as_written(tmp_path: Path) -> None:
     out = run_example(examples()[1], tmp_path / "asyncio")
     assert 'You asked: "Hello!"' in out  # streamed from the text deltas
     assert re.search(r"^ok: [\d,]+ tokens in context$", out, re.MULTILINE), out
 
 
+@pytest.mark.slow  # runs the README's example in a child process: seconds even on an idle machine
 def test_the_responses_api_example_runs_as_written(tmp_path: Path) -> None:
     out = run_example(examples()[2], tmp_path / "responses")
     assert 'function_call get_weather {"city": "Oslo"}' in out  # the turn stopped for the client's tool

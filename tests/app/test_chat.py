@@ -204,6 +204,7 @@ def test_a_chat_streams_replies_and_runs_every_command(chat: Any) -> None:
     assert term.wait() == 0
 
 
+@pytest.mark.slow  # an agentcell chat process: seconds even on an idle machine
 def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     # A session stored by an earlier chat (run in process, without a terminal) is resumed.
     out = io.StringIO()

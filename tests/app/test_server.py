@@ -331,6 +331,7 @@ def test_last_event_id_resumes_from_the_transcript(client: httpx.Client, provide
     assert [e.type for e in ends] == ["agent_end", "agent_end"] and ends[0].data["seq"] < ends[1].data["seq"]
 
 
+@pytest.mark.slow  # an agentcell serve process: seconds even on an idle machine
 def test_serve_command_binds_localhost_and_generates_a_token(tmp_path: Path) -> None:
     env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
     env.pop("AGENTCELL_SERVER__TOKEN", None)

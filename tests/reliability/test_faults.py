@@ -447,6 +447,7 @@ threading.Event().wait()
 """
 
 
+@pytest.mark.slow  # child processes killed and resumed: seconds even on an idle machine
 def test_sigkill_of_the_runtime_mid_turn_then_resume(sessions_dir: Path, provider: Any) -> None:
     resumed = Turn(text="resumed after the kill")
     tool_model = add_script(

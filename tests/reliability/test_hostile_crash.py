@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtime.context.integrity import INTERRUPTED_TURN_TEXT, check_integrity
 from runtime.messages import KIND_TURN_INTERRUPTED
 from runtime.provider.script import Turn
@@ -40,6 +42,7 @@ with Runtime(sessions_dir=sys.argv[2]) as rt:
 """
 
 
+@pytest.mark.slow  # a child process killed mid-turn: seconds even on an idle machine
 def test_a_turn_cut_off_by_kill_9_is_recorded_when_the_session_resumes(
     provider: Any, sessions_dir: Path, rt: Any, recorder: Recorder
 ) -> None:

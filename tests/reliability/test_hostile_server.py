@@ -351,6 +351,7 @@ def test_a_stored_session_is_resumed_only_within_the_policy(
     assert resumed.status_code == 200, resumed.text  # given a workspace inside the root, it may go on
 
 
+@pytest.mark.slow  # an agentcell serve process: seconds even on an idle machine
 def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
     """`agentcell serve --token-file F` reads the token from a file (it never shows in `ps`)."""
     token_file = tmp_path / "token"

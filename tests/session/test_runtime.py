@@ -290,6 +290,7 @@ print("stopped", flush=True)
 """
 
 
+@pytest.mark.slow  # two child processes that import litellm: seconds even on an idle machine
 def test_a_program_that_stops_its_runtime_exits(tmp_path: Path) -> None:
     # litellm is imported in the background; a program that exits while that import is still going on
     # used to hang in interpreter shutdown about half the time (a frozen importing thread held a module
