@@ -259,7 +259,9 @@ def test_a_call_cut_off_by_an_agent_crash_counts_as_cancelled(
     rt: Any, recorder: Recorder, provider: Any
 ) -> None:
     metrics = rt.metrics()
-    provider.add_script("metrics-crash", [Turn(text="too late", latency=5.0), Turn(text="after the crash")])
+    # Every call answers after 2 s: the first is still open when the agent crashes (whether or not it had
+    # reached the provider by then, so either call may take the script's turn), the second answers.
+    provider.add_script("metrics-crash", [Turn(text="after the crash", latency=2.0)], loop=True)
     sid = rt.start_session(model="openai/metrics-crash", api_base=provider.url, api_key="sk-local")
     handle = rt.prompt(sid, "hello")
     recorder.wait_type("request_start", timeout=30)
