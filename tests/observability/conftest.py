@@ -3,19 +3,56 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Recorder
+from runtime.events import Event
+
+
+class Seen:
+    """Every event of a runtime, read off one subscription when asked. Every event of a turn is queued to
+    each subscriber before the turn's handle resolves, so after ``handle.result()`` :meth:`of` sees them all
+    (a callback subscriber might not have run for them yet)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.subscription = runtime.subscribe(queue_size=1_000_000)
+        self.events: list[Event] = []
+
+    def of(self, kind: str, session_id: str | None = None) -> list[Any]:
+        self.events.extend(self.subscription.drain())
+        return [
+            e for e in self.events if e.type == kind and (session_id is None or e.session_id == session_id)
+        ]
+
+    def wait_type(self, kind: str, count: int = 1, timeout: float = 30.0) -> None:
+        """Read events (blocking on the subscription) until ``count`` of type ``kind`` have come."""
+        deadline = time.monotonic() + timeout
+        while len(self.of(kind)) < count:
+            event = self.subscription.get(timeout=max(0.0, deadline - time.monotonic()))
+            if event is None:
+                raise AssertionError(f"no {count} {kind} within {timeout} s: {[e.type for e in self.events]}")
+            self.events.append(event)
+
+    def close(self) -> None:
+        self.subscription.close()
+
+
+@pytest.fixture
+def seen(rt: Any) -> Iterator[Seen]:
+    """The events of the ``rt`` fixture's runtime, from its start."""
+    events = Seen(rt)
+    yield events
+    events.close()
 
 
 class Traced:
-    """A runtime tracing to an in-memory exporter, and a recorder of its events."""
+    """A runtime tracing to an in-memory exporter, and the events it publishes."""
 
-    def __init__(self, runtime: Any, exporter: Any, provider: Any, recorder: Recorder) -> None:
+    def __init__(self, runtime: Any, exporter: Any, provider: Any, recorder: Seen) -> None:
         self.rt = runtime
         self.exporter = exporter
         self.provider = provider
@@ -76,13 +113,12 @@ def traced(sessions_dir: Path) -> Iterator[Callable[..., Traced]]:
             }
         )
         rt = Runtime(cfg, sessions_dir=sessions_dir / f"rt{len(made)}", tracer_provider=provider).start()
-        recorder = Recorder()
-        sub = rt.subscribe(callback=recorder)
-        made.append((rt, sub))
+        recorder = Seen(rt)
+        made.append((rt, recorder))
         processor.traced = Traced(rt, exporter, provider, recorder)
         return processor.traced
 
     yield make
-    for rt, sub in made:
-        sub.close()
+    for rt, events in made:
+        events.close()
         rt.stop()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.apps.server import ApiServer
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.conftest import Recorder
+from tests.observability.conftest import Seen
 
 TOKEN = "metrics-test-token"
 
@@ -45,7 +45,7 @@ def words(n: int, tag: str) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
-def test_metrics_match_the_events_of_a_scripted_workload(rt: Any, recorder: Recorder, provider: Any) -> None:
+def test_metrics_match_the_events_of_a_scripted_workload(rt: Any, seen: Seen, provider: Any) -> None:
     server = ApiServer(rt, TOKEN).start()
     try:
         run_workload(rt, provider)
@@ -53,7 +53,7 @@ def test_metrics_match_the_events_of_a_scripted_workload(rt: Any, recorder: Reco
         samples = scrape(server.url)
     finally:
         server.stop()
-    check(samples, rt, recorder)
+    check(samples, rt, seen)
 
 
 def run_workload(rt: Any, provider: Any) -> None:
@@ -119,8 +119,8 @@ def run_workload(rt: Any, provider: Any) -> None:
     assert slow.dropped > 0
 
 
-def check(samples: dict[Any, float], rt: Any, recorder: Recorder) -> None:
-    ends = recorder.of("agent_end")
+def check(samples: dict[Any, float], rt: Any, seen: Seen) -> None:
+    ends = seen.of("agent_end")
     by_status = Counter(e.status for e in ends)
     for status in ("ok", "error", "aborted"):
         assert value(samples, "agentcell_turns_total", status=status) == by_status[status], status
@@ -129,8 +129,8 @@ def check(samples: dict[Any, float], rt: Any, recorder: Recorder) -> None:
     assert value(samples, "agentcell_sessions_running") == 0
     assert value(samples, "agentcell_sessions_hosted") == len(rt.hosted_sessions()) == 5
 
-    turn_ends = recorder.of("turn_end")
-    requests = recorder.of("request_start")
+    turn_ends = seen.of("turn_end")
+    requests = seen.of("request_start")
     assert total(samples, "agentcell_provider_calls_total", outcome="ok") == len(turn_ends)
     assert value(samples, "agentcell_provider_call_duration_seconds_count") == len(requests)
     assert total(samples, "agentcell_provider_calls_total") == len(requests)
@@ -139,9 +139,9 @@ def check(samples: dict[Any, float], rt: Any, recorder: Recorder) -> None:
         == 1
     )
     assert value(samples, "agentcell_provider_calls_total", model="openai/metrics-auth", outcome="auth") == 1
-    errors = [e.code for e in recorder.of("error")]
+    errors = [e.code for e in seen.of("error")]
     assert "provider_auth" in errors and "provider_invalid_request" in errors  # the used-up script: 400
-    assert value(samples, "agentcell_provider_retries_total") == len(recorder.of("provider_retry")) >= 1
+    assert value(samples, "agentcell_provider_retries_total") == len(seen.of("provider_retry")) >= 1
 
     for kind, field in (
         ("input", "input_tokens"),
@@ -152,7 +152,7 @@ def check(samples: dict[Any, float], rt: Any, recorder: Recorder) -> None:
             getattr(e.usage, field) for e in turn_ends
         )
     model_in = sum(
-        e.usage.input_tokens for e in turn_ends if e.session_id == recorder.of("agent_end")[0].session_id
+        e.usage.input_tokens for e in turn_ends if e.session_id == seen.of("agent_end")[0].session_id
     )
     assert (
         value(samples, "agentcell_tokens_total", model="openai/metrics-tools", type="input") == model_in > 0
@@ -160,15 +160,15 @@ def check(samples: dict[Any, float], rt: Any, recorder: Recorder) -> None:
     costs = sum(e.usage.cost or 0.0 for e in turn_ends)
     assert total(samples, "agentcell_cost_usd_total") == pytest.approx(costs)
 
-    compactions = Counter((e.trigger, "compacted") for e in recorder.of("compaction_end"))
-    compactions.update((e.trigger or "unknown", "failed") for e in recorder.of("compaction_failed"))
+    compactions = Counter((e.trigger, "compacted") for e in seen.of("compaction_end"))
+    compactions.update((e.trigger or "unknown", "failed") for e in seen.of("compaction_failed"))
     assert compactions[("manual", "compacted")] == 1 and compactions[("overflow", "compacted")] == 1
     for (trigger, result), n in compactions.items():
         assert value(samples, "agentcell_compactions_total", trigger=trigger, result=result) == n
     assert total(samples, "agentcell_compactions_total") == sum(compactions.values())
     assert value(samples, "agentcell_overflow_recoveries_total", trigger="overflow", result="compacted") == 1
 
-    tools = Counter("error" if e.is_error else "ok" for e in recorder.of("tool_execution_end"))
+    tools = Counter("error" if e.is_error else "ok" for e in seen.of("tool_execution_end"))
     assert tools == {"ok": 2, "error": 1}
     for outcome, n in tools.items():
         assert value(samples, "agentcell_tool_calls_total", outcome=outcome) == n
@@ -255,19 +255,17 @@ def test_scrapes_while_turns_run_never_break_the_counting(rt: Any, provider: Any
     assert 'agentcell_provider_calls_total{model="openai/metrics-busy",outcome="ok"} 20.0' in text
 
 
-def test_a_call_cut_off_by_an_agent_crash_counts_as_cancelled(
-    rt: Any, recorder: Recorder, provider: Any
-) -> None:
+def test_a_call_cut_off_by_an_agent_crash_counts_as_cancelled(rt: Any, seen: Seen, provider: Any) -> None:
     metrics = rt.metrics()
     # Every call answers after 2 s: the first is still open when the agent crashes (whether or not it had
     # reached the provider by then, so either call may take the script's turn), the second answers.
     provider.add_script("metrics-crash", [Turn(text="after the crash", latency=2.0)], loop=True)
     sid = rt.start_session(model="openai/metrics-crash", api_base=provider.url, api_key="sk-local")
     handle = rt.prompt(sid, "hello")
-    recorder.wait_type("request_start", timeout=30)
+    seen.wait_type("request_start", timeout=30)
     rt._session(sid).refs.agent.tell(object())  # an unexpected message: the agent crashes mid-call
     assert handle.result(timeout=30).text == "after the crash"  # its successor makes the call again
-    assert len(recorder.of("request_start", sid)) == 2
+    assert len(seen.of("request_start", sid)) == 2
     text = metrics.exposition()[0].decode()
     assert 'agentcell_provider_calls_total{model="openai/metrics-crash",outcome="cancelled"} 1.0' in text
     assert 'agentcell_provider_calls_total{model="openai/metrics-crash",outcome="ok"} 1.0' in text
