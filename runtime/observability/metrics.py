@@ -67,11 +67,15 @@ TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 _OVERFLOW_TRIGGERS = ("overflow", "usage_overflow")
 
 
+class MetricsUnavailable(RuntimeStateError):
+    """The metrics cannot be had: ``prometheus-client`` is missing, or the runtime is not running."""
+
+
 def _load() -> Any:
     try:
         import prometheus_client
     except ImportError:
-        raise RuntimeError(
+        raise MetricsUnavailable(
             "metrics need the prometheus-client package: pip install prometheus-client"
         ) from None
     return prometheus_client
@@ -277,10 +281,6 @@ class RuntimeMetrics:
         self.compactions.labels(trigger, result).inc()
         if trigger in _OVERFLOW_TRIGGERS:
             self.overflow_recoveries.labels(trigger, result).inc()
-
-
-class MetricsUnavailable(RuntimeStateError):
-    """The metrics cannot be had: ``prometheus-client`` is missing, or the runtime is not running."""
 
 
 class ServedMetrics:

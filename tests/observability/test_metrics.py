@@ -197,8 +197,12 @@ def test_without_prometheus_client_metrics_say_what_to_install(
     import sys
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client fails
-    with pytest.raises(RuntimeError, match="pip install prometheus-client"):
+    from runtime.errors import AgentcellError
+    from runtime.observability.metrics import MetricsUnavailable
+
+    with pytest.raises(MetricsUnavailable, match="pip install prometheus-client") as raised:
         rt.metrics()
+    assert isinstance(raised.value, AgentcellError)
     with ApiServer(rt, TOKEN) as server:
         response = httpx.get(
             f"{server.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
