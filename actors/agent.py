@@ -151,6 +151,11 @@ class _ToolsDone(msgspec.Struct, frozen=True):
     results: list[Any]  # list[runtime.tools.executor.ToolRunResult]
 
 
+class _McpTools(msgspec.Struct, frozen=True):
+    run: int
+    registry: Any  # runtime.tools.registry.ToolRegistry, or None: unchanged
+
+
 @dataclass
 class _Run:
     """The bookkeeping of one prompt's run (one or more provider calls with tools between them)."""
@@ -175,6 +180,7 @@ class _Run:
     last_message: Message | None = None
     call: Any = None  # runtime.gateway.CallHandle
     tools: Any = None  # runtime.tools.executor.ToolBatchHandle
+    after_mcp: Any = None  # what goes on once the session's MCP tools are ready
     started: float = field(default_factory=time.monotonic)
     span: Any = None  # the turn's invoke_agent span, when the runtime traces (SPEC 7.5)
 
@@ -369,6 +375,8 @@ class Agent(SessionActor):
                 self._on_provider_done(message.result)
             case _ToolsDone(run=token) if self._current(token):
                 self._on_tools_done(message.results)
+            case _McpTools(run=token, registry=registry):
+                self._on_mcp_tools(token, registry)
             case _ProviderDone() | _ToolsDone():
                 pass  # a late answer for a run that was aborted
             case ov.UsageOverflowed():
@@ -441,14 +449,43 @@ class Agent(SessionActor):
             clipped = {m.id: m for m in self._clip_results(self._working_set_budget(None))}
             inputs = tuple(clipped.get(m.id, m) for m in inputs)
             self.call(
-                self.refs.require("store"), st.Append(inputs), self._guard(run, self._after_tool_results)
+                self.refs.require("store"),
+                st.Append(inputs),
+                self._guard(
+                    run, lambda stored: self._with_mcp_tools(run, lambda: self._after_tool_results(stored))
+                ),
             )
             return
         self.call(
             self.refs.require("store"),
             st.Append(inputs, with_view=True),
-            self._guard(run, lambda stored: self._before_request(stored.view if stored.ok else None)),
+            self._guard(
+                run,
+                lambda stored: self._with_mcp_tools(
+                    run, lambda: self._before_request(stored.view if stored.ok else None)
+                ),
+            ),
         )
+
+    def _with_mcp_tools(self, run: _Run, then: Any) -> None:
+        """Before a turn's first request: the session's MCP servers started and their tools listed (SPEC
+        3.9), off this thread (the I/O loop answers with :class:`_McpTools`). A server that fails is an
+        event, and the turn goes on without its tools."""
+        mcp = self.spec.mcp
+        if mcp is None or not mcp.needs_refresh():
+            then()
+            return
+        run.after_mcp = then
+        me, token = self.actor_ref, run.token
+        mcp.refresh(lambda registry: me.tell(_McpTools(token, registry)))
+
+    def _on_mcp_tools(self, token: int, registry: Any) -> None:
+        if registry is not None:  # (the registry is replaced whole: other threads see the old or the new)
+            self.spec.tools = registry
+        run = self.run
+        if run is not None and run.token == token and run.after_mcp is not None:
+            then, run.after_mcp = run.after_mcp, None
+            then()
 
     def _prompt_refusal(self, messages: tuple[Message, ...]) -> str | None:
         """Why a prompt cannot be sent at all, or None. A prompt many times the window is refused on its

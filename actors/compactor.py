@@ -84,9 +84,22 @@ class SessionEstimate:
     """
 
     def __init__(self, spec: SessionSpec, counter: TokenCounter) -> None:
+        self._spec = spec
+        self._counter = counter
         self._count = counter.count_message
         self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
-        self._tools_tokens = counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0
+        self._tools: Any = None
+        self._tools_count = 0
+
+    @property
+    def _tools_tokens(self) -> int:
+        """The tool schemas' tokens, counted again when the session's registry is replaced (its MCP
+        servers' tools arrived or changed)."""
+        tools = self._spec.tools
+        if tools is not self._tools:
+            self._tools_count = self._counter.count_tools(tools.schemas()) if len(tools) else 0
+            self._tools = tools
+        return self._tools_count
 
     @property
     def fixed_tokens(self) -> int:

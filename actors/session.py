@@ -104,16 +104,22 @@ class Session:
         if supervisor is None:
             return False
         supervisor.stop(timeout=timeout)
+        if self.spec.mcp is not None:  # its MCP servers stop too, and start again when it wakes
+            self.spec.mcp.stop()
         self.refs = SessionRefs()
         self.spec.resume = True
         self.services.bus.publish(ev.SessionHibernated(session_id=self.session_id))
         return True
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the actors, then the session's MCP servers (without waiting for them: see
+        :meth:`McpServers.wait_stopped`)."""
         with self._lock:
             supervisor, self.supervisor = self.supervisor, None
         if supervisor is not None:
             supervisor.stop(timeout=timeout)
+        if self.spec.mcp is not None:
+            self.spec.mcp.stop()
 
     # -- the supervision tree -----------------------------------------------------------------------
     def _start_supervisor(self) -> Supervisor:
@@ -222,6 +228,7 @@ class Session:
 def header_for(spec: SessionSpec) -> Any:
     """The first line of a new session's log."""
     from runtime.store.entries import new_header
+    from runtime.tools.mcp.servers import stored
 
     return new_header(
         spec.session_id,
@@ -233,4 +240,5 @@ def header_for(spec: SessionSpec) -> Any:
         config=spec.overrides,
         agents={name: msgspec.to_builtins(profile) for name, profile in spec.agents.items()},
         parent=spec.parent,
+        mcp_servers=stored(spec.mcp_servers),
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from runtime.config import AgentProfile, Config
+from runtime.config import AgentProfile, Config, McpServerConfig
 
 if TYPE_CHECKING:
     from actors.agent import Handover
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runtime.store.sessions import SessionDirectory
     from runtime.store.writer import LogWriter
     from runtime.tools.executor import ToolExecutor
+    from runtime.tools.mcp import McpHub, McpServers
     from runtime.tools.registry import ToolRegistry
 
 
@@ -41,6 +42,8 @@ class SessionSpec:
     resume: bool = False
     agents: dict[str, AgentProfile] = field(default_factory=dict)  # sub-agent profiles it may delegate to
     parent: tuple[str, str, int] | None = None  # a sub-agent's parent session, call id and depth
+    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)  # its own (stored in its header)
+    mcp: McpServers | None = None  # its MCP servers, its own and the runtime's (SPEC 3.9)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Services:
     directory: SessionDirectory
     approvals: ApprovalBroker
     tracing: Tracing | None = None  # OpenTelemetry spans (SPEC 7.5); None: the runtime does not trace
+    mcp: McpHub | None = None
 
 
 @dataclass

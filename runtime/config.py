@@ -8,6 +8,7 @@ per-session overrides. Environment variables name a key path with double undersc
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -156,11 +157,14 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: PosInt = 4 * 1024 * 1024  # larger request bodies are refused with 413
     # Policy for clients (SPEC 9): session workspaces must lie under workspace_root (None: no session may
     # have one), a session may enable the shell tool only if allow_shell, and may name an api_base without
-    # its own api_key (so running on the server's provider keys, sent to that URL) only if allow_api_base.
+    # its own api_key (so running on the server's provider keys, sent to that URL) only if allow_api_base,
+    # and may start MCP servers over stdio (a command run on this machine) only if allow_mcp_commands.
     workspace_root: str | None = None
     allow_shell: bool = False
     allow_api_base: bool = False
     metrics_public: bool = False  # GET /metrics without the bearer token (a scraper on a trusted network)
+
+    allow_mcp_commands: bool = False  # a client's session may start stdio MCP servers (commands) only if set
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -221,6 +225,70 @@ class TelemetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     record_content: bool = False  # prompts, completions, tool arguments and results on spans (opt-in)
 
 
+class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """One MCP server (SPEC 3.9): ``[mcp.servers.NAME]`` in the config file, or a session's ``mcp_servers``.
+
+    Over stdio give ``command`` (and ``args``, ``env``, ``cwd``: default the session's workspace); over
+    streamable HTTP give ``url`` (and ``headers``). Values of ``env`` and ``headers`` may name variables
+    of the runtime's environment as ``${NAME}``, expanded when the server starts (and stored as written).
+    ``timeout`` bounds each call (default ``agent.tool_timeout``); ``tools`` keeps only the named tools.
+    """
+
+    command: str | None = None
+    args: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    timeout: Seconds | None = None
+    startup_timeout: Seconds | None = None  # None: mcp.startup_timeout
+    require_approval: bool = False
+    tools: list[str] | None = None
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server needs either a command (stdio) or a url (streamable HTTP)")
+        if self.command is not None and not self.command.strip():
+            raise ValueError("an MCP server's command must not be empty")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"an MCP server's url must be http:// or https://, not {self.url[:60]!r}")
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command is not None else "http"
+
+
+class McpConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """SPEC 3.9: MCP servers whose tools every session gets (each session runs its own connections),
+    and how their failures are handled."""
+
+    servers: dict[str, McpServerConfig] = msgspec.field(default_factory=dict)
+    startup_timeout: Seconds = 30.0  # a server that has not listed its tools by then failed to start
+    ping_timeout: Seconds = 5.0  # after a call timed out: a server that does not answer a ping is restarted
+    restart_backoff: NonNegSeconds = 1.0  # after the 2nd failure in a row; doubling up to max_restart_backoff
+    max_restart_backoff: NonNegSeconds = 60.0
+    max_description_chars: PosInt = 2_000  # longer tool descriptions are cut
+
+    def __post_init__(self) -> None:
+        for name in self.servers:
+            check_mcp_server_name(name)
+
+
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")
+"""An MCP server's name: it prefixes its tools' names (``NAME__tool``), so no ``__`` and at most 32 chars."""
+
+
+def check_mcp_server_name(name: str) -> str:
+    """``name`` if it is a valid MCP server name, else a ``ValueError`` saying what is allowed."""
+    if not isinstance(name, str) or not MCP_SERVER_NAME.match(name) or name.endswith("_"):
+        raise ValueError(
+            f"invalid MCP server name {str(name)[:40]!r}: use 1-32 letters, digits, '-' or single '_' "
+            "(its tools are named NAME__tool)"
+        )
+    return name
+
+
 class Config(_Section, frozen=True, forbid_unknown_fields=True):
     compaction: CompactionConfig = msgspec.field(default_factory=CompactionConfig)
     tool_output: ToolOutputConfig = msgspec.field(default_factory=ToolOutputConfig)
@@ -236,6 +304,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
     subagents: SubagentsConfig = msgspec.field(default_factory=SubagentsConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     agents: dict[str, AgentProfile] = msgspec.field(default_factory=dict)
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
 
     @property
     def sessions_path(self) -> Path:

@@ -290,6 +290,37 @@ class ActorRestarted(Event, frozen=True, tag="actor_restarted"):
     restarts: int
 
 
+# --- MCP servers (SPEC 3.9) ---------------------------------------------------------------------------
+
+
+class McpServerStarted(Event, frozen=True, tag="mcp_server_started"):
+    """A session's MCP server is connected and listed its tools (``restarts``: connections before this)."""
+
+    server: str
+    transport: str  # stdio or http
+    tools: list[str]  # the tools the model sees, NAME__tool
+    restarts: int = 0
+
+
+McpErrorKind = Literal[
+    "start_failed", "crashed", "unresponsive", "bad_result", "bad_tool", "call_failed", "backoff"
+]
+
+
+class McpServerError(Event, frozen=True, tag="mcp_server_error"):
+    """A session's MCP server failed: it did not start, died or stopped answering (the connection is dropped
+    and the server restarted on its next use, ``retry_in`` seconds from now at the earliest), answered
+    with something that is not a valid result, or offered a tool the model cannot be given (``bad_tool``).
+    The call it concerns (if any) gets an error result; the session goes on."""
+
+    server: str
+    kind: McpErrorKind
+    message: str
+    tool: str | None = None
+    call_id: str | None = None
+    retry_in: float | None = None
+
+
 AnyEvent = (
     SessionStarted
     | SessionStopped
@@ -329,6 +360,8 @@ AnyEvent = (
     | LogRecovered
     | PersistenceFailed
     | ActorRestarted
+    | McpServerStarted
+    | McpServerError
 )
 
 EVENT_TYPES: frozenset[str] = frozenset(str(cls.__struct_config__.tag) for cls in AnyEvent.__args__)

@@ -102,6 +102,7 @@ class Runtime:
         from runtime.store.writer import LogWriter
         from runtime.supervisor import Supervisor
         from runtime.tools.executor import ToolExecutor
+        from runtime.tools.mcp import McpHub
 
         self.sessions_path = cfg.sessions_path
         self.sessions_path.mkdir(parents=True, exist_ok=True)
@@ -129,9 +130,11 @@ class Runtime:
             directory=directory,
             approvals=ApprovalBroker(self.bus.publish),
             tracing=tracing_for(cfg.telemetry, self._tracer_provider),
+            mcp=(hub := McpHub()),
         )
         if self.services.tracing is not None:
             self.services.tracing.parent_of = self.bus.parent_of  # a sub-agent's turn: under its tool call
+        self.io.add_closer(hub.aclose)  # (a safety net: stop() stops every MCP server first)
         self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
         self._sessions = SessionRegistry()
         self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
@@ -169,6 +172,8 @@ class Runtime:
                 session.stop(timeout=timeout)
                 self.bus.publish(ev.SessionStopped(session_id=session.session_id))
             self.root.stop(timeout=timeout)
+            if self.services.mcp is not None:  # no MCP server process outlives the runtime
+                self.services.mcp.stop_all(timeout=timeout + 5.0)
             self.services.executor.shutdown()
             self.io.stop()
             self.services.writer.close()
@@ -220,6 +225,7 @@ class Runtime:
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
         agents: Mapping[str, Any] | None = None,
+        mcp_servers: Any = None,
         _parent: tuple[str, str, int] | None = None,
     ) -> str:
         """Create a session and return its id.
@@ -228,9 +234,14 @@ class Runtime:
         ``ToolRegistry``, functions, ``"builtin"`` (the file tools; shell only when
         ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only. ``agents``
         adds sub-agent profiles to the runtime's (name → :class:`~runtime.config.AgentProfile` or a
-        mapping of its fields): the session gets the ``agent`` delegation tool.
+        mapping of its fields): the session gets the ``agent`` delegation tool. ``mcp_servers`` adds MCP
+        servers to the runtime's ``[mcp.servers]`` (SPEC 3.9): name → :class:`~runtime.config.McpServerConfig`
+        or a mapping of its fields, or command lines / URLs as ``agentcell chat --mcp`` takes them; their
+        tools reach the model as ``NAME__tool``. They are kept in the session's log (values that look like
+        secrets withheld) and come back with :meth:`resume_session`.
         """
         from runtime.subagents import parse_profiles
+        from runtime.tools.mcp import parse_servers
 
         self._require_started()
         _require_unicode(system_prompt, "the system prompt")
@@ -265,6 +276,7 @@ class Runtime:
             if _parent is not None
             else {**self.agents, **parse_profiles(agents)},
             parent=_parent,
+            mcp_servers=parse_servers(mcp_servers),
         )
         session = self._host(spec)
         # The header goes to the log now; the actors start on first use (a session that is never used
@@ -297,6 +309,7 @@ class Runtime:
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
         repair: Literal["truncate"] | None = None,
+        mcp_servers: Any = None,
     ) -> str:
         """Continue a stored session: its actors rebuild the tree from the log.
 
@@ -304,7 +317,8 @@ class Runtime:
         :class:`~runtime.store.log.CorruptLogError` naming the file and the line, and nothing is hosted.
         ``repair="truncate"`` opens such a session up to its last good entry instead: the log is cut before
         the bad line, everything from it on is kept in ``<id>.artifacts/log-cut-<time>.jsonl``, and a
-        ``log_recovered`` event says where.
+        ``log_recovered`` event says where. The session's own MCP servers come back from its log;
+        ``mcp_servers`` adds or replaces some (e.g. to give again a value the log withheld as a secret).
         """
         self._require_started()
         sid = validate_session_id(session_id)
@@ -313,7 +327,9 @@ class Runtime:
         if sid in self._sessions:
             return sid
         from runtime.subagents import parse_profiles
+        from runtime.tools.mcp import parse_servers
 
+        explicit = parse_servers(mcp_servers)  # (bad input fails here, before anything is touched)
         header = self.services.directory.read_header(sid)
         if header is None:
             raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
@@ -344,6 +360,7 @@ class Runtime:
             parent=(header.parent_session_id, header.parent_call_id or "", header.depth)
             if header.parent_session_id
             else None,
+            mcp_servers=_resumed_servers(header.mcp_servers, explicit, cfg),
         )
         self._continue_numbering(sid)
         session = self._host(spec)
@@ -425,7 +442,7 @@ class Runtime:
         agents = kw.pop("agents", None) or {}
         depth = parent[2] if parent is not None else 0
         registry = self.delegations.equip(_registry(tools, cfg), sid, agents, depth, cfg)
-        return SessionSpec(
+        spec = SessionSpec(
             session_id=sid,
             config=cfg,
             tools=registry,
@@ -434,6 +451,23 @@ class Runtime:
             parent=parent,
             **kw,
         )
+        # A sub-agent gets MCP tools from its parent ("inherit"), not servers of its own.
+        servers = {**(cfg.mcp.servers if parent is None else {}), **spec.mcp_servers}
+        if servers:
+            from runtime.tools.mcp import McpServers
+
+            spec.mcp = McpServers(
+                sid,
+                servers,
+                cfg.mcp,
+                io=self.io,
+                publish=self.bus.publish,
+                base=registry,
+                workspace=root,
+                logs_dir=self.services.directory.spill_dir(sid),
+                hub=self.services.mcp,
+            )
+        return spec
 
     def _host(self, spec: Any) -> Any:
         from actors.session import Session
@@ -501,6 +535,8 @@ class Runtime:
                 self.stop_session(child)
         session = self._session(session_id)
         session.stop()
+        if session.spec.mcp is not None:
+            session.spec.mcp.wait_stopped()
         self._sessions.unregister(session_id)
         self.bus.publish(ev.SessionStopped(session_id=session_id))
 
@@ -823,6 +859,20 @@ def _require_unicode(text: str, what: str) -> None:
             f"{what} is not valid Unicode: a lone surrogate at position {exc.start} "
             "(decode bytes with errors='replace')"
         ) from None
+
+
+def _resumed_servers(stored: Mapping[str, Any], explicit: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
+    """A resumed session's own MCP servers: those of its log (one whose log withheld a secret gives way
+    to the runtime's server of that name), then ``explicit`` ones."""
+    from runtime.tools.mcp.servers import restored, withheld
+
+    out = {
+        name: server
+        for name, server in restored(stored).items()
+        if not (withheld(server) and name in cfg.mcp.servers)
+    }
+    out.update(explicit)
+    return out
 
 
 def _registry(tools: ToolsArg, cfg: Config) -> Any:

@@ -43,6 +43,7 @@ class Header(_Entry, frozen=True, tag="header"):
     parent_session_id: str | None = None  # a sub-agent: the session that delegated to it ...
     parent_call_id: str | None = None  # ... by this tool call
     depth: int = 0  # how many delegations deep it is (0: a top-level session)
+    mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)  # its own MCP servers, secrets withheld
 
 
 class MessageEntry(_Entry, frozen=True, tag="message"):
@@ -171,6 +172,7 @@ def new_header(
     config: Mapping[str, Any] | None = None,
     agents: Mapping[str, Any] | None = None,
     parent: tuple[str, str, int] | None = None,
+    mcp_servers: Mapping[str, Any] | None = None,
 ) -> Header:
     """A header for a new session, with credentials removed from the per-session config."""
     return Header(
@@ -185,4 +187,5 @@ def new_header(
         parent_session_id=parent[0] if parent else None,
         parent_call_id=parent[1] if parent else None,
         depth=parent[2] if parent else 0,
+        mcp_servers=dict(mcp_servers or {}),
     )

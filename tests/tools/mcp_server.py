@@ -1,0 +1,186 @@
+"""A real MCP server for the MCP tests, written with the ``mcp`` SDK's own server API (``MCPServer``).
+
+Run over stdio (``python mcp_server.py``) or streamable HTTP (``python mcp_server.py --http PORT_FILE``:
+it binds port 0 and writes the port it got to PORT_FILE). Options shape hostile servers:
+
+- ``--fail-start``: exit with status 3 before serving (a server that fails to start);
+- ``--count-file PATH``: append a line to PATH each time the server starts (counts restarts);
+- ``--bad-schema``: also offer tools whose input schemas a provider would refuse, and a tool whose name
+  is not a valid tool name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.types import Image
+from mcp.types import EmbeddedResource, TextContent, TextResourceContents
+
+# A 1x1 PNG.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/x8AAwMCAO+ip1sAAAAASUVORK5CYII="
+)
+
+_running = 0
+_peak = 0
+
+
+def build(bad_schema: bool = False) -> MCPServer:
+    server = MCPServer("agentcell-test", log_level="WARNING")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def pid() -> int:
+        """The server's process id."""
+        return os.getpid()
+
+    @server.tool()
+    def cwd() -> str:
+        """The server's working directory."""
+        return os.getcwd()
+
+    @server.tool()
+    def env(name: str) -> str:
+        """The value of an environment variable of the server ('' when unset)."""
+        return os.environ.get(name, "")
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Wait (without blocking the server), then say how many calls ran at once at most."""
+        global _running, _peak
+        _running += 1
+        _peak = max(_peak, _running)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            _running -= 1
+        return f"peak={_peak}"
+
+    @server.tool()
+    def freeze(seconds: float) -> str:
+        """Block the whole server (it answers nothing meanwhile, not even pings)."""
+        time.sleep(seconds)
+        return "thawed"
+
+    @server.tool()
+    def crash() -> str:
+        """Kill the server in the middle of the call."""
+        os._exit(9)
+
+    @server.tool()
+    def fail(message: str) -> str:
+        """Fail on purpose (an isError result)."""
+        raise ToolError(message)
+
+    @server.tool()
+    def big(lines: int) -> str:
+        """Return a large output: numbered lines."""
+        return "\n".join(f"line {i:07d} of a large output" for i in range(lines))
+
+    @server.tool()
+    def garbage() -> str:
+        """Write a line that is not JSON-RPC on the protocol stream, then answer normally."""
+        os.write(_wire(), b"this is not json-rpc\n")
+        return "answered after garbage"
+
+    @server.tool()
+    async def bogus(ctx: Context) -> str:  # type: ignore[type-arg]
+        """Answer the call with a result that is not a valid tool result (the real answer comes late)."""
+        answer = {"jsonrpc": "2.0", "id": int(ctx.request_id), "result": {"content": 42, "isError": "maybe"}}
+        os.write(_wire(), json.dumps(answer).encode() + b"\n")
+        await asyncio.sleep(0.2)
+        return "too late"
+
+    @server.tool(structured_output=False)
+    def picture() -> list[Any]:
+        """An image and a caption."""
+        return [TextContent(type="text", text="a tiny picture"), Image(data=PNG, format="png")]
+
+    @server.tool(structured_output=False)
+    def document() -> EmbeddedResource:
+        """An embedded text resource."""
+        contents = TextResourceContents(
+            uri="file:///notes/readme.txt", mime_type="text/plain", text="the notes"
+        )
+        return EmbeddedResource(type="resource", resource=contents)
+
+    if bad_schema:
+        server.add_tool(
+            lambda: "renamed", name="dotted.name/with spaces", description="A tool with an odd name."
+        )
+        broken = Tool.from_function(lambda: "x", name="broken_schema", description="An invalid JSON schema.")
+        broken.parameters = {"type": "object", "properties": {"x": {"type": 12}}}
+        server._tool_manager._tools[broken.name] = broken
+    return server
+
+
+def _wire() -> int:
+    """The descriptor of the protocol stream: the SDK moves it off fd 1 (so that prints go to stderr)."""
+    import fcntl
+
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except OSError:
+            continue
+        if fd > 2 and target.startswith("pipe:") and mode == os.O_WRONLY:
+            return fd
+    return 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--count-file")
+    parser.add_argument("--bad-schema", action="store_true")
+    parser.add_argument("--http", metavar="PORT_FILE")
+    args = parser.parse_args()
+    if args.count_file:
+        with open(args.count_file, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+    if args.fail_start:
+        print("this server refuses to start", file=sys.stderr)
+        sys.exit(3)
+    server = build(bad_schema=args.bad_schema)
+    if args.http:
+        serve_http(server, Path(args.http))
+    else:
+        server.run("stdio")
+
+
+def serve_http(server: MCPServer, port_file: Path) -> None:
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port_file.write_text(str(sock.getsockname()[1]))
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
