@@ -5,6 +5,7 @@ it binds port 0 and writes the port it got to PORT_FILE). Options shape hostile 
 
 - ``--fail-start``: exit with status 3 before serving (a server that fails to start);
 - ``--count-file PATH``: append a line to PATH each time the server starts (counts restarts);
+- ``--fail-after N`` (with ``--count-file``): start normally N times, then fail to start;
 - ``--bad-schema``: also offer tools whose input schemas a provider would refuse, and a tool whose name
   is not a valid tool name.
 """
@@ -60,6 +61,12 @@ def build(bad_schema: bool = False) -> MCPServer:
         return os.getcwd()
 
     @server.tool()
+    def header(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
+        """The value of a header of the HTTP request that carried this call ('' when none)."""
+        request = getattr(ctx.request_context, "request", None)
+        return request.headers.get(name, "") if request is not None else ""
+
+    @server.tool()
     def env(name: str) -> str:
         """The value of an environment variable of the server ('' when unset)."""
         return os.environ.get(name, "")
@@ -77,9 +84,9 @@ def build(bad_schema: bool = False) -> MCPServer:
         return f"peak={_peak}"
 
     @server.tool()
-    def freeze(seconds: float) -> str:
+    async def freeze(seconds: float) -> str:
         """Block the whole server (it answers nothing meanwhile, not even pings)."""
-        time.sleep(seconds)
+        time.sleep(seconds)  # (in a coroutine: the server's event loop itself stops)
         return "thawed"
 
     @server.tool()
@@ -154,28 +161,33 @@ def main() -> None:
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--count-file")
     parser.add_argument("--bad-schema", action="store_true")
+    parser.add_argument("--fail-after", type=int)
     parser.add_argument("--http", metavar="PORT_FILE")
+    parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
+    starts = 0
     if args.count_file:
         with open(args.count_file, "a") as fh:
             fh.write(f"{os.getpid()}\n")
-    if args.fail_start:
+        starts = len(Path(args.count_file).read_text().split())
+    if args.fail_start or (args.fail_after is not None and starts > args.fail_after):
         print("this server refuses to start", file=sys.stderr)
         sys.exit(3)
     server = build(bad_schema=args.bad_schema)
     if args.http:
-        serve_http(server, Path(args.http))
+        serve_http(server, Path(args.http), args.port)
     else:
         server.run("stdio")
 
 
-def serve_http(server: MCPServer, port_file: Path) -> None:
+def serve_http(server: MCPServer, port_file: Path, port: int) -> None:
     import socket
 
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     port_file.write_text(str(sock.getsockname()[1]))
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")

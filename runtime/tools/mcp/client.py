@@ -277,6 +277,7 @@ class ServerClient:
         self.started = started
         self.conn: Connection | None = None
         self.failures = 0  # failures in a row (a call the server answers resets it)
+        self.last_error = ""
         self.retry_at = 0.0
         self.connections = 0
         self._lock = asyncio.Lock()
@@ -300,8 +301,8 @@ class ServerClient:
             wait = self.backing_off()
             if wait > 0:
                 raise McpUnavailable(
-                    f"MCP server {self.name!r} failed {self.failures} times in a row; it is restarted on a "
-                    f"call from {wait:.1f} s from now"
+                    f"MCP server {self.name!r} is down: it failed {self.failures} times in a row (the last: "
+                    f"{self.last_error}); it is started again by a call from {wait:.1f} s from now"
                 )
             conn = Connection(
                 self.name,
@@ -342,6 +343,7 @@ class ServerClient:
         self, kind: str, message: str, *, tool: str | None = None, call_id: str | None = None
     ) -> None:
         self.failures += 1
+        self.last_error = message
         delay = 0.0
         if self.failures >= 2:
             delay = min(
@@ -356,10 +358,13 @@ class ServerClient:
             self.report("bad_result", f"MCP server {self.name!r} wrote something that is not JSON-RPC: {exc}")
 
     async def _drop(self, conn: Connection, kind: str, message: str, **kw: Any) -> None:
-        if self.conn is conn:
-            self.conn = None
-            self._failed(kind, message, **kw)
+        """Give up on a connection that failed: stop it (the server process with it), then report."""
+        mine = self.conn is conn
+        if mine:
+            self.conn = None  # (calls from now on start a new one)
         await conn.close()
+        if mine:
+            self._failed(kind, message, **kw)
 
     # -- calls ---------------------------------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any], call_id: str) -> Any:

@@ -7,11 +7,12 @@ output limits and spill files, approval (the session's hook, and every call of a
 ``require_approval``). A call runs on a tool worker thread, which hands it to the runtime's I/O loop and
 waits; when the executor gives up on it (timeout, abort) the request is cancelled on the server.
 
-When its turn starts, the agent asks :meth:`McpServers.refresh` for the tools: servers never listed yet
-are started and listed then (the turn waits, at most their startup timeout); servers known but stopped
-(after hibernation, or a failure) start again in the background, or on their next call. A server that
-cannot be reached is reported (``mcp_server_error``) and its tools are left out or answer with errors:
-the session goes on. :meth:`McpServers.stop` stops them all (the session stops or hibernates).
+When a turn starts, the agent asks :meth:`McpServers.refresh` for the tools: servers not running (never
+started, stopped by hibernation, or dropped after a failure and not waiting out a restart delay) are
+started and listed then, the turn waiting at most their startup timeout, so that the turn's calls do not
+pay for it; a server that fails within a turn is started again by its next call. A server that cannot be
+reached is reported (``mcp_server_error``) and its tools are left out or answer with errors: the session
+goes on. :meth:`McpServers.stop` stops them all (the session stops or hibernates).
 
 :class:`McpHub` knows every session's servers, so that stopping the runtime stops every server process.
 Nothing here imports ``mcp`` at module level: :mod:`runtime.tools.mcp.client` is imported off the loop,
@@ -155,12 +156,10 @@ class McpServers:
             client = await self._client(name)
             if client is None:
                 continue
-            if name not in self._tools:  # the model would not see its tools: wait for them
-                waits.append(self._connect(client))
-            elif client.tools_changed():
+            if client.conn is not None and client.tools_changed():
                 waits.append(self._relist(client))
-            else:  # known tools, stopped server: start it now, without holding the turn up
-                self.io.loop.create_task(self._connect(client))
+            else:  # never started, stopped (hibernation) or failed: start it before the turn's calls
+                waits.append(self._connect(client))
         if waits:
             await asyncio.gather(*waits)
         if not self._dirty:
