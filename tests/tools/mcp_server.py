@@ -1,7 +1,7 @@
 """A real MCP server for the MCP tests, written with the ``mcp`` SDK's own server API (``MCPServer``).
 
-Run over stdio (``python mcp_server.py``) or streamable HTTP (``python mcp_server.py --http PORT_FILE``:
-it binds port 0 and writes the port it got to PORT_FILE). Options shape hostile servers:
+Run over stdio (``python mcp_server.py``) or streamable HTTP (``python mcp_server.py --http [--port N]``:
+it prints the port it listens on). Options shape hostile servers:
 
 - ``--fail-start``: exit with status 3 before serving (a server that fails to start);
 - ``--count-file PATH``: append a line to PATH each time the server starts (counts restarts);
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import sys
@@ -22,11 +23,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.mcpserver.tools import Tool
-from mcp.server.mcpserver.utilities.types import Image
-from mcp.types import EmbeddedResource, TextContent, TextResourceContents
+
+def _options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--count-file")
+    parser.add_argument("--bad-schema", action="store_true")
+    parser.add_argument("--fail-after", type=int)
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # a server told to fail to start fails before the SDK's import (a second or more)
+    OPTIONS = _options()
+    starts = 0
+    if OPTIONS.count_file:
+        with open(OPTIONS.count_file, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        starts = len(Path(OPTIONS.count_file).read_text().split())
+    if OPTIONS.fail_start or (OPTIONS.fail_after is not None and starts > OPTIONS.fail_after):
+        print("this server refuses to start", file=sys.stderr)
+        sys.exit(3)
+
+from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
+from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
+from mcp.server.mcpserver.tools import Tool  # noqa: E402
+from mcp.server.mcpserver.utilities.types import Image  # noqa: E402
+from mcp.types import EmbeddedResource, TextContent, TextResourceContents  # noqa: E402
 
 # A 1x1 PNG.
 PNG = base64.b64decode(
@@ -61,10 +85,11 @@ def build(bad_schema: bool = False) -> MCPServer:
         return os.getcwd()
 
     @server.tool()
-    def header(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
-        """The value of a header of the HTTP request that carried this call ('' when none)."""
+    def header(name: str, ctx: Context, digest: bool = False) -> str:  # type: ignore[type-arg]
+        """The value of a header of the HTTP request that carried this call ('' when none), or its SHA-256."""
         request = getattr(ctx.request_context, "request", None)
-        return request.headers.get(name, "") if request is not None else ""
+        value = request.headers.get(name, "") if request is not None else ""
+        return hashlib.sha256(value.encode()).hexdigest() if digest else value
 
     @server.tool()
     def env(name: str) -> str:
@@ -157,30 +182,15 @@ def _wire() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fail-start", action="store_true")
-    parser.add_argument("--count-file")
-    parser.add_argument("--bad-schema", action="store_true")
-    parser.add_argument("--fail-after", type=int)
-    parser.add_argument("--http", metavar="PORT_FILE")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    starts = 0
-    if args.count_file:
-        with open(args.count_file, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        starts = len(Path(args.count_file).read_text().split())
-    if args.fail_start or (args.fail_after is not None and starts > args.fail_after):
-        print("this server refuses to start", file=sys.stderr)
-        sys.exit(3)
-    server = build(bad_schema=args.bad_schema)
-    if args.http:
-        serve_http(server, Path(args.http), args.port)
+    server = build(bad_schema=OPTIONS.bad_schema)
+    if OPTIONS.http:
+        serve_http(server, OPTIONS.port)
     else:
         server.run("stdio")
 
 
-def serve_http(server: MCPServer, port_file: Path, port: int) -> None:
+def serve_http(server: MCPServer, port: int) -> None:
+    """Serve streamable HTTP on 127.0.0.1 (port 0: any free one) and print the port once listening."""
     import socket
 
     import uvicorn
@@ -188,7 +198,8 @@ def serve_http(server: MCPServer, port_file: Path, port: int) -> None:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
-    port_file.write_text(str(sock.getsockname()[1]))
+    sock.listen(64)
+    print(sock.getsockname()[1], flush=True)
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

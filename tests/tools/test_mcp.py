@@ -161,7 +161,10 @@ def test_a_call_past_its_timeout_is_cut_and_the_server_goes_on(world: dict[str, 
 def test_the_server_is_stopped_with_its_session(world: dict[str, Any], provider: Any, tmp_path: Path) -> None:
     rt = world["rt"]
     sid = rt.start_session(
-        model=f"openai/{world['name']}", api_base=provider.url, api_key="sk-local", mcp_servers=[f"{stdio()['command']} {stdio()['args'][0]}"]
+        model=f"openai/{world['name']}",
+        api_base=provider.url,
+        api_key="sk-local",
+        mcp_servers=[f"{stdio()['command']} {stdio()['args'][0]}"],
     )
     (pid,) = results(rt, sid, call("mcp_server__pid"))
     assert alive(int(pid.text))
@@ -175,7 +178,10 @@ def test_stopping_the_runtime_leaves_no_server_running(provider: Any, tmp_path: 
     with Runtime(Config(), sessions_dir=tmp_path) as rt:
         sids = [
             rt.start_session(
-                model="openai/mcp-stop-model", api_base=provider.url, api_key="sk-local", mcp_servers={"t": stdio()}
+                model="openai/mcp-stop-model",
+                api_base=provider.url,
+                api_key="sk-local",
+                mcp_servers={"t": stdio()},
             )
             for _ in range(2)
         ]
