@@ -32,6 +32,8 @@ def _sample(tp: object) -> object:
     if tp is Usage:
         return Usage(input_tokens=1)
     args = getattr(tp, "__args__", ())
+    if getattr(tp, "__origin__", None) is list:
+        return [_sample(args[0])]
     if args and all(isinstance(a, str) for a in args):  # Literal
         return args[0]
     if args:

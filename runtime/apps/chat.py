@@ -142,6 +142,11 @@ class ChatPrinter:
             case ev.ErrorOccurred(message=message):
                 self._newline()
                 self.out.write(f"error: {message}\n")
+            case ev.McpServerStarted(server=server, tools=tools, restarts=restarts):
+                again = f" (restart {restarts})" if restarts else ""
+                self._note(f"[MCP server {server} ready{again}: {len(tools)} tools]")
+            case ev.McpServerError(message=message):
+                self._note(f"[MCP: {message}]")
             case ev.AgentAbort(repaired_calls=repaired):
                 extra = f" ({repaired} unfinished tool calls closed)" if repaired else ""
                 self._note(f"[aborted{extra}]")
@@ -165,6 +170,7 @@ def run_chat(
     sessions_dir: str | None = None,
     local: bool = False,
     latency: float = 0.0,
+    mcp: list[str] | None = None,
     input_fn: Callable[[str], str] = input,
     out: TextIO | None = None,
 ) -> int:
@@ -172,17 +178,20 @@ def run_chat(
 
     ``local`` (or no ``model`` and no ``api_base``) starts the built-in local provider and talks to it
     (``latency`` seconds before each of its replies). The API key comes from ``AGENTCELL_API_KEY`` or
-    the provider's usual environment variable (litellm reads it); it is never stored.
+    the provider's usual environment variable (litellm reads it); it is never stored. ``mcp``: MCP servers
+    the session takes tools from, as ``[NAME=]COMMAND ARGS`` or ``[NAME=]URL`` (SPEC 3.9).
     """
     from runtime.config import ConfigError, load_config
     from runtime.host import Runtime, SessionNotFound
     from runtime.ids import InvalidSessionId
+    from runtime.tools.mcp import parse_servers
 
     out = out if out is not None else sys.stdout
     try:
         cfg = load_config(config_path)
         if sessions_dir is not None:
             cfg = cfg.with_overrides({"persistence.sessions_dir": sessions_dir})
+        servers = parse_servers(list(mcp or ()))
     except ConfigError as exc:
         print(f"agentcell chat: {exc}", file=sys.stderr)
         return 2
@@ -200,7 +209,7 @@ def run_chat(
             api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider is not None else None)
             rt = stack.enter_context(Runtime(cfg))
             try:
-                sid, resumed = _open_session(rt, session_id, model, api_base, api_key)
+                sid, resumed = _open_session(rt, session_id, model, api_base, api_key, servers)
             except (InvalidSessionId, SessionNotFound, ValueError, OSError) as exc:
                 print(f"agentcell chat: {exc}", file=sys.stderr)
                 return 2
@@ -254,14 +263,27 @@ def _stop_quietly(provider: Any) -> None:
 
 
 def _open_session(
-    rt: Any, session_id: str | None, model: str, api_base: str | None, api_key: str | None
+    rt: Any,
+    session_id: str | None,
+    model: str,
+    api_base: str | None,
+    api_key: str | None,
+    mcp_servers: dict[str, Any] | None = None,
 ) -> tuple[str, bool]:
     """Resume ``session_id`` if it is stored, else start it (or a new session) in the current directory."""
     if session_id is not None and rt.services.directory.exists(session_id):
-        sid = rt.resume_session(session_id, tools="builtin", api_key=api_key, api_base=api_base)
+        sid = rt.resume_session(
+            session_id, tools="builtin", api_key=api_key, api_base=api_base, mcp_servers=mcp_servers or None
+        )
         return str(sid), True
     sid = rt.start_session(
-        session_id, model=model, tools="builtin", workspace=os.getcwd(), api_base=api_base, api_key=api_key
+        session_id,
+        model=model,
+        tools="builtin",
+        workspace=os.getcwd(),
+        api_base=api_base,
+        api_key=api_key,
+        mcp_servers=mcp_servers or None,
     )
     return str(sid), False
 

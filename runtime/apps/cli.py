@@ -36,6 +36,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         sessions_dir=args.dir,
         local=args.local,
         latency=args.latency,
+        mcp=args.mcp,
     )
 
 
@@ -58,6 +59,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         workspace_root=args.workspace_root,
         allow_shell=True if args.allow_shell else None,
         allow_api_base=True if args.allow_api_base else None,
+        allow_mcp_commands=True if args.allow_mcp_commands else None,
         metrics_public=True if args.metrics_public else None,
         shards=args.shards,
         ray_address=args.ray_address,
@@ -152,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="with --local: seconds the provider waits before each reply",
     )
+    chat.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="[NAME=]COMMAND",
+        help="take tools from an MCP server: a command line run over stdio (quote it: --mcp 'fs=npx -y "
+        "@modelcontextprotocol/server-filesystem .') or a streamable HTTP URL; repeatable; its tools are "
+        "NAME__tool",
+    )
     chat.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     chat.add_argument("--config", default=None, help="TOML config file")
     chat.set_defaults(handler=_cmd_chat)
@@ -196,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let a session name an api_base without its own api_key: the server's provider keys then go to "
         "that URL (server.allow_api_base)",
+    )
+    serve.add_argument(
+        "--allow-mcp-commands",
+        action="store_true",
+        help="let sessions start MCP servers over stdio, i.e. run commands on this machine "
+        "(server.allow_mcp_commands)",
     )
     serve.add_argument(
         "--metrics-public",

@@ -11,16 +11,17 @@ The policy (:class:`ServerPolicy`, from ``server.*``): a session's workspace mus
 workspace), a session may turn the shell tool on only when ``server.allow_shell`` is set, a session's
 ``config`` holds per-session keys only (see :data:`runtime.config.SESSION_KEYS`), and a session may name an
 ``api_base`` only with an ``api_key`` of its own, unless ``server.allow_api_base`` is set (else the
-server's own provider keys would go to the client's URL). A stored session is resumed only if its
-workspace, config and endpoint pass the same policy.
+server's own provider keys would go to the client's URL), and may start MCP servers over stdio (commands)
+only when ``server.allow_mcp_commands`` is set. A stored session is resumed only if its workspace, config,
+endpoint and MCP servers pass the same policy.
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
                                           "workspace", "config", "api_base", "api_key",
-                                          "agents": {name: profile}} → 201
+                                          "agents": {name: profile}, "mcp_servers": {name: server}} → 201
     GET    /sessions                     the stored sessions, newest first
     GET    /sessions/{id}                one session: model, window, usage totals
     DELETE /sessions/{id}                stop it and delete its files
-    POST   /sessions/{id}/resume         {"api_key", "api_base", "tools", "workspace"}: host a stored
+    POST   /sessions/{id}/resume         {"api_key", "api_base", "tools", "workspace", "mcp_servers"}: host a stored
                                          session (any other call resumes it too, without a key)
     POST   /sessions/{id}/prompt         {"text", "images", "wait": false, "steer": false} → 202 {"prompt_id"},
                                          or with "wait": true → 200 the turn's result
@@ -58,7 +59,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -66,12 +67,13 @@ import msgspec
 
 from runtime import events as ev
 from runtime.apps.dashboard import DashboardFiles, SessionBoard
-from runtime.config import AgentProfile, Config, ConfigError, ServerConfig
+from runtime.config import AgentProfile, Config, ConfigError, McpServerConfig, ServerConfig
 from runtime.errors import AgentcellError
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.served import served
 from runtime.store.log import CorruptLogError
+from runtime.tools.mcp.servers import parse_servers, restored
 
 if TYPE_CHECKING:
     from runtime.served import AnyRuntime
@@ -93,11 +95,14 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``allow_api_base``: a session may name an ``api_base`` without an ``api_key`` of its own. Without a key,
     litellm (and the native transport, which reads keys where litellm does) sends the provider key from the
     server's environment to that URL: allow it only when every token holder may have that key.
+    ``allow_mcp_commands``: a session may start MCP servers over stdio, i.e. run a command of its choosing on
+    the server's machine (MCP servers at a URL are always allowed; the runtime's own ``[mcp.servers]`` too).
     """
 
     workspace_root: str | None = None
     allow_shell: bool = False
     allow_api_base: bool = False
+    allow_mcp_commands: bool = False
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerPolicy:
@@ -107,7 +112,12 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             if not resolved.is_dir():
                 raise ConfigError(f"invalid config: server.workspace_root: {resolved} is not a directory")
             root = str(resolved)
-        return cls(workspace_root=root, allow_shell=server.allow_shell, allow_api_base=server.allow_api_base)
+        return cls(
+            workspace_root=root,
+            allow_shell=server.allow_shell,
+            allow_api_base=server.allow_api_base,
+            allow_mcp_commands=server.allow_mcp_commands,
+        )
 
     def workspace(self, requested: str | None) -> str | None:
         """The real workspace for a requested one (relative: under the root); 403 if the policy forbids it."""
@@ -135,6 +145,19 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 "agent.shell_enabled: this server does not let sessions run shell commands "
                 "(its operator can allow it with server.allow_shell or --allow-shell)",
             )
+
+    def check_mcp(self, servers: Mapping[str, McpServerConfig], runtime: Config) -> None:
+        """403 when a session would start an MCP server over stdio (a command) the policy does not allow;
+        the runtime's own servers (``[mcp.servers]``) are the operator's and always allowed."""
+        if self.allow_mcp_commands:
+            return
+        for name, server in servers.items():
+            if server.command is not None and runtime.mcp.servers.get(name) != server:
+                raise HttpError(
+                    403,
+                    f"mcp_servers.{name}: this server does not let sessions run commands (MCP servers over "
+                    "stdio); give a url, or its operator can allow commands with server.allow_mcp_commands",
+                )
 
     def check_api_base(
         self, api_base: str | None, api_key: str | None, session_id: str | None = None
@@ -171,6 +194,7 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             raise SessionNotFound(f"no session {session_id!r}")
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
         self.check_api_base(api_base if api_base is not None else header.api_base, api_key, session_id)
+        self.check_mcp(restored(header.mcp_servers), runtime.config)
         if workspace is not None:
             return self.workspace(workspace)
         if header.workspace is not None:
@@ -195,6 +219,7 @@ class CreateSession(_Body, frozen=True):
     api_base: str | None = None
     api_key: str | None = None
     agents: dict[str, AgentProfile] | None = None  # sub-agent profiles: the session gets the agent tool
+    mcp_servers: dict[str, Any] | list[str] | None = None  # MCP servers (SPEC 3.9): name -> settings
 
 
 class PromptBody(_Body, frozen=True):
@@ -215,6 +240,7 @@ class ResumeBody(_Body, frozen=True):
     tools: Literal["builtin"] | list[str] | None = None
     workspace: str | None = None
     repair: Literal["truncate"] | None = None  # open a corrupt log up to its last good entry
+    mcp_servers: dict[str, Any] | list[str] | None = None  # add to (or replace) its stored MCP servers
 
 
 class BranchBody(_Body, frozen=True):
@@ -420,6 +446,8 @@ def create_app(
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         policy.check_api_base(body.api_base, body.api_key)
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
+        mcp_servers = parse_servers(body.mcp_servers)
+        policy.check_mcp(mcp_servers, runtime.config)
         for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
             policy.check_config(
                 runtime.config.for_session({**(body.config or {}), **profile.config}), runtime.config
@@ -435,6 +463,7 @@ def create_app(
             api_base=body.api_base,
             api_key=body.api_key,
             agents=body.agents,
+            mcp_servers=mcp_servers,
         )
         session = await asyncio.to_thread(served(runtime).session_summary, new)
         payload = {"id": new, "model": session.model, "context_window": session.context_window}
@@ -467,6 +496,8 @@ def create_app(
         body: ResumeBody = _decode(await request.body(), ResumeBody)
         if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
+        mcp_servers = parse_servers(body.mcp_servers)
+        policy.check_mcp(mcp_servers, runtime.config)
         workspace = await asyncio.to_thread(
             policy.check_stored,
             runtime,
@@ -483,6 +514,7 @@ def create_app(
             api_key=body.api_key,
             api_base=body.api_base,
             repair=body.repair,
+            mcp_servers=mcp_servers,
         )
         session = await asyncio.to_thread(served(runtime).session_summary, session_id)
         return {"id": session_id, "model": session.model, "context_window": session.context_window}
@@ -851,6 +883,7 @@ def run_server(
     workspace_root: str | None = None,
     allow_shell: bool | None = None,
     allow_api_base: bool | None = None,
+    allow_mcp_commands: bool | None = None,
     metrics_public: bool | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
@@ -875,6 +908,8 @@ def run_server(
         overrides["server.allow_shell"] = allow_shell
     if allow_api_base is not None:
         overrides["server.allow_api_base"] = allow_api_base
+    if allow_mcp_commands is not None:
+        overrides["server.allow_mcp_commands"] = allow_mcp_commands
     if metrics_public is not None:
         overrides["server.metrics_public"] = metrics_public
     try:
@@ -911,6 +946,7 @@ def run_server(
             f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
             f"shell {'allowed' if policy.allow_shell else 'off'}; "
             f"api_base {'allowed' if policy.allow_api_base else 'only with its own api_key'}; "
+            f"MCP commands {'allowed' if policy.allow_mcp_commands else 'off'}; "
             f"/metrics {'public' if cfg.server.metrics_public else 'with the token'})",
             file=sys.stderr,
             flush=True,

@@ -363,6 +363,7 @@ class ClusterRuntime:
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
         repair: Literal["truncate"] | None = None,
+        mcp_servers: Any = None,
     ) -> str:
         """Host a stored session on its shard; as ``Runtime.resume_session``."""
         import ray
@@ -385,7 +386,10 @@ class ClusterRuntime:
         shard = self._fleet.place(sid)
         try:
             summary = ray.get(
-                shard.actor.resume_session.remote(sid, {**options, "repair": repair}), timeout=120
+                shard.actor.resume_session.remote(
+                    sid, {**options, "repair": repair, "mcp_servers": mcp_servers}
+                ),
+                timeout=120,
             )
         except ray.exceptions.RayError as exc:
             raise self._fleet.failure(exc, shard) from None

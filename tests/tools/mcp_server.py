@@ -32,6 +32,7 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--fail-after", type=int)
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", help="ignored: a credential on the command line, for the tests of secrets")
     return parser.parse_args()
 
 
@@ -43,7 +44,7 @@ if __name__ == "__main__":  # a server told to fail to start fails before the SD
             fh.write(f"{os.getpid()}\n")
         starts = len(Path(OPTIONS.count_file).read_text().split())
     if OPTIONS.fail_start or (OPTIONS.fail_after is not None and starts > OPTIONS.fail_after):
-        print("this server refuses to start", file=sys.stderr)
+        print(f"this server refuses to start (argv: {' '.join(sys.argv[1:])})", file=sys.stderr)
         sys.exit(3)
 
 from mcp.server.mcpserver import Context, MCPServer  # noqa: E402

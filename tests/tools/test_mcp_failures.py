@@ -103,7 +103,10 @@ def test_a_server_that_fails_on_restart_is_not_respawned_at_every_call(
 
 def test_a_server_that_never_starts_leaves_the_session_working(world: dict[str, Any]) -> None:
     rt = world["rt"]
-    sid = world["start"](bad=stdio("--fail-start"), gone={"command": "/nonexistent/mcp-server"})
+    token = "sk-never-printed-0123456789"
+    sid = world["start"](
+        bad=stdio("--fail-start", "--token", token), gone={"command": "/nonexistent/mcp-server"}
+    )
     outcome = rt.prompt(sid, call(("bad__echo", {"text": "x"}))).result(timeout=90)
     assert outcome.status == "ok"
     (result,) = [m for m in rt.messages(sid) if m.role == "tool"]
@@ -111,4 +114,6 @@ def test_a_server_that_never_starts_leaves_the_session_working(world: dict[str, 
     by_server = {e.server: e for e in errors(world, sid)}
     assert by_server["bad"].kind == "start_failed" and "refuses to start" in by_server["bad"].message
     assert by_server["gone"].kind == "start_failed" and "not found" in by_server["gone"].message
+    # Its stderr quoted the command line: the credential on it is cut out of what the event says.
+    assert "--token <withheld>" in by_server["bad"].message and token not in by_server["bad"].message
     assert rt.prompt(sid, "hello").result(timeout=60).text == "plain answer"

@@ -39,7 +39,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from runtime.config import McpConfig, McpServerConfig
-from runtime.tools.mcp.servers import describe, expand, withheld
+from runtime.tools.mcp.servers import describe, expand, scrub, secret_values, withheld
 
 log = logging.getLogger("agentcell.mcp")
 
@@ -273,7 +273,8 @@ class ServerClient:
         self.settings = settings
         self.cwd = cwd
         self.logs_dir = logs_dir
-        self.report = report
+        self._secrets = secret_values(config, os.environ)
+        self._report = report
         self.started = started
         self.conn: Connection | None = None
         self.failures = 0  # failures in a row (a call the server answers resets it)
@@ -285,6 +286,13 @@ class ServerClient:
         self._live: set[Connection] = set()  # connections not closed yet (stop() waits for all of them)
 
     # -- connecting --------------------------------------------------------------------------------------
+    def report(self, kind: str, message: str, **kw: Any) -> None:
+        """An ``mcp_server_error`` event, the server's secrets cut out (its stderr may print them)."""
+        self._report(kind, self.scrub(message), **kw)
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
     def backing_off(self) -> float:
         """Seconds until the next connection attempt is allowed (0: now)."""
         return max(0.0, self.retry_at - time.monotonic())
@@ -315,13 +323,12 @@ class ServerClient:
             self._live.add(conn)
             try:
                 await conn.open(timeout)
-            except McpUnavailable as exc:
-                self._live.discard(conn)
-                self._failed("start_failed", str(exc))
-                raise
             except Exception as exc:
                 self._live.discard(conn)
-                message = f"MCP server {self.name!r} failed to start: {type(exc).__name__}: {exc}"
+                message = str(exc) if isinstance(exc, McpUnavailable) else f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, McpUnavailable):
+                    message = f"MCP server {self.name!r} failed to start: {message}"
+                message = self.scrub(message)
                 self._failed("start_failed", message)
                 raise McpUnavailable(message) from None
             self.conn = conn
@@ -342,6 +349,7 @@ class ServerClient:
     def _failed(
         self, kind: str, message: str, *, tool: str | None = None, call_id: str | None = None
     ) -> None:
+        message = self.scrub(message)
         self.failures += 1
         self.last_error = message
         delay = 0.0
@@ -351,7 +359,7 @@ class ServerClient:
             )
         self.retry_at = time.monotonic() + delay
         log.warning("%s", message)
-        self.report(kind, message, tool=tool, call_id=call_id, retry_in=delay)
+        self._report(kind, message, tool=tool, call_id=call_id, retry_in=delay)
 
     def _garbage(self, conn: Connection, exc: Exception) -> None:
         if conn.garbage == 1:  # once a connection: a chatty server must not flood the event stream
@@ -383,10 +391,10 @@ class ServerClient:
                 await self._drop(conn, "crashed", message, tool=tool, call_id=call_id)
                 raise McpUnavailable(f"{message}; it is restarted on its next use") from None
             raise McpUnavailable(
-                f"MCP server {self.name!r} refused the call: {exc.message} (code {exc.code})"
+                self.scrub(f"MCP server {self.name!r} refused the call: {exc.message} (code {exc.code})")
             ) from None
         except (pydantic.ValidationError, ValueError, TypeError, RuntimeError) as exc:
-            message = f"MCP server {self.name!r} answered with an invalid result: {_short(exc)}"
+            message = self.scrub(f"MCP server {self.name!r} answered with an invalid result: {_short(exc)}")
             self.report("bad_result", message, tool=tool, call_id=call_id)
             raise McpUnavailable(message) from None
         self.failures = 0

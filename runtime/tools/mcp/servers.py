@@ -212,6 +212,37 @@ def withheld(server: McpServerConfig) -> list[str]:
     return names
 
 
+def secret_values(server: McpServerConfig, environ: Mapping[str, str]) -> list[str]:
+    """The values of ``server``'s settings that look like credentials (as written and as expanded), to be
+    cut out of anything said about the server: its stderr, error messages (see :func:`scrub`)."""
+    values: list[str] = []
+    for mapping in (server.env, server.headers):
+        for key, value in mapping.items():
+            if value != WITHHELD and (looks_secret(key, value) or _SECRET_NAME.search(key)):
+                values.append(value)
+                try:
+                    values.append(expand(value, environ))
+                except KeyError:
+                    pass
+    for original, redacted in zip(server.args, redact_args(server.args)):
+        if redacted != original:
+            values.append(original.partition("=")[2] if "=" in redacted else original)
+    if server.url is not None:
+        parts = urlsplit(server.url)
+        values.extend(v for v in (parts.password, parts.username) if v)
+        values.extend(v for k, v in parse_qsl(parts.query) if looks_secret(k, v))
+    words = [v.split()[-1] for v in values if v.split()]  # the token of "Bearer <token>" on its own too
+    return sorted({v for v in (*values, *words) if len(v) >= 6}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``<withheld>``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, "<withheld>")
+    return text
+
+
 def expand(value: str, environ: Mapping[str, str]) -> str:
     """``value`` with each ``${NAME}`` replaced by the runtime's environment variable; a ``KeyError``
     names a variable that is not set."""
