@@ -93,9 +93,10 @@ def build(bad_schema: bool = False) -> MCPServer:
         return hashlib.sha256(value.encode()).hexdigest() if digest else value
 
     @server.tool()
-    def env(name: str) -> str:
-        """The value of an environment variable of the server ('' when unset)."""
-        return os.environ.get(name, "")
+    def env(name: str, digest: bool = False) -> str:
+        """The value of an environment variable of the server ('' when unset), or its SHA-256."""
+        value = os.environ.get(name, "")
+        return hashlib.sha256(value.encode()).hexdigest() if digest else value
 
     @server.tool()
     async def slow(seconds: float) -> str:

@@ -158,6 +158,16 @@ def test_a_call_past_its_timeout_is_cut_and_the_server_goes_on(world: dict[str, 
     assert not [e for e in events.of("mcp_server_error", sid) if e.kind == "unresponsive"]
 
 
+def test_hibernation_stops_the_server_and_waking_starts_it_again(world: dict[str, Any]) -> None:
+    rt, sid = world["rt"], world["sid"]
+    (pid,) = results(rt, sid, call("t__pid"))
+    assert rt.hibernate(sid)
+    rt._session(sid).spec.mcp.wait_stopped()
+    assert not alive(int(pid.text))
+    (woken,) = results(rt, sid, call("t__pid"))
+    assert not woken.is_error and woken.text != pid.text
+
+
 def test_the_server_is_stopped_with_its_session(world: dict[str, Any], provider: Any, tmp_path: Path) -> None:
     rt = world["rt"]
     sid = rt.start_session(

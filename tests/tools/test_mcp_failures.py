@@ -6,6 +6,8 @@ started again on its next use, after a growing delay when it keeps failing.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from runtime import Runtime
 from runtime.config import Config
 from tests.conftest import Recorder
-from tests.tools.mcp_support import Model, alive, call, results, stdio
+from tests.tools.mcp_support import Model, alive, call, kill, results, stdio, wait_gone
 
 pytest.importorskip("mcp")
 
@@ -117,3 +119,38 @@ def test_a_server_that_never_starts_leaves_the_session_working(world: dict[str, 
     # Its stderr quoted the command line: the credential on it is cut out of what the event says.
     assert "--token <withheld>" in by_server["bad"].message and token not in by_server["bad"].message
     assert rt.prompt(sid, "hello").result(timeout=60).text == "plain answer"
+
+
+@pytest.mark.slow  # a runtime in a subprocess (it imports litellm): 10-30 s on a loaded machine
+def test_a_server_does_not_outlive_a_killed_runtime(provider: Any, tmp_path: Path) -> None:
+    """kill -9 of the runtime's process: its servers see their stdin close and exit."""
+    script = f"""
+import sys
+from runtime import Runtime
+from runtime.config import Config
+from tests.tools.mcp_support import Model, call, results, stdio
+from runtime.provider import LocalProvider
+
+with LocalProvider() as provider:
+    provider.add_responder("m", Model())
+    rt = Runtime(Config(), sessions_dir={str(tmp_path)!r}).start()
+    sid = rt.start_session(model="openai/m", api_base=provider.url, api_key="sk-local", mcp_servers={{"t": stdio()}})
+    (pid,) = results(rt, sid, call("t__pid"))
+    print(pid.text, flush=True)
+    sys.stdin.read()
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path.cwd(),
+    )
+    try:
+        assert proc.stdout is not None
+        server = int(proc.stdout.readline())
+        assert alive(server)
+    finally:
+        kill(proc.pid)
+        proc.wait()
+    assert wait_gone(server, timeout=30)

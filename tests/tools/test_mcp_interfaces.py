@@ -114,3 +114,41 @@ def test_the_http_api_takes_mcp_servers_in_the_session_body(tmp_path: Path, prov
             sid = created.json()["id"]
             assert rt._session(sid).spec.mcp_servers["t"].command == sys.executable
             assert json.dumps(rt._session(sid).spec.mcp_servers["t"].args) == json.dumps([str(SERVER)])
+
+
+def test_a_resumed_session_gets_its_servers_back_from_its_log_without_secrets(
+    tmp_path: Path, provider: Any
+) -> None:
+    from runtime import Runtime
+    from runtime.config import Config
+    from tests.conftest import Recorder
+    from tests.tools.mcp_support import Model
+
+    provider.add_responder("mcp-resume-model", Model())
+    secret = "ghp_0123456789abcdefABCDEF"
+    servers = {
+        "t": {"command": sys.executable, "args": [str(SERVER)], "env": {"GITHUB_TOKEN": secret, "MODE": "x"}}
+    }
+    recorder = Recorder()
+    with Runtime(Config(), sessions_dir=tmp_path) as rt:
+        rt.subscribe(callback=recorder)
+        rt.start_session(
+            "r1",
+            model="openai/mcp-resume-model",
+            api_base=provider.url,
+            api_key="sk-local",
+            mcp_servers=servers,
+        )
+        rt.stop_session("r1")
+        header = decode_entry((tmp_path / "r1.jsonl").read_bytes().splitlines()[0])
+        stored = header.mcp_servers["t"]  # type: ignore[union-attr]
+        assert (
+            stored["env"] == {"GITHUB_TOKEN": WITHHELD, "MODE": "x"} and stored["command"] == sys.executable
+        )
+
+        rt.resume_session("r1", api_key="sk-local")
+        assert rt.prompt("r1", "hello").result(timeout=60).text == "plain answer"  # the session goes on
+        (failed,) = recorder.of("mcp_server_error", "r1")
+        assert failed.kind == "start_failed" and "env GITHUB_TOKEN" in failed.message
+        assert "resume_session(mcp_servers=" in failed.message
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
