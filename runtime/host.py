@@ -106,6 +106,8 @@ class Runtime:
 
         self.sessions_path = cfg.sessions_path
         self.sessions_path.mkdir(parents=True, exist_ok=True)
+        # Where tools and the processes they start run when the runtime keeps its own threads on one CPU.
+        self._process_cpus = allowed_cpus() if cpus is not None else None
         self.dispatcher = Dispatcher(
             threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size, cpus=cpus
         )
@@ -123,9 +125,7 @@ class Runtime:
             dispatcher=self.dispatcher,
             bus=self.bus,
             gateway=Gateway(self.io, cfg.retry, max_connections=cfg.gateway.max_connections),
-            executor=ToolExecutor(
-                workers=cfg.runtime.tool_workers, cpus=allowed_cpus() if cpus is not None else None
-            ),
+            executor=ToolExecutor(workers=cfg.runtime.tool_workers, cpus=self._process_cpus),
             writer=writer,
             directory=directory,
             approvals=ApprovalBroker(self.bus.publish),
@@ -466,6 +466,7 @@ class Runtime:
                 workspace=root,
                 logs_dir=self.services.directory.spill_dir(sid),
                 hub=self.services.mcp,
+                cpus=self._process_cpus,
             )
         return spec
 

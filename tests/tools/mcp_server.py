@@ -81,6 +81,11 @@ def build(bad_schema: bool = False) -> MCPServer:
         return os.getpid()
 
     @server.tool()
+    def cpus() -> str:
+        """The CPUs the server may run on (a JSON list)."""
+        return json.dumps(sorted(os.sched_getaffinity(0)))
+
+    @server.tool()
     def cwd() -> str:
         """The server's working directory."""
         return os.getcwd()

@@ -128,11 +128,13 @@ def test_approval_applies_to_mcp_tools(world: dict[str, Any]) -> None:
 
 
 def test_the_server_runs_in_the_workspace_with_its_environment(world: dict[str, Any]) -> None:
-    cwd, greeting, secret = results(
+    cwd, greeting, secret, cpus = results(
         world["rt"],
         world["sid"],
-        call("t__cwd", ("t__env", {"name": "GREETING"}), ("t__env", {"name": "OPENAI_API_KEY"})),
+        call("t__cwd", ("t__env", {"name": "GREETING"}), ("t__env", {"name": "OPENAI_API_KEY"}), "t__cpus"),
     )
+    # Every CPU of the process, whichever one the runtime keeps its own threads on (runtime.cpu).
+    assert json.loads(cpus.text) == sorted(os.sched_getaffinity(0))
     assert Path(cwd.text) == world["workspace"].resolve()
     assert greeting.text == "hello from the environment"
     assert secret.text == "(no output)"  # the runtime's environment is not passed on, only what is named

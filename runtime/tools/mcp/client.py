@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Final
@@ -38,6 +38,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from runtime.affinity import place_thread
 from runtime.config import McpConfig, McpServerConfig
 from runtime.tools.mcp.servers import describe, expand, scrub, secret_values, withheld
 
@@ -68,8 +69,17 @@ class Listed:
 class Connection:
     """One live connection to a server: a task on the I/O loop (see the module docstring)."""
 
-    def __init__(self, name: str, config: McpServerConfig, *, cwd: Path | None, stderr_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: McpServerConfig,
+        *,
+        cwd: Path | None,
+        stderr_path: Path,
+        cpus: frozenset[int] | None = None,
+    ) -> None:
         self.name = name
+        self.cpus = cpus  # where a stdio server runs: every CPU, not the runtime's own (runtime.cpu)
         self.config = config
         self.cwd = cwd
         self.stderr_path = stderr_path
@@ -125,7 +135,8 @@ class Connection:
     async def _run(self) -> None:
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport(stack))
+                with _spawning_on(self.cpus if config_is_stdio(self.config) else None):
+                    read, write = await stack.enter_async_context(self._transport(stack))
                 sink, source = anyio.create_memory_object_stream[Any](0)
                 ended = asyncio.Event()
                 group = await stack.enter_async_context(anyio.create_task_group())
@@ -215,6 +226,38 @@ class Connection:
         return f"; its stderr ends with: {text}" if text else ""
 
 
+def config_is_stdio(config: McpServerConfig) -> bool:
+    return config.command is not None
+
+
+_widened = 0
+_saved_cpus: set[int] | None = None
+
+
+@contextlib.contextmanager
+def _spawning_on(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Let a server process start on ``cpus``: a child inherits the affinity of the thread that starts it,
+    and the I/O loop's thread may be kept on the runtime's one CPU (``runtime.cpu``). Connections starting
+    at once (on the loop's thread, so no lock) share one widening."""
+    global _widened, _saved_cpus
+    if not cpus:
+        yield
+        return
+    if _widened == 0:
+        try:
+            _saved_cpus = os.sched_getaffinity(0)
+        except OSError:
+            _saved_cpus = None
+        place_thread(cpus)
+    _widened += 1
+    try:
+        yield
+    finally:
+        _widened -= 1
+        if _widened == 0 and _saved_cpus is not None:
+            place_thread(frozenset(_saved_cpus))
+
+
 @contextlib.asynccontextmanager
 async def _http(client: httpx2.AsyncClient, url: str) -> Any:
     async with client, streamable_http_client(url, http_client=client) as streams:
@@ -267,8 +310,10 @@ class ServerClient:
         logs_dir: Path,
         report: Report,
         started: Callable[[ServerClient], None],
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self.name = name
+        self.cpus = cpus
         self.config = config
         self.settings = settings
         self.cwd = cwd
@@ -317,6 +362,7 @@ class ServerClient:
                 self.config,
                 cwd=self.cwd,
                 stderr_path=self.logs_dir / f"mcp-{self.name}.stderr.log",
+                cpus=self.cpus,
             )
             conn.on_garbage = lambda exc: self._garbage(conn, exc)
             timeout = self.config.startup_timeout or self.settings.startup_timeout

@@ -84,6 +84,7 @@ class McpServers:
         workspace: Path | None,
         logs_dir: Path,
         hub: McpHub | None = None,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self.session_id = session_id
         self.servers = {name: s for name, s in servers.items() if s.enabled}
@@ -93,6 +94,7 @@ class McpServers:
         self.base = base
         self.workspace = workspace
         self.logs_dir = logs_dir
+        self.cpus = cpus  # where stdio servers run (None: where the OS puts them)
         self._clients: dict[str, ServerClient] = {}  # (touched on the I/O loop only)
         self._tools: dict[str, list[Tool]] = {}  # each server's tools as the model sees them
         self._unavailable: set[str] = set()  # servers that cannot be used at all (no mcp package)
@@ -187,6 +189,7 @@ class McpServers:
                 logs_dir=self.logs_dir,
                 report=lambda kind, message, **kw: self._report(name, kind, message, **kw),
                 started=self._started,
+                cpus=self.cpus,
             )
         return client
 

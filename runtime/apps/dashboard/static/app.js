@@ -962,6 +962,12 @@
         note(ev, "note", "branched", ev.leaf_id ? `to ${ev.leaf_id}` : "to the start");
         refreshMessages();
         break;
+      case "mcp_server_started":
+        note(ev, "note", "MCP", `${ev.server} ready: ${(ev.tools || []).length} tools` + (ev.restarts ? ` (restart ${ev.restarts})` : ""));
+        break;
+      case "mcp_server_error":
+        note(ev, "error", "MCP", `${ev.server} ${ev.kind}: ${ev.message}`);
+        break;
       case "actor_restarted":
         note(ev, "error", "restarted", `${ev.actor} (${ev.restarts}): ${ev.error}`);
         break;
