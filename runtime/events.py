@@ -302,9 +302,7 @@ class McpServerStarted(Event, frozen=True, tag="mcp_server_started"):
     restarts: int = 0
 
 
-McpErrorKind = Literal[
-    "start_failed", "crashed", "unresponsive", "bad_result", "bad_tool", "call_failed", "backoff"
-]
+McpErrorKind = Literal["start_failed", "crashed", "unresponsive", "bad_result", "bad_tool"]
 
 
 class McpServerError(Event, frozen=True, tag="mcp_server_error"):

@@ -160,6 +160,21 @@ def test_a_call_past_its_timeout_is_cut_and_the_server_goes_on(world: dict[str, 
     assert not [e for e in events.of("mcp_server_error", sid) if e.kind == "unresponsive"]
 
 
+def test_a_server_can_offer_some_tools_only_and_need_approval(world: dict[str, Any], provider: Any) -> None:
+    rt, model = world["rt"], world["model"]
+    sid = rt.start_session(
+        model=f"openai/{world['name']}",
+        api_base=provider.url,
+        api_key="sk-local",
+        mcp_servers={"f": stdio(tools=["echo", "add"], require_approval=True)},
+    )
+    (denied,) = results(rt, sid, call(("f__echo", {"text": "x"})))
+    offered = sorted(t["function"]["name"] for t in model.offered[-2])  # (the request that made the call)
+    assert offered == ["f__add", "f__echo"]
+    assert denied.is_error and "requires approval" in denied.text
+    rt.stop_session(sid)
+
+
 def test_hibernation_stops_the_server_and_waking_starts_it_again(world: dict[str, Any]) -> None:
     rt, sid = world["rt"], world["sid"]
     (pid,) = results(rt, sid, call("t__pid"))
