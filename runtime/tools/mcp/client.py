@@ -92,6 +92,8 @@ class Connection:
         self.on_garbage: Callable[[Exception], None] = lambda _exc: None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # (read even when open() gave up waiting: no "exception was never retrieved" noise)
+        self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._task: asyncio.Task[None] | None = None
         self._stderr_offset = 0
 
@@ -205,8 +207,6 @@ class Connection:
             why = f"its command was not found ({self.config.command})"
         elif isinstance(cause, MCPError) and cause.code == types.CONNECTION_CLOSED:
             why = "it exited (or closed the connection) before it was ready"
-        elif isinstance(cause, httpx2.HTTPError):
-            why = f"{type(cause).__name__}: {cause}"
         else:
             why = f"{type(cause).__name__}: {cause}"
         return (
