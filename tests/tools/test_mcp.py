@@ -54,7 +54,9 @@ def world(provider: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
             tools="builtin",
             workspace=workspace,
             approval=deny_marked,
-            mcp_servers={"t": stdio(timeout=5.0, env={"GREETING": "${AGENTCELL_TEST_GREETING}"})},
+            mcp_servers={
+                "t": stdio("--bad-schema", timeout=5.0, env={"GREETING": "${AGENTCELL_TEST_GREETING}"})
+            },
         )
         yield {"rt": rt, "sid": sid, "model": model, "events": recorder, "workspace": workspace, "name": name}
         sub.close()
@@ -72,6 +74,15 @@ def test_the_model_sees_the_servers_tools_namespaced_with_their_schemas(world: d
     (started,) = world["events"].of("mcp_server_started", sid)
     assert started.server == "t" and started.transport == "stdio" and "t__add" in started.tools
     assert rt.context_stats(sid).tools > 0
+
+
+def test_a_bad_schema_is_left_out_and_an_odd_name_made_valid(world: dict[str, Any]) -> None:
+    rt, sid, model, events = world["rt"], world["sid"], world["model"], world["events"]
+    (bad,) = [e for e in events.of("mcp_server_error", sid) if e.kind == "bad_tool"]
+    assert bad.tool == "broken_schema" and "not a valid JSON schema" in bad.message
+    assert model.tool("t__broken_schema") is None  # never sent: a provider would refuse every request
+    (odd,) = results(rt, sid, call("t__dotted_name_with_spaces"))
+    assert odd.text == "renamed" and odd.metadata["mcp_tool"] == "dotted.name/with spaces"
 
 
 def test_calls_return_the_servers_results(world: dict[str, Any]) -> None:
