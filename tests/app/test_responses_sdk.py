@@ -234,3 +234,21 @@ def test_two_responses_at_once_in_a_conversation_go_one_after_the_other(
     assert len(last) == 3 and last[1] == "first answer"  # the second saw the first: one thread, not two
     items = client.conversations.items.list(conversation.id, order="asc").data
     assert len(items) == 4
+
+
+def test_the_sdks_stream_helper_accumulates_the_same_response(client: openai.OpenAI, script: Any) -> None:
+    model = script(
+        Turn(
+            text="Let me check.",
+            reasoning="A tool helps.",
+            tool_calls=(ToolCallSpec(name="get_weather", arguments='{"city": "Oslo"}', id="call_h"),),
+        ),
+    )
+    with client.responses.stream(model=model, input="Oslo?", tools=[WEATHER_TOOL]) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "Let me check." == final.output_text
+    assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[2].arguments == '{"city": "Oslo"}'
+    kept = client.responses.retrieve(final.id).output
+    assert [(i.id, i.type) for i in kept] == [(i.id, i.type) for i in final.output]
