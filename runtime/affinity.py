@@ -32,6 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+__all__ = [
+    "LOCK_DIR",
+    "CpuSetting",
+    "Placement",
+    "allowed_cpus",
+    "auto_candidates",
+    "gil_enabled",
+    "place_runtime",
+    "place_thread",
+]
+
+
 CpuSetting = Literal["off", "auto"] | int
 
 log = logging.getLogger("agentcell.runtime")

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from runtime.events import ApprovalRequest, ApprovalResponse, Event
 from runtime.messages import ToolCallPart
 
+__all__ = ["ApprovalBroker", "ApprovalCallable"]
+
+
 ApprovalCallable = Callable[[str, ToolCallPart], "bool | str"]
 
 

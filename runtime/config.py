@@ -17,6 +17,39 @@ import msgspec
 
 from runtime.errors import ConfigError
 
+__all__ = [
+    "ENV_PREFIX",
+    "MAX_DEPTH",
+    "MAX_SECONDS",
+    "SESSION_KEYS",
+    "AgentConfig",
+    "AgentProfile",
+    "BusConfig",
+    "CompactionConfig",
+    "Config",
+    "ConfigError",
+    "Fraction",
+    "GatewayConfig",
+    "ModelsConfig",
+    "NonNegFloat",
+    "NonNegInt",
+    "NonNegSeconds",
+    "PersistenceConfig",
+    "PosFloat",
+    "PosInt",
+    "RetryConfig",
+    "RuntimeConfig",
+    "Seconds",
+    "ServerConfig",
+    "SubagentsConfig",
+    "TelemetryConfig",
+    "TokenConfig",
+    "ToolOutputConfig",
+    "env_overrides",
+    "load_config",
+]
+
+
 Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]

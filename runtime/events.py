@@ -13,6 +13,56 @@ import msgspec
 
 from runtime.messages import Usage
 
+__all__ = [
+    "EVENT_TYPES",
+    "ActorRestarted",
+    "AgentAbort",
+    "AgentEnd",
+    "AgentRecovered",
+    "AgentStart",
+    "AnyEvent",
+    "ApprovalRequest",
+    "ApprovalResponse",
+    "Branched",
+    "Calibration",
+    "CompactionEnd",
+    "CompactionFailed",
+    "CompactionMode",
+    "CompactionStart",
+    "CompactionTrigger",
+    "ErrorOccurred",
+    "Event",
+    "LogRecovered",
+    "MessageAppended",
+    "MessageQueued",
+    "ModelChanged",
+    "PersistenceFailed",
+    "ProviderRetry",
+    "ReasoningDelta",
+    "RequestStart",
+    "SessionDead",
+    "SessionHibernated",
+    "SessionStarted",
+    "SessionStopped",
+    "StatusUpdate",
+    "StreamStalled",
+    "SubscriberLagged",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolExecutionEnd",
+    "ToolExecutionStart",
+    "ToolOutput",
+    "ToolOutputsCleared",
+    "ToolResultsArchived",
+    "TurnEnd",
+    "UsageOverflow",
+    "UsageUpdate",
+    "decode_event",
+    "encode_event",
+    "event_to_builtins",
+]
+
+
 CompactionTrigger = Literal["threshold", "overflow", "manual", "usage_overflow"]
 CompactionMode = Literal["summarize", "hard_reset", "truncate"]
 

@@ -11,6 +11,9 @@ import msgspec
 
 from runtime.messages import Message, ToolCallPart, Usage
 
+__all__ = ["CompactionResult", "Handle", "PromptHandle", "TurnResult", "TurnStatus"]
+
+
 T = TypeVar("T")
 
 

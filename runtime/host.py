@@ -30,6 +30,9 @@ from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id, user
 
+__all__ = ["Runtime", "RuntimeStopped", "SessionNotFound", "ToolsArg", "check_sendable"]
+
+
 log = logging.getLogger("agentcell.runtime")
 
 ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None

@@ -6,6 +6,9 @@ import re
 
 from runtime.errors import InvalidSessionId
 
+__all__ = ["RESERVED_SUFFIX", "InvalidSessionId", "validate_session_id"]
+
+
 _VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RESERVED_SUFFIX = ".events"
 """``<id>.events.jsonl`` is session ``<id>``'s event transcript, so no id may end with it."""

@@ -17,6 +17,38 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+__all__ = [
+    "KIND_COMPACTION_SUMMARY",
+    "KIND_STEER",
+    "KIND_TOOL_CALL_ARCHIVED",
+    "KIND_TOOL_OUTPUT_CLEARED",
+    "KIND_TOOL_RESULT",
+    "KIND_TOOL_RESULT_ARCHIVED",
+    "KIND_TOOL_SUMMARY",
+    "KIND_TURN_INTERRUPTED",
+    "ImagePart",
+    "Message",
+    "Part",
+    "ReasoningPart",
+    "Role",
+    "StopReason",
+    "TextPart",
+    "ToolCallPart",
+    "Usage",
+    "assistant",
+    "decode_message",
+    "encode_message",
+    "message_from_openai",
+    "message_to_openai",
+    "new_id",
+    "reasoning_parts_from_openai",
+    "system",
+    "to_openai",
+    "tool_result",
+    "user",
+]
+
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 # Kinds of message that context management creates or marks (SPEC 2.1, 5.9).

@@ -24,6 +24,18 @@ import msgspec
 
 from runtime.config import ModelsConfig
 
+__all__ = [
+    "BUILTIN_MODELS",
+    "MAX_MODEL_NAME",
+    "ModelInfo",
+    "Source",
+    "context_window",
+    "model_info",
+    "name_candidates",
+    "validate_model_name",
+]
+
+
 Source = Literal["override", "litellm", "builtin", "fallback"]
 
 

@@ -32,6 +32,22 @@ from runtime.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCa
 if TYPE_CHECKING:
     import tiktoken
 
+__all__ = [
+    "CL100K_BASE",
+    "DEFAULT_CACHE_SIZE",
+    "NON_ASCII_TOKENS",
+    "O200K_BASE",
+    "REPLY_PRIMING",
+    "TOKENS_PER_MESSAGE",
+    "TOOLS_OVERHEAD",
+    "TokenCounter",
+    "encoding_for_model",
+    "get_encoding",
+    "heuristic_tokens",
+    "render_tools",
+]
+
+
 O200K_BASE: Final = "o200k_base"
 CL100K_BASE: Final = "cl100k_base"
 

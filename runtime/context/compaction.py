@@ -46,6 +46,32 @@ from runtime.messages import (
     ToolCallPart,
 )
 
+__all__ = [
+    "CHARS_PER_OUTPUT_TOKEN",
+    "FALLBACK_REQUEST_CHARS",
+    "OPEN_REQUEST_CHARS",
+    "WINDOW_MARGIN_FRACTION",
+    "WINDOW_MARGIN_TOKENS",
+    "CompactionFailure",
+    "CompactionPlan",
+    "CompactionResult",
+    "CountText",
+    "CountTokens",
+    "CutPoint",
+    "NothingToCompact",
+    "RequestKind",
+    "SummaryRequest",
+    "approx_tokens",
+    "fallback_summary",
+    "find_cut_point",
+    "finish_compaction",
+    "is_summary",
+    "is_turn_start",
+    "keep_recent_budget",
+    "plan_compaction",
+]
+
+
 CountTokens = Callable[[Message], int]
 CountText = Callable[[str], int]
 RequestKind = Literal["history", "turn_prefix", "update", "tool_summary"]

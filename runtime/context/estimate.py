@@ -23,6 +23,28 @@ import msgspec
 from runtime.config import CompactionConfig
 from runtime.messages import Message
 
+__all__ = [
+    "ACTUAL",
+    "ACTUAL_PLUS_ESTIMATE",
+    "BACK_CALCULATED",
+    "BASIS_FULL",
+    "BASIS_LAST_RESPONSE",
+    "CONFIGURED",
+    "ESTIMATED",
+    "UNTRUSTED_STOP_REASONS",
+    "ContextEstimate",
+    "ContextStats",
+    "compaction_threshold",
+    "context_stats",
+    "effective_limit",
+    "estimate_context",
+    "last_response_index",
+    "reserve_tokens",
+    "should_compact",
+    "usable_response",
+]
+
+
 BASIS_LAST_RESPONSE: Final = "last_response"
 BASIS_FULL: Final = "full"
 

@@ -16,6 +16,18 @@ import msgspec
 
 from runtime.messages import Message, ToolCallPart
 
+__all__ = [
+    "MAX_RENDERED_FILES",
+    "MODIFIED_FILES_KEY",
+    "MODIFY_TOOLS",
+    "READ_FILES_KEY",
+    "READ_TOOLS",
+    "FileOps",
+    "extract_file_ops",
+    "normalize_path",
+]
+
+
 READ_TOOLS: Final = frozenset({"read_file"})
 MODIFY_TOOLS: Final = frozenset({"write_file", "edit_file"})
 

@@ -38,6 +38,30 @@ from runtime.messages import (
     tool_result,
 )
 
+__all__ = [
+    "ARCHIVED_TEXT",
+    "CLIENT_CALLS_KEY",
+    "CURRENT_REQUEST_MARK",
+    "INTERRUPTED_TEXT",
+    "INTERRUPTED_TURN_TEXT",
+    "CallRef",
+    "IntegrityReport",
+    "awaiting_client",
+    "check_integrity",
+    "find_orphans",
+    "interrupted_result",
+    "interrupted_turn_note",
+    "malformed_arguments_result",
+    "malformed_arguments_text",
+    "model_view",
+    "repair_tool_calls",
+    "request_view",
+    "unfinished_turn",
+    "unknown_tool_result",
+    "unknown_tool_text",
+]
+
+
 CURRENT_REQUEST_MARK = f"<{CURRENT_REQUEST_TAG}>"
 
 CLIENT_CALLS_KEY = "client_calls"

@@ -36,6 +36,23 @@ from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Final, TypeVar
 
+__all__ = [
+    "LITELLM_PATTERNS",
+    "NEGATIVE_CODES",
+    "NEGATIVE_PHRASES",
+    "NEGATIVE_REGEXES",
+    "NEGATIVE_STATUSES",
+    "OPAL_PATTERNS",
+    "OUTPUT_BUDGET_REGEXES",
+    "OVERFLOW_CODES",
+    "OVERFLOW_PATTERNS",
+    "OVERFLOW_REGEXES",
+    "is_context_overflow",
+    "is_usage_overflow",
+    "overflow_reason",
+]
+
+
 _T = TypeVar("_T")
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,27 @@ from typing import Final, NamedTuple
 
 from runtime.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCallPart
 
+__all__ = [
+    "CURRENT_REQUEST_TAG",
+    "SPLIT_TURN_HEADING",
+    "SUMMARIZER_SYSTEM",
+    "SUMMARY_FORMAT",
+    "SUMMARY_PREFIX",
+    "TOOL_SUMMARIZER_SYSTEM",
+    "TOOL_SUMMARY_PREFIX",
+    "TURN_PREFIX_FORMAT",
+    "TranscriptPiece",
+    "clip_head_tail",
+    "join_pieces",
+    "render_message",
+    "summary_body",
+    "summary_message_text",
+    "summary_request_prompt",
+    "tool_summary_prompt",
+    "transcript_pieces",
+]
+
+
 SUMMARY_PREFIX: Final = "[Previous conversation summary]"
 TOOL_SUMMARY_PREFIX: Final = "[Archived tool results summary]"
 

@@ -9,6 +9,16 @@ from typing import Literal
 
 import msgspec
 
+__all__ = [
+    "PROMPT_HIDDEN_NOTE",
+    "OverflowAction",
+    "OverflowDecision",
+    "compaction_did_not_help",
+    "decide_overflow",
+    "prompt_caused_overflow",
+]
+
+
 OverflowAction = Literal["compact_and_retry", "fail"]
 
 

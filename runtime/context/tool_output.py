@@ -29,6 +29,9 @@ import msgspec
 
 from runtime.config import ToolOutputConfig
 
+__all__ = ["LimitedOutput", "SpillRequest", "count_lines", "decode_output", "limit_output", "write_spill"]
+
+
 _HASH_CHUNK: Final = 1 << 20  # characters hashed (and written) per step: memory stays flat on 100 MB
 _PREVIEW_LINES: Final = 20
 _PREVIEW_CHARS: Final = 2_000

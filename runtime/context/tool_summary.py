@@ -44,6 +44,20 @@ from runtime.messages import (
 )
 from runtime.wording import plural
 
+__all__ = [
+    "ARGUMENT_CHARS",
+    "ASSISTANT_TEXT_CHARS",
+    "HEURISTIC_ARGUMENT_CHARS",
+    "HEURISTIC_RESULT_CHARS",
+    "MIN_RESULT_CHARS",
+    "ArchivePlan",
+    "ClearPlan",
+    "finish_tool_archive",
+    "plan_tool_archive",
+    "plan_tool_output_clearing",
+]
+
+
 # Sizes inside a digest: enough to identify a call and its outcome.
 ARGUMENT_CHARS: Final = 200
 ASSISTANT_TEXT_CHARS: Final = 300

@@ -28,6 +28,28 @@ from runtime.context.estimate import effective_limit, should_compact
 from runtime.events import CompactionTrigger
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_STEER, Message, TextPart
 
+__all__ = [
+    "CLIP_NOTICE_TOKENS",
+    "CONTEXT_OVERFLOW",
+    "MIN_CLIP_CHARS",
+    "PROMPT_TOO_LARGE",
+    "TURN_BUDGET",
+    "TURN_BUDGET_WINDOWS",
+    "WORKING_SET_TOO_LARGE",
+    "Clip",
+    "CountTokens",
+    "StepDecision",
+    "clip_result",
+    "compactable_tokens",
+    "decide_step",
+    "plan_clips",
+    "prompt_too_large",
+    "turn_input_budget",
+    "working_set_budget",
+    "working_set_start",
+]
+
+
 CountTokens = Callable[[Message], int]
 
 # Error codes a turn can end with because of its context (the README lists them all).

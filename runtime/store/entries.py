@@ -21,6 +21,25 @@ import msgspec
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.messages import Message, new_id
 
+__all__ = [
+    "FORMAT_VERSION",
+    "BranchEntry",
+    "CompactionEntry",
+    "Entry",
+    "Header",
+    "MessageEntry",
+    "MetadataEntry",
+    "NodeEntry",
+    "OverlayEntry",
+    "VisibilityEntry",
+    "decode_entries",
+    "decode_entry",
+    "encode_entry",
+    "new_header",
+    "scrub_secrets",
+]
+
+
 FORMAT_VERSION: Final = 1
 
 

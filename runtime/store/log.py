@@ -29,6 +29,20 @@ from runtime.store.entries import (
 from runtime.store.tree import SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, OnDone, StrPath
 
+__all__ = [
+    "CorruptLogError",
+    "RecoveryInfo",
+    "SessionLog",
+    "cut_log",
+    "load_tree",
+    "read_file",
+    "read_header",
+    "read_log",
+    "replay",
+    "truncate",
+    "truncate_torn_tail",
+]
+
 
 class RecoveryInfo(msgspec.Struct, frozen=True):
     """What reading a log found: its entries and whether a torn last line was cut off."""

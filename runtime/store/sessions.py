@@ -38,6 +38,23 @@ from runtime.store.entries import Header, MetadataEntry, decode_entry
 from runtime.store.log import CorruptLogError, read_file, read_header
 from runtime.store.writer import StrPath
 
+__all__ = [
+    "ARTIFACTS_SUFFIX",
+    "GUARD_NAME",
+    "LOCK_SUFFIX",
+    "LOG_SUFFIX",
+    "SPILL_SUFFIX",
+    "TRANSCRIPT_SUFFIX",
+    "LockOwner",
+    "SessionDirectory",
+    "SessionInfo",
+    "SessionLock",
+    "SessionLockedError",
+    "SessionNotFound",
+    "SessionNotFoundError",
+]
+
+
 LOG_SUFFIX: Final = ".jsonl"
 TRANSCRIPT_SUFFIX: Final = ".events.jsonl"
 ARTIFACTS_SUFFIX: Final = ".artifacts"

@@ -25,6 +25,9 @@ from runtime.store.log import CorruptLogError, read_file, truncate_torn_tail
 from runtime.store.sessions import SessionDirectory
 from runtime.store.writer import FsyncPolicy, LogWriter, StrPath, WriterClosedError
 
+__all__ = ["OnTranscriptError", "TranscriptEnd", "TranscriptWriter", "read_transcript", "transcript_end"]
+
+
 log = logging.getLogger("agentcell.store")
 
 OnTranscriptError = Callable[[str, str, Exception], None]

@@ -39,6 +39,9 @@ from runtime.store.entries import (
     VisibilityEntry,
 )
 
+__all__ = ["DEAD_KEY", "TURN_ENDED_KEY", "SessionTree"]
+
+
 DEAD_KEY = "dead"
 TURN_ENDED_KEY = "turn_ended_at"  # metadata: the newest message when a turn ended without an answer
 """Metadata key marking a dead session (its value is the reason; an empty value revives it)."""

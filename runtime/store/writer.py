@@ -35,6 +35,21 @@ from typing import Final, Literal
 from runtime.affinity import place_thread
 from runtime.errors import LogWriteError, WriterClosedError
 
+__all__ = [
+    "FSYNC_POLICIES",
+    "LAZY_DELAY",
+    "MAX_OPEN_FILES",
+    "FsyncPolicy",
+    "LogWriteError",
+    "LogWriter",
+    "OnDone",
+    "StrPath",
+    "WriterClosedError",
+    "WriterStats",
+    "default_max_open_files",
+]
+
+
 FsyncPolicy = Literal["always", "turn", "never"]
 OnDone = Callable[[Exception | None], None]
 StrPath = str | os.PathLike[str]

@@ -38,6 +38,29 @@ import re2  # google-re2: linear-time matching that releases the GIL
 from runtime.context.tool_output import decode_output
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry, tool
 
+__all__ = [
+    "GREP_CHUNK_BYTES",
+    "GREP_LINE_CHARS",
+    "GREP_MAX_FILE_BYTES",
+    "GREP_MAX_PROGRAM",
+    "LIST_MAX_ENTRIES",
+    "MAX_LINE_CHARS",
+    "SHELL_ENV",
+    "SHELL_EXECUTOR_TIMEOUT",
+    "SHELL_TAIL_BYTES",
+    "SKIPPED_DIRS",
+    "LineMatcher",
+    "builtin_registry",
+    "edit_file",
+    "grep",
+    "list_dir",
+    "read_file",
+    "shell_environment",
+    "shell_tool",
+    "write_file",
+]
+
+
 MAX_LINE_CHARS: Final = 2_000  # read_file: longer lines are cut
 GREP_LINE_CHARS: Final = 300
 GREP_MAX_FILE_BYTES: Final = 10 * 1024 * 1024

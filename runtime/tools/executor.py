@@ -44,6 +44,17 @@ from runtime.messages import Message, ToolCallPart, tool_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 from runtime.tools.workspace import Workspace
 
+__all__ = [
+    "NO_OUTPUT",
+    "Approve",
+    "ContextFactory",
+    "ToolBatchHandle",
+    "ToolExecutor",
+    "ToolRunResult",
+    "context_factory",
+]
+
+
 log = logging.getLogger("agentcell.tools")
 
 Approve = Callable[[ToolCallPart], "bool | str | None"]

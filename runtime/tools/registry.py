@@ -32,6 +32,9 @@ from runtime.errors import ToolError
 if TYPE_CHECKING:
     from runtime.tools.workspace import Workspace
 
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "json_schema", "parse_docstring", "tool"]
+
+
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from runtime.errors import WorkspaceError
 
+__all__ = ["Workspace", "WorkspaceError"]
+
 
 class Workspace:
     """A directory that file tools are confined to."""
