@@ -16,7 +16,8 @@ Each keeps the built-in base it always had, so code that catches ``KeyError``, `
      │   ├─ WriterClosedError       RuntimeError  the log writer is closed
      │   └─ StoreWriteError         RuntimeError  the store actor could not write (actors.session_store)
      ├─ ToolError                                 a tool's failure, shown to the model as it is
-     │   └─ WorkspaceError                        a path outside the session's workspace
+     │   ├─ WorkspaceError                        a path outside the session's workspace
+     │   └─ McpUnavailable                        an MCP server cannot take the call (runtime.tools.mcp)
      ├─ RuntimeStateError           RuntimeError  the runtime (or a part of it) is not in a state to do it
      │   ├─ RuntimeStopped                        the runtime is not running
      │   ├─ DispatcherClosed                      an actor started on a dispatcher that is shutting down

@@ -33,6 +33,9 @@ __all__ = [
     "ErrorOccurred",
     "Event",
     "LogRecovered",
+    "McpErrorKind",
+    "McpServerFailed",
+    "McpServerStarted",
     "MessageAppended",
     "MessageQueued",
     "ModelChanged",
@@ -355,7 +358,7 @@ class McpServerStarted(Event, frozen=True, tag="mcp_server_started"):
 McpErrorKind = Literal["start_failed", "crashed", "unresponsive", "bad_result", "bad_tool"]
 
 
-class McpServerError(Event, frozen=True, tag="mcp_server_error"):
+class McpServerFailed(Event, frozen=True, tag="mcp_server_error"):
     """A session's MCP server failed: it did not start, died or stopped answering (the connection is dropped
     and the server restarted on its next use, ``retry_in`` seconds from now at the earliest), answered
     with something that is not a valid result, or offered a tool the model cannot be given (``bad_tool``).
@@ -409,7 +412,7 @@ AnyEvent = (
     | PersistenceFailed
     | ActorRestarted
     | McpServerStarted
-    | McpServerError
+    | McpServerFailed
 )
 
 EVENT_TYPES: frozenset[str] = frozenset(str(cls.__struct_config__.tag) for cls in AnyEvent.__args__)

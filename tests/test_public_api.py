@@ -53,3 +53,27 @@ def test_importing_runtime_and_listing_it_stays_light() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_module_with_all_lists_every_public_class_and_function_it_defines() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    unlisted: list[str] = []
+    for info in pkgutil.walk_packages(runtime.__path__, "runtime."):
+        if info.name.startswith(("runtime.apps.", "runtime.cluster.")) or info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        listed = getattr(module, "__all__", None)
+        if listed is None:
+            continue
+        for name, obj in vars(module).items():
+            defined_here = getattr(obj, "__module__", None) == info.name
+            if (
+                defined_here
+                and not name.startswith("_")
+                and (inspect.isclass(obj) or inspect.isfunction(obj))
+            ) and name not in listed:
+                unlisted.append(f"{info.name}.{name}")
+    assert unlisted == []

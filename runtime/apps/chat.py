@@ -145,7 +145,7 @@ class ChatPrinter:
             case ev.McpServerStarted(server=server, tools=tools, restarts=restarts):
                 again = f" (restart {restarts})" if restarts else ""
                 self._note(f"[MCP server {server} ready{again}: {len(tools)} tools]")
-            case ev.McpServerError(message=message):
+            case ev.McpServerFailed(message=message):
                 self._note(f"[MCP: {message}]")
             case ev.AgentAbort(repaired_calls=repaired):
                 extra = f" ({repaired} unfinished tool calls closed)" if repaired else ""

@@ -40,6 +40,7 @@ from mcp.shared.exceptions import MCPError
 
 from runtime.affinity import place_thread
 from runtime.config import McpConfig, McpServerConfig
+from runtime.errors import ToolError
 from runtime.tools.mcp.servers import describe, expand, scrub, secret_values, withheld
 
 log = logging.getLogger("agentcell.mcp")
@@ -51,7 +52,7 @@ CLIENT_INFO: Final = types.Implementation(name="agentcell", version="0.1.0")
 Report = Callable[..., None]  # report(kind, message, *, tool=None, call_id=None, retry_in=None)
 
 
-class McpUnavailable(Exception):
+class McpUnavailable(ToolError):
     """The server cannot take the call now; the message says why, for the model."""
 
 

@@ -278,7 +278,7 @@ class McpServers:
 
     def _report(self, server: str, kind: str, message: str, **kw: Any) -> None:
         self.publish(
-            ev.McpServerError(session_id=self.session_id, server=server, kind=kind, message=message, **kw)  # type: ignore[arg-type]
+            ev.McpServerFailed(session_id=self.session_id, server=server, kind=kind, message=message, **kw)  # type: ignore[arg-type]
         )
 
     # -- a call, on a tool worker thread -----------------------------------------------------------------
