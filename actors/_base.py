@@ -11,24 +11,29 @@ import functools
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 import pykka
 
+from actors.protocol import Ask
 from runtime.actor import PooledActor, PooledFuture
 from runtime.errors import RuntimeStateError
 from runtime.events import Event, ProviderRetry
 
+if TYPE_CHECKING:
+    from runtime.gateway import RetryInfo
+
 log = logging.getLogger("agentcell.actors")
 
 Publish = Callable[[Event], Any]
+R = TypeVar("R")
 
 
-def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[Any], None]:
+def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[RetryInfo], None]:
     """A gateway ``on_retry`` callback that broadcasts each retry as a ``provider_retry`` event."""
 
-    def on_retry(info: Any) -> None:  # runtime.gateway.RetryInfo
+    def on_retry(info: RetryInfo) -> None:
         publish(
             ProviderRetry(
                 session_id=session_id,
@@ -86,11 +91,16 @@ class SessionActor(PooledActor):
         self.session_id = session_id
         self.publish = publish
         self._tokens = itertools.count(1)
-        self._pending: dict[int, Callable[[Any], None]] = {}
+        self._pending: dict[int, Callable[[Any], None]] = {}  # each takes its call's reply type
 
     # -- asynchronous request/reply -------------------------------------------------------------------
-    def call(self, target: pykka.ActorRef[Any], message: Any, then: Callable[[Any], None]) -> None:
+    def call(
+        self, target: pykka.ActorRef[Any], message: Ask[R], then: Callable[[R | CallFailed], None]
+    ) -> None:
         """Ask ``target`` without blocking; ``then(value)`` runs later in this actor.
+
+        ``message`` is an :class:`~actors.protocol.Ask` of its reply's type, which is what ``then``
+        receives: the type checker sees that ``then`` handles the reply the message gets.
 
         A callee that cannot answer at once takes the reply over with ``defer_reply()`` and completes it
         later (or returns a ``PooledFuture`` it completes later); either way ``then`` gets the value.
@@ -98,7 +108,7 @@ class SessionActor(PooledActor):
         If the target fails or is dead, ``then`` receives a :class:`CallFailed` instance instead of a value.
         """
         token = next(self._tokens)
-        self._pending[token] = then
+        self._pending[token] = cast(Callable[[Any], None], then)
         me = self.actor_ref
         try:
             future = cast(PooledFuture[Any], target.ask(message, block=False))

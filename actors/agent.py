@@ -18,16 +18,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import msgspec
 import pykka
 
 from actors import compactor as cp
-from actors import overflow_detector as ov
-from actors import session_store as st
-from actors import usage_tracker as ut
+from actors import protocol as p
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter
+from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel, TurnOptions
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import working_set as ws
@@ -47,11 +46,18 @@ from runtime.context.recovery import (
 )
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
-from runtime.handles import Handle, PromptHandle, TurnResult
+from runtime.handles import Handle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 
+if TYPE_CHECKING:
+    from runtime.gateway import CallHandle, CompletionResult
+    from runtime.tools.executor import ToolBatchHandle, ToolRunResult
+    from runtime.tools.registry import ToolRegistry
+
 log = logging.getLogger("agentcell.agent")
+
+R = TypeVar("R")
 
 # No tokenizer packs more characters than this into one token of real text: a prompt longer than this
 # many characters per token of the window is refused without counting it.
@@ -79,81 +85,26 @@ class IllegalTransition(RuntimeStateError):
     """The agent was asked to move between two states the state machine does not link."""
 
 
-# -- messages ---------------------------------------------------------------------------------------------
-
-
 CLIENT_TOOL_CLASH: Final = "client_tool_clash"
 """The error code of a run whose client tools have the names of the session's own."""
 
 
-class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What a client that keeps part of a turn on its side (the Responses API front door) asks of a run.
-
-    ``client_tools``: function tools the client runs itself (OpenAI ``function`` schemas). The model sees
-    them beside the session's own tools; a step whose calls include them runs the session's own calls,
-    then ends the run with the client's calls pending (:attr:`TurnResult.awaiting`). Their results come
-    back as ``tool`` messages in the next prompt's :attr:`Prompt.lead`, and the thread goes on from them.
-    ``instructions``: this run's system prompt (None: the session's). ``compaction``: False turns automatic
-    compaction off for the run: a context that does not fit is then an error.
-    """
-
-    client_tools: tuple[dict[str, Any], ...] = ()
-    instructions: str | None = None
-    compaction: bool = True
-
-    @property
-    def client_tool_names(self) -> frozenset[str]:
-        return frozenset(str(t.get("function", {}).get("name", "")) for t in self.client_tools)
-
-
-class Prompt(msgspec.Struct, frozen=True):
-    """A user message. ``steer``: while a turn runs, apply it at the turn's next step boundary (after the
-    running tools' results) instead of queueing it for the next turn.
-
-    ``lead``: messages recorded before ``message``, in order: the history a client sends along, or the
-    results (``tool`` messages) of the client tool calls the previous run stopped for; ``message`` may then
-    be the last of those results. ``options``: see :class:`TurnOptions`.
-    """
-
-    message: Message
-    handle: PromptHandle
-    steer: bool = False
-    lead: tuple[Message, ...] = ()
-    options: TurnOptions | None = None
-
-    @property
-    def inputs(self) -> tuple[Message, ...]:
-        """Everything the prompt records, in order."""
-        return (*self.lead, self.message) if self.lead else (self.message,)
-
-
-class Abort(msgspec.Struct, frozen=True):
-    handle: Handle[bool] | None = None
-
-
-class SetModel(msgspec.Struct, frozen=True):
-    model: str
-    context_window: int
-    counter: TokenCounter | None = None  # the new model's token counter (None: keep counting as before)
-
-
-class GetState(msgspec.Struct, frozen=True):
-    pass
+# -- the messages it sends itself (the session's protocol is in actors.protocol) ------------------------
 
 
 class _ProviderDone(msgspec.Struct, frozen=True):
     run: int
-    result: Any  # runtime.gateway.CompletionResult
+    result: CompletionResult
 
 
 class _ToolsDone(msgspec.Struct, frozen=True):
     run: int
-    results: list[Any]  # list[runtime.tools.executor.ToolRunResult]
+    results: list[ToolRunResult]
 
 
 class _McpTools(msgspec.Struct, frozen=True):
     run: int
-    registry: Any  # runtime.tools.registry.ToolRegistry, or None: unchanged
+    registry: ToolRegistry | None  # None: unchanged
 
 
 @dataclass
@@ -178,8 +129,8 @@ class _Run:
     message_id: str | None = None  # the id the current step's answer gets (announced by request_start)
     estimated_tokens: int = 0
     last_message: Message | None = None
-    call: Any = None  # runtime.gateway.CallHandle
-    tools: Any = None  # runtime.tools.executor.ToolBatchHandle
+    call: CallHandle | None = None
+    tools: ToolBatchHandle | None = None
     after_mcp: Any = None  # what goes on once the session's MCP tools are ready
     started: float = field(default_factory=time.monotonic)
     span: Any = None  # the turn's invoke_agent span, when the runtime traces (SPEC 7.5)
@@ -212,6 +163,7 @@ class Agent(SessionActor):
         counter: TokenCounter,
         context_window: int,
         *,
+        model: str,
         recovering: bool = False,
     ) -> None:
         super().__init__(spec.session_id, services.bus.publish)
@@ -220,7 +172,7 @@ class Agent(SessionActor):
         self.refs = refs
         self.counter = counter
         self.estimate = cp.SessionEstimate(spec, counter)
-        self.model = spec.model
+        self.model = model  # the session's current model (its spec holds the one it started with)
         self.context_window = context_window
         self.state = AgentState.IDLE
         self.queue: list[Prompt] = []
@@ -237,7 +189,7 @@ class Agent(SessionActor):
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_start(self) -> None:
         if self._recovering:
-            self.call(self.refs.require("store"), st.GetContext(), self._recover)
+            self.call(self.refs.store, p.GetContext(), self._recover)
 
     def _recover(self, view: Any) -> None:
         handover, self.refs.handover = self.refs.handover, None
@@ -256,7 +208,7 @@ class Agent(SessionActor):
                 )
             self._dequeue()
             return
-        self.refs.require("usage").tell(ut.Restore(tuple(view.messages)))
+        self.refs.usage.tell(p.Restore(tuple(view.messages)))
         awaited = awaiting_client(view.messages)  # a run that stopped for the client's tools still waits
         repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
@@ -286,7 +238,7 @@ class Agent(SessionActor):
             self._dequeue()
 
         if notes:
-            self.call(self.refs.require("store"), st.Append(tuple(notes), end_turn=not continuing), done)
+            self.call(self.refs.store, p.Append(tuple(notes), end_turn=not continuing), done)
         else:
             done(None)
 
@@ -379,17 +331,19 @@ class Agent(SessionActor):
                 self._on_mcp_tools(token, registry)
             case _ProviderDone() | _ToolsDone():
                 pass  # a late answer for a run that was aborted
-            case ov.UsageOverflowed():
+            case p.UsageOverflowed():
                 # a silent overflow (SPEC 6.2): compact before the next request, even in a later turn
                 self._pending_trigger = "usage_overflow"
             case Abort():
                 self._on_abort(message)
             case SetModel(model=model, context_window=window, counter=counter):
-                self.model, self.context_window = model, window
+                self.model = model
+                if window is not None:
+                    self.context_window = window
                 if counter is not None:
                     self.counter, self.estimate = counter, cp.SessionEstimate(self.spec, counter)
             case GetState():
-                return {"state": str(self.state), "queued": len(self.queue), "model": self.model}
+                return AgentStatus(state=str(self.state), queued=len(self.queue), model=self.model)
             case _:
                 raise TypeError(f"agent: unexpected message {type(message).__name__}")
         return None
@@ -437,8 +391,8 @@ class Agent(SessionActor):
             # Kept on record for the user, hidden from the model, never summarized, never sent (SPEC 5.13).
             hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
             self.call(
-                self.refs.require("store"),
-                st.Append(hidden),
+                self.refs.store,
+                p.Append(hidden),
                 self._guard(run, lambda _: self._finish("error", refusal, code=ws.PROMPT_TOO_LARGE)),
             )
             return
@@ -449,16 +403,16 @@ class Agent(SessionActor):
             clipped = {m.id: m for m in self._clip_results(self._working_set_budget(None))}
             inputs = tuple(clipped.get(m.id, m) for m in inputs)
             self.call(
-                self.refs.require("store"),
-                st.Append(inputs),
+                self.refs.store,
+                p.Append(inputs),
                 self._guard(
                     run, lambda stored: self._with_mcp_tools(run, lambda: self._after_tool_results(stored))
                 ),
             )
             return
         self.call(
-            self.refs.require("store"),
-            st.Append(inputs, with_view=True),
+            self.refs.store,
+            p.Append(inputs, with_view=True),
             self._guard(
                 run,
                 lambda stored: self._with_mcp_tools(
@@ -501,10 +455,10 @@ class Agent(SessionActor):
             prompt_tokens=tokens, fixed_tokens=fixed, window=self.context_window, limit=limit
         )
 
-    def _guard(self, run: _Run, step: Any) -> Any:
+    def _guard(self, run: _Run, step: Callable[[R], None]) -> Callable[[R | CallFailed], None]:
         """Wrap a continuation so it runs only while ``run`` is current, and store failures end it."""
 
-        def cont(value: Any) -> None:
+        def cont(value: R | CallFailed) -> None:
             if self.run is not run:
                 return
             if isinstance(value, CallFailed):
@@ -515,7 +469,7 @@ class Agent(SessionActor):
         return cont
 
     # -- running: the rules of the next request, then the provider call ---------------------------------
-    def _before_request(self, view: st.ContextView | None = None) -> None:
+    def _before_request(self, view: p.ContextView | None = None) -> None:
         """Make the next provider call once the context passes the rules of SPEC 5.13 (:func:`decide_step`).
 
         ``view`` is the session's context as of the write this follows, when the store (or the compactor)
@@ -524,7 +478,7 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         if view is None:
-            self.call(self.refs.require("store"), st.GetContext(), self._guard(run, self._before_request))
+            self.call(self.refs.store, p.GetContext(), self._guard(run, self._before_request))
             return
         if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
             self.emit(ev.SessionDead, message=view.dead)
@@ -564,17 +518,17 @@ class Agent(SessionActor):
                 return
             self._finish("error", message, code=code)
             return
-        request: cp.MaybeCompact | cp.Compact
+        request: p.MaybeCompact | p.Compact
         if decision.trigger == "overflow":  # the request would overflow: the turn's emergency compaction
             run.overflow_recoveries += 1
-            request = cp.Compact(trigger="overflow", emergency=True)
+            request = p.Compact(trigger="overflow", emergency=True)
         else:
-            request = cp.MaybeCompact(trigger=decision.trigger or "threshold")
+            request = p.MaybeCompact(trigger=decision.trigger or "threshold")
         run.compacted = True  # one automatic compaction before any emergency one, and only one
         self._pending_trigger = None
-        self.call(self.refs.require("compactor"), request, self._guard(run, self._after_compaction))
+        self.call(self.refs.compactor, request, self._guard(run, self._after_compaction))
 
-    def _after_compaction(self, outcome: cp.Outcome) -> None:
+    def _after_compaction(self, outcome: p.Outcome) -> None:
         if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
             message = outcome.message or "context limit exceeded"
             self.emit(ev.SessionDead, message=message)
@@ -589,8 +543,8 @@ class Agent(SessionActor):
         if repairs:  # every tool call gets exactly one result before the next provider call (SPEC 3.6)
             extra = sum(self.counter.count_message(m) for m in repairs)
             self.call(
-                self.refs.require("store"),
-                st.Append(tuple(repairs)),
+                self.refs.store,
+                p.Append(tuple(repairs)),
                 self._guard(run, lambda _: self._request((*context, *repairs), estimate + extra)),
             )
             return
@@ -682,12 +636,12 @@ class Agent(SessionActor):
         if result.error is not None:
             if result.error.kind == "cancelled":
                 return
-            request = ov.ClassifyError(
+            request = p.ClassifyError(
                 error=result.error,
                 recoveries_this_turn=run.overflow_recoveries,
                 estimated_tokens=run.estimated_tokens,
             )
-            self.call(self.refs.require("overflow"), request, self._guard(run, self._on_error_verdict))
+            self.call(self.refs.overflow, request, self._guard(run, self._on_error_verdict))
             return
         message: Message = result.message
         if run.message_id is not None:  # the id RequestStart announced (a stream's client names it early)
@@ -702,18 +656,16 @@ class Agent(SessionActor):
         if message.usage is not None:
             run.usage = run.usage + message.usage
             self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
-        self.refs.require("usage").tell(
-            ut.RecordResponse(message=message, estimated_input=run.estimated_tokens)
-        )
+        self.refs.usage.tell(p.RecordResponse(message=message, estimated_input=run.estimated_tokens))
         if message.usage is not None:  # a silent overflow is told back (UsageOverflowed); "no" is not
-            self.refs.require("overflow").tell(
-                ov.CheckUsage(input_tokens=message.usage.input_tokens, notify=self.actor_ref)
+            self.refs.overflow.tell(
+                p.CheckUsage(input_tokens=message.usage.input_tokens, notify=self.actor_ref)
             )
         # A final answer ends the run: its append also makes the log durable (no SyncTurn after it).
         run.synced = not message.tool_calls
         self.call(
-            self.refs.require("store"),
-            st.Append((message,), end_turn=run.synced),
+            self.refs.store,
+            p.Append((message,), end_turn=run.synced),
             self._guard(run, lambda _: self._after_response(message)),
         )
 
@@ -743,14 +695,14 @@ class Agent(SessionActor):
                 return
         self._run_tools(calls)
 
-    def _on_error_verdict(self, verdict: ov.Verdict) -> None:
+    def _on_error_verdict(self, verdict: p.Verdict) -> None:
         run = self.run
         assert run is not None
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
             self.call(
-                self.refs.require("compactor"),
-                cp.Compact(trigger="overflow", emergency=True),
+                self.refs.compactor,
+                p.Compact(trigger="overflow", emergency=True),
                 self._guard(run, self._after_emergency_compaction),
             )
             return
@@ -759,7 +711,7 @@ class Agent(SessionActor):
             return
         self._finish("error", verdict.message, code=verdict.code, retryable=verdict.retryable)
 
-    def _after_emergency_compaction(self, outcome: cp.Outcome) -> None:
+    def _after_emergency_compaction(self, outcome: p.Outcome) -> None:
         if outcome.dead or not outcome.compacted:
             failure = compaction_did_not_help(
                 context_window=self.context_window, reason=outcome.message or "nothing could be summarized"
@@ -789,9 +741,9 @@ class Agent(SessionActor):
         """End the run; hide its prompt from the model (it stays on record) so later turns can fit."""
         run = self.run
         assert run is not None
-        hide = st.SetVisibility(message_ids=tuple(m.id for m in run.prompt.inputs), agent_visible=False)
+        hide = p.SetVisibility(message_ids=tuple(m.id for m in run.prompt.inputs), agent_visible=False)
         self.call(
-            self.refs.require("store"),
+            self.refs.store,
             hide,
             self._guard(run, lambda _: self._finish("error", message + PROMPT_HIDDEN_NOTE, code=code)),
         )
@@ -878,7 +830,7 @@ class Agent(SessionActor):
         if steering:  # the step boundary: the user's steering joins the turn right after the results
             run.joined.extend(steering)
             messages += tuple(msgspec.structs.replace(p.message, kind=KIND_STEER) for p in steering)
-        self.call(self.refs.require("store"), st.Append(messages), self._guard(run, self._after_tool_results))
+        self.call(self.refs.store, p.Append(messages), self._guard(run, self._after_tool_results))
 
     # -- the working set: a step's results clipped to fit (SPEC 5.13) --------------------------------
     def _working_set_budget(self, call: Message | None) -> int:
@@ -930,8 +882,8 @@ class Agent(SessionActor):
         replaced = {m.id: m for m in changed}
         clipped = tuple(replaced.get(m.id, m) for m in context)
         self.call(
-            self.refs.require("store"),
-            st.Overlay(changed),
+            self.refs.store,
+            p.Overlay(changed),
             self._guard(run, lambda _: self._decide(clipped, estimate - saved)),
         )
         return True
@@ -965,9 +917,7 @@ class Agent(SessionActor):
         if run.awaiting:  # the step's own calls are answered; the client's are the client's to answer
             self._finish("ok")
             return
-        self.call(
-            self.refs.require("compactor"), cp.MaybeArchiveTools(), self._guard(run, self._before_request)
-        )
+        self.call(self.refs.compactor, p.MaybeArchiveTools(), self._guard(run, self._before_request))
 
     # -- abort ----------------------------------------------------------------------------------------
     def _on_abort(self, abort: Abort) -> None:
@@ -1002,7 +952,7 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         self.run = None  # late answers of this run are dropped from here on
-        store = self.refs.store  # None while the store restarts: the run still ends and is answered
+        store = self.refs.store_ref  # None while the store restarts: the run still ends and is answered
 
         def complete(repaired: int) -> None:
             self._end_span(run, status, error, code=code)
@@ -1018,7 +968,7 @@ class Agent(SessionActor):
                 )
             if store is not None and not (status == "ok" and run.synced):
                 with contextlib.suppress(pykka.ActorDeadError):  # (a run that waits for the client ends
-                    store.tell(st.SyncTurn(ended=status != "ok" or bool(run.awaiting)))  # there too)
+                    store.tell(p.SyncTurn(ended=status != "ok" or bool(run.awaiting)))  # there too)
             self._enter(AgentState.IDLE, run.turn_id)  # the turn's last event is its agent_end
             self.emit(
                 ev.AgentEnd,
@@ -1066,11 +1016,11 @@ class Agent(SessionActor):
                 return
             repairs = repair_tool_calls(view.messages)
             if repairs:
-                self.call(store, st.Append(tuple(repairs)), lambda _: complete(len(repairs)))
+                self.call(store, p.Append(tuple(repairs)), lambda _: complete(len(repairs)))
             else:
                 complete(0)
 
-        self.call(store, st.GetContext(), with_view)
+        self.call(store, p.GetContext(), with_view)
 
     def _end_span(self, run: _Run, status: str, error: str | None, *, code: str | None) -> None:
         """End the turn's span, if it has one open."""

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from actors import session_store as st
-from actors import usage_tracker as ut
+from actors import protocol as p
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter
+from actors.protocol import Compact, MaybeArchiveTools, MaybeCompact, Outcome, SetModel
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import compaction as comp
@@ -28,52 +28,12 @@ from runtime.context.estimate import ContextEstimate, effective_limit, estimate_
 from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
-from runtime.handles import CompactionResult, Handle
+from runtime.handles import CompactionResult
 from runtime.messages import Message
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
 log = logging.getLogger("agentcell.compactor")
-
-# -- messages -------------------------------------------------------------------------------------------
-
-
-class MaybeCompact(msgspec.Struct, frozen=True):
-    """Compact if the estimate reached the threshold (SPEC 5.1), at most once per turn (5.11)."""
-
-    trigger: CompactionTrigger = "threshold"
-    attempted: bool = False
-
-
-class Compact(msgspec.Struct, frozen=True):
-    """Compact now: manual (5.12) or emergency after an overflow (6.3)."""
-
-    trigger: CompactionTrigger = "manual"
-    emergency: bool = False
-    keep_recent_tokens: int | None = None
-    instructions: str | None = None
-    handle: Handle[CompactionResult] | None = None
-
-
-class MaybeArchiveTools(msgspec.Struct, frozen=True):
-    """Archive old tool results when there are more than ``tool_call_cutoff`` (5.9)."""
-
-
-class SetModel(msgspec.Struct, frozen=True):
-    model: str
-    context_window: int
-    counter: TokenCounter | None = None  # the new model's token counter (None: keep counting as before)
-
-
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    """The answer to MaybeCompact / Compact: the context to send next and what happened."""
-
-    messages: tuple[Message, ...] = ()
-    estimate: int = 0
-    attempted: bool = False
-    compacted: bool = False
-    dead: bool = False
-    message: str | None = None
 
 
 class SessionEstimate:
@@ -110,7 +70,7 @@ class SessionEstimate:
         """A full count of a request made from ``messages``: no provider usage to anchor on."""
         return self.fixed_tokens + sum(self._count(m) for m in messages if m.agent_visible)
 
-    def __call__(self, view: st.ContextView) -> ContextEstimate:
+    def __call__(self, view: p.ContextView) -> ContextEstimate:
         return estimate_context(
             view.messages,
             count=self._count,
@@ -155,13 +115,15 @@ class Compactor(SessionActor):
         refs: SessionRefs,
         counter: TokenCounter,
         context_window: int,
+        *,
+        model: str,
     ) -> None:
         super().__init__(spec.session_id, services.bus.publish)
         self.spec = spec
         self.services = services
         self.refs = refs
         self.counter = counter
-        self.model = spec.model
+        self.model = model  # the session's current model (its spec holds the one it started with)
         self.context_window = context_window
         self.cfg = spec.config.compaction
         self._jobs: deque[_Job] = deque()
@@ -219,7 +181,9 @@ class Compactor(SessionActor):
             case _SummaryDone():
                 self._on_summary(message)
             case SetModel(model=model, context_window=window, counter=counter):
-                self.model, self.context_window = model, window
+                self.model = model
+                if window is not None:
+                    self.context_window = window
                 if counter is not None:
                     self.counter, self.estimate = counter, SessionEstimate(self.spec, counter)
                 self._set_summarizer()
@@ -257,7 +221,7 @@ class Compactor(SessionActor):
         if self._active is not None or not self._jobs:
             return
         job = self._active = self._jobs.popleft()
-        self.call(self.refs.require("store"), st.GetContext(), lambda view: self._with_view(job, view))
+        self.call(self.refs.store, p.GetContext(), lambda view: self._with_view(job, view))
 
     def _done(self, job: _Job, value: Any) -> None:
         self._active = None
@@ -428,7 +392,7 @@ class Compactor(SessionActor):
                     f"{message.rstrip('.')}. The session is marked dead (its log is kept); a manual "
                     "compaction that succeeds revives it."
                 )
-                self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, message))
+                self.refs.store.tell(p.SetMetadata(DEAD_KEY, message))
             self._fail(job, trigger, outcome.reason, message, tokens_before, dead=dead)
             return
         summary = outcome.summary
@@ -443,8 +407,8 @@ class Compactor(SessionActor):
                 return
             self._no_progress_at = None
             if job.view.dead is not None:  # a manual compaction brought a dead session back
-                self.refs.require("store").tell(st.SetMetadata(DEAD_KEY, ""))
-            self.refs.require("usage").tell(ut.Reset(context_tokens=tokens_after))
+                self.refs.store.tell(p.SetMetadata(DEAD_KEY, ""))
+            self.refs.usage.tell(p.Reset(context_tokens=tokens_after))
             self._end_span(
                 job,
                 messages_after=len(outcome.messages),
@@ -473,7 +437,7 @@ class Compactor(SessionActor):
                 ),
             )
 
-        record = st.RecordCompaction(
+        record = p.RecordCompaction(
             summary=summary,
             first_kept_id=outcome.first_kept_id,
             tokens_before=tokens_before,
@@ -482,7 +446,7 @@ class Compactor(SessionActor):
             trigger=trigger,
             artifacts=tuple(job.artifacts),
         )
-        self.call(self.refs.require("store"), record, recorded)
+        self.call(self.refs.store, record, recorded)
 
     def _fail(
         self,
@@ -585,7 +549,7 @@ class Compactor(SessionActor):
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None
         replacements, summary = ts.finish_tool_archive(job.plan, answer)
-        store = self.refs.require("store")
+        store = self.refs.store
 
         def appended(_: Any) -> None:
             self.emit(
@@ -598,11 +562,11 @@ class Compactor(SessionActor):
 
         self.call(
             store,
-            st.Overlay(tuple(replacements)),
-            lambda _: self.call(store, st.Append((summary,)), appended),
+            p.Overlay(tuple(replacements)),
+            lambda _: self.call(store, p.Append((summary,)), appended),
         )
 
-    def _clear_tool_outputs(self, job: _Job, current: st.ContextView | None) -> None:
+    def _clear_tool_outputs(self, job: _Job, current: p.ContextView | None) -> None:
         """The second half of ``MaybeArchiveTools``. ``current`` is the session's view when nothing has
         changed it since it was read (None: read it again). The job's answer is the view the next request
         can be made from when the context is as it was, or None when this changed it."""
@@ -633,12 +597,12 @@ class Compactor(SessionActor):
                 )
                 self._done(job, None)
 
-            self.call(self.refs.require("store"), st.Overlay(tuple(cleared.replacements)), done)
+            self.call(self.refs.store, p.Overlay(tuple(cleared.replacements)), done)
 
         if current is not None:
             with_view(current)
         else:
-            self.call(self.refs.require("store"), st.GetContext(), with_view)
+            self.call(self.refs.store, p.GetContext(), with_view)
 
     @staticmethod
     def _as_result(outcome: Outcome) -> CompactionResult:

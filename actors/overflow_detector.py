@@ -7,51 +7,15 @@ request compacts first. The rules live in ``runtime.context.overflow`` and ``run
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-import msgspec
+from typing import Any
 
 from actors._base import Publish, Reply, SessionActor
+from actors.protocol import CheckUsage, ClassifyError, SetModel, UsageOverflowed, Verdict
 from runtime import events as ev
 from runtime.context.overflow import is_context_overflow, is_usage_overflow
 from runtime.context.recovery import decide_overflow
 
 RETRYABLE_KINDS = frozenset({"rate_limit", "transient", "timeout"})
-
-
-class ClassifyError(msgspec.Struct, frozen=True):
-    error: Any  # runtime.gateway.ProviderError
-    recoveries_this_turn: int = 0
-    estimated_tokens: int | None = None
-
-
-class CheckUsage(msgspec.Struct, frozen=True):
-    """Did a response's input fill the window (a silent overflow, SPEC 6.2)? An ``ask`` gets a bool.
-
-    Sent with ``tell`` and a ``notify`` ref, it is answered only when the answer is yes, with
-    :class:`UsageOverflowed`: a turn's usual "no" costs no reply at all.
-    """
-
-    input_tokens: int
-    notify: Any = None  # pykka.ActorRef
-
-
-class UsageOverflowed(msgspec.Struct, frozen=True):
-    """Told to :attr:`CheckUsage.notify` when the input tokens filled the context window."""
-
-    input_tokens: int
-
-
-class SetWindow(msgspec.Struct, frozen=True):
-    context_window: int
-
-
-class Verdict(msgspec.Struct, frozen=True):
-    action: Literal["compact_and_retry", "fail"]
-    message: str
-    code: str = "provider_error"
-    overflow: bool = False
-    retryable: bool = False
 
 
 class OverflowDetector(SessionActor):
@@ -79,8 +43,9 @@ class OverflowDetector(SessionActor):
                 if overflowed and notify is not None:
                     notify.tell(UsageOverflowed(tokens))
                 return overflowed
-            case SetWindow(context_window=window):
-                self.context_window = window
+            case SetModel(context_window=window):
+                if window is not None:
+                    self.context_window = window
                 return None
             case Reply():
                 self.handle_reply(message)

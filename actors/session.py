@@ -10,22 +10,48 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar, cast
 
 import msgspec
-import pykka
+from pykka import Actor, ActorDeadError, ActorRef
 
 from actors.agent import Agent, abandon
 from actors.compactor import Compactor
 from actors.overflow_detector import OverflowDetector
+from actors.protocol import (
+    Abort,
+    AgentStatus,
+    Ask,
+    Branch,
+    Compact,
+    GetCalibration,
+    GetContext,
+    GetContextStats,
+    GetMessages,
+    GetState,
+    GetTotals,
+    Prompt,
+    SetModel,
+)
 from actors.session_store import SessionStore
 from actors.usage_tracker import UsageTracker
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
+from runtime.context.estimate import ContextStats, context_stats
+from runtime.store.entries import Header, new_header
 from runtime.supervisor import ChildSpec, Supervisor
 from runtime.tokens import TokenCounter
+from runtime.tools.mcp.servers import stored
 
 CHILD_ORDER = ("store", "usage", "overflow", "compactor", "agent")
+"""The children's ids, in start order (``rest_for_one`` restarts a child and those after it)."""
+
+SessionCommand: TypeAlias = Prompt | Abort | Compact | SetModel
+"""What :meth:`Session.tell` takes."""
+
+A = TypeVar("A", bound=Actor)
+R = TypeVar("R")
 
 
 class Session:
@@ -33,9 +59,8 @@ class Session:
 
     __slots__ = (
         "_lock",
+        "_model",
         "_starts",
-        "context_window",
-        "counter",
         "fresh",
         "last_used",
         "parent",
@@ -55,8 +80,8 @@ class Session:
     ) -> None:
         self.spec = spec
         self.services = services
-        self.counter = counter
-        self.context_window = context_window
+        # The model in use: one immutable value, replaced whole by SetModel, read by every (re)start.
+        self._model = SetModel(spec.model, context_window, counter)
         self.parent = parent
         self.refs = SessionRefs()
         self.supervisor: Supervisor | None = None
@@ -73,6 +98,90 @@ class Session:
     def running(self) -> bool:
         return self.supervisor is not None
 
+    @property
+    def model(self) -> str:
+        """The model the session uses now (:class:`SetModel` switches it; ``spec.model`` is its first)."""
+        return self._model.model
+
+    @property
+    def context_window(self) -> int:
+        window = self._model.context_window
+        assert window is not None  # the session's own SetModel always carries the window
+        return window
+
+    @property
+    def counter(self) -> TokenCounter:
+        counter = self._model.counter
+        assert counter is not None  # the session's own SetModel always carries the counter
+        return counter
+
+    # -- the session's messages -------------------------------------------------------------------------
+    def tell(self, message: SessionCommand) -> None:
+        """Send ``message`` to the session, which hands it to the actors it is for (starting them if they
+        are parked): a prompt or an abort to the agent, a compaction to the compactor, a model switch to
+        every actor (the agent, compactor, usage tracker and overflow detector use the new model, the store
+        records it) and to those that start later.
+
+        Raises:
+            pykka.ActorDeadError: the actor it is for is not running (it is being restarted).
+        """
+        refs = self.ensure_running()
+        match message:
+            case Prompt() | Abort():
+                refs.agent.tell(message)
+            case Compact():
+                refs.compactor.tell(message)
+            case SetModel():
+                self._model = message  # first: an actor (re)starting from now on starts with it
+                for ref in refs.running():
+                    try:
+                        ref.tell(message)
+                    except ActorDeadError:  # restarting: its successor starts with the new model
+                        pass
+            case _:
+                raise TypeError(f"a session is not told {type(message).__name__}")
+
+    def ask(self, message: Ask[R], timeout: float) -> R:
+        """Ask the session and wait up to ``timeout`` seconds for the answer (from a plain thread, never
+        from an actor): the store answers for the session's history, the usage tracker for its usage, the
+        agent for its state; :class:`GetContextStats` is answered from the store's view and the usage
+        tracker's calibration together.
+
+        Raises:
+            pykka.Timeout: no answer in time.
+            pykka.ActorDeadError: the actor it is for is not running.
+        """
+        refs = self.ensure_running()
+        target: ActorRef[Any]
+        match message:
+            case GetContext() | GetMessages() | Branch():
+                target = refs.store
+            case GetTotals() | GetCalibration():
+                target = refs.usage
+            case GetState():
+                target = refs.agent
+            case GetContextStats():
+                return cast(R, self._context_stats(timeout))
+            case _:
+                raise TypeError(f"a session is not asked {type(message).__name__}")
+        return cast(R, target.ask(message, timeout=timeout))
+
+    def _context_stats(self, timeout: float) -> ContextStats:
+        view = self.ask(GetContext(), timeout)
+        calibration = self.ask(GetCalibration(), timeout)
+        spec, counter = self.spec, self.counter
+        return context_stats(
+            view.messages,
+            count=counter.count_message,
+            system_tokens=counter.count_system(spec.system_prompt) if spec.system_prompt else 0,
+            tools_tokens=counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0,
+            usage_floor=view.usage_floor,
+            window=self.context_window,
+            config=spec.config.compaction,
+            last_error=calibration.last_error,
+            calibration_ratio=calibration.ratio,
+        )
+
     def ensure_running(self) -> SessionRefs:
         """Start the actors if they are not running (first use, or after hibernation)."""
         with self._lock:
@@ -84,16 +193,14 @@ class Session:
 
     def hibernate_if_idle(self, timeout: float = 10.0) -> bool:
         """Hibernate unless a turn is running or queued (asks the agent; call from a plain thread)."""
-        from actors.agent import GetState
-
-        refs = self.refs
-        if self.supervisor is None or refs.agent is None:
+        agent = self.refs.agent_ref
+        if self.supervisor is None or agent is None:
             return False
         try:
-            state = cast(dict[str, Any], refs.agent.ask(GetState(), timeout=timeout))
+            status = cast(AgentStatus, agent.ask(GetState(), timeout=timeout))
         except Exception:
             return False
-        if state["state"] != "idle" or state["queued"]:
+        if status.state != "idle" or status.queued:
             return False
         return self.hibernate(timeout)
 
@@ -123,8 +230,16 @@ class Session:
 
     # -- the supervision tree -----------------------------------------------------------------------
     def _start_supervisor(self) -> Supervisor:
+        starts: tuple[Callable[[bool], ActorRef[Any]], ...] = (
+            self._start_store,
+            self._start_usage,
+            self._start_overflow,
+            self._start_compactor,
+            self._start_agent,
+        )
         children = [
-            ChildSpec(id=name, start=self._starter(name), restart="permanent") for name in CHILD_ORDER
+            ChildSpec(id=name, start=self._starter(name, start), restart="permanent")
+            for name, start in zip(CHILD_ORDER, starts, strict=True)
         ]
         return Supervisor.start_tree(
             children,
@@ -138,61 +253,81 @@ class Session:
             dispatcher=self.services.dispatcher,
         )
 
-    def _starter(self, name: str) -> Any:
-        def start() -> pykka.ActorRef[Any]:
+    def _starter(self, name: str, start: Callable[[bool], ActorRef[A]]) -> Callable[[], ActorRef[A]]:
+        """The supervisor's start function for child ``name``: its first start, then its restarts."""
+
+        def start_child() -> ActorRef[A]:
             count = self._starts.get(name, 0)
             self._starts[name] = count + 1
-            ref = self._start_child(name, restarted=count > 0)
-            setattr(self.refs, name, ref)
+            model = self._model
+            ref = start(count > 0)
+            if self._model is not model:  # the model switched while it started: it missed the SetModel
+                ref.tell(self._model)
             return ref
 
-        return start
+        return start_child
 
-    def _start_child(self, name: str, *, restarted: bool) -> pykka.ActorRef[Any]:
+    def _start_store(self, restarted: bool) -> ActorRef[SessionStore]:
         spec, services = self.spec, self.services
-        publish = services.bus.publish
-        dispatcher = services.dispatcher
-        if name == "store":
-            return SessionStore.start(
-                session_id=spec.session_id,
-                directory=services.directory,
-                writer=services.writer,
-                header=None if (spec.resume or restarted) else header_for(spec),
-                publish=publish,
-                fsync=spec.config.persistence.fsync,
-                dispatcher=dispatcher,
-            )
-        if name == "usage":
-            return UsageTracker.start(
-                spec.session_id,
-                spec.model,
-                spec.config,
-                publish,
-                counter=self.counter,
-                context_window=self.context_window,
-                dispatcher=dispatcher,
-            )
-        if name == "overflow":
-            return OverflowDetector.start(
-                spec.session_id,
-                publish,
-                context_window=self.context_window,
-                auto_compact=spec.config.compaction.auto,
-                dispatcher=dispatcher,
-            )
-        if name == "compactor":
-            return Compactor.start(
-                spec, services, self.refs, self.counter, self.context_window, dispatcher=dispatcher
-            )
-        return Agent.start(
-            spec,
-            services,
+        ref = self.refs.store_ref = SessionStore.start(
+            session_id=spec.session_id,
+            directory=services.directory,
+            writer=services.writer,
+            header=None if (spec.resume or restarted) else header_for(spec),
+            publish=services.bus.publish,
+            fsync=spec.config.persistence.fsync,
+            dispatcher=services.dispatcher,
+        )
+        return ref
+
+    def _start_usage(self, restarted: bool) -> ActorRef[UsageTracker]:
+        spec, model = self.spec, self._model
+        ref = self.refs.usage_ref = UsageTracker.start(
+            spec.session_id,
+            model.model,
+            spec.config,
+            self.services.bus.publish,
+            counter=model.counter,
+            context_window=model.context_window,
+            dispatcher=self.services.dispatcher,
+        )
+        return ref
+
+    def _start_overflow(self, restarted: bool) -> ActorRef[OverflowDetector]:
+        spec = self.spec
+        ref = self.refs.overflow_ref = OverflowDetector.start(
+            spec.session_id,
+            self.services.bus.publish,
+            context_window=self.context_window,
+            auto_compact=spec.config.compaction.auto,
+            dispatcher=self.services.dispatcher,
+        )
+        return ref
+
+    def _start_compactor(self, restarted: bool) -> ActorRef[Compactor]:
+        ref = self.refs.compactor_ref = Compactor.start(
+            self.spec,
+            self.services,
             self.refs,
             self.counter,
             self.context_window,
-            recovering=restarted or not self.fresh,
-            dispatcher=dispatcher,
+            model=self.model,
+            dispatcher=self.services.dispatcher,
         )
+        return ref
+
+    def _start_agent(self, restarted: bool) -> ActorRef[Agent]:
+        ref = self.refs.agent_ref = Agent.start(
+            self.spec,
+            self.services,
+            self.refs,
+            self.counter,
+            self.context_window,
+            model=self.model,
+            recovering=restarted or not self.fresh,
+            dispatcher=self.services.dispatcher,
+        )
+        return ref
 
     def _on_restart(self, child_id: str, error: BaseException | None, restarts: int) -> None:
         self.services.bus.publish(
@@ -225,11 +360,8 @@ class Session:
         )
 
 
-def header_for(spec: SessionSpec) -> Any:
+def header_for(spec: SessionSpec) -> Header:
     """The first line of a new session's log."""
-    from runtime.store.entries import new_header
-    from runtime.tools.mcp.servers import stored
-
     return new_header(
         spec.session_id,
         model=spec.model,

@@ -34,14 +34,30 @@ from typing import Any
 import msgspec
 import pykka
 
+from actors.protocol import (
+    Append,
+    Branch,
+    ContextView,
+    GetContext,
+    GetMessages,
+    GetTree,
+    MessagesView,
+    Overlay,
+    RecordCompaction,
+    ReplyTo,
+    SetMetadata,
+    SetModel,
+    SetVisibility,
+    Stored,
+    SyncTurn,
+)
 from runtime import events as ev
 from runtime.actor import PooledActor
 from runtime.actor._pykka import ActorStop
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
-from runtime.events import CompactionMode, CompactionTrigger
 from runtime.ids import validate_session_id
 from runtime.messages import Message
-from runtime.store.entries import CompactionEntry, Entry, Header, MessageEntry, scrub_secrets
+from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay
 from runtime.store.sessions import SessionDirectory, SessionLock
 from runtime.store.tree import TURN_ENDED_KEY, SessionTree
@@ -49,7 +65,6 @@ from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
 log = logging.getLogger("agentcell.store")
 
-ReplyTo = pykka.ActorRef[Any] | Callable[[Any], Any] | None
 Publish = Callable[[ev.Event], Any]
 Estimator = Callable[[Sequence[Message]], int]
 
@@ -87,97 +102,7 @@ class _LockHolders:
 _holders = _LockHolders()
 
 
-# -- commands ---------------------------------------------------------------------------------------------
-
-
-class Append(msgspec.Struct, frozen=True):
-    """Append one message or several (in order) to the leaf, or as children of ``parent_id``.
-
-    With ``with_view`` the reply also carries the model-facing view right after the append
-    (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
-    ``end_turn`` makes the log durable right after, as :class:`SyncTurn` does, for a turn's last message
-    (the reply still comes once the append is written, not after the fsync).
-    """
-
-    messages: tuple[Message, ...] | Message
-    parent_id: str | None = None
-    reply_to: ReplyTo = None
-    with_view: bool = False
-    end_turn: bool = False
-
-
-class RecordCompaction(msgspec.Struct, frozen=True, kw_only=True):
-    """Record a compaction at the leaf (see :meth:`SessionTree.record_compaction`)."""
-
-    summary: Message
-    first_kept_id: str | None
-    tokens_before: int = 0
-    tokens_after: int = 0
-    mode: CompactionMode = "summarize"
-    trigger: CompactionTrigger = "threshold"
-    artifacts: tuple[str, ...] = ()
-    reply_to: ReplyTo = None
-
-
-class Overlay(msgspec.Struct, frozen=True):
-    """Replace messages of the path by id in the views (archived or cleared tool results)."""
-
-    replacements: tuple[Message, ...]
-    reply_to: ReplyTo = None
-
-
-class SetVisibility(msgspec.Struct, frozen=True, kw_only=True):
-    """Show or hide messages of the path, by id, to the model (``agent_visible``) or the user
-    (``user_visible``); ``None`` leaves a flag as it is. The log records the ids only, not the messages:
-    ``SetVisibility(message_ids=(prompt.id,), agent_visible=False)`` hides a prompt of any size for the
-    cost of a line."""
-
-    message_ids: tuple[str, ...]
-    agent_visible: bool | None = None
-    user_visible: bool | None = None
-    reply_to: ReplyTo = None
-
-
-class Branch(msgspec.Struct, frozen=True):
-    """Move the leaf to ``leaf_id`` (``None``: before the first message)."""
-
-    leaf_id: str | None
-    reply_to: ReplyTo = None
-
-
-class SetMetadata(msgspec.Struct, frozen=True):
-    """Record a session setting, e.g. ``SetMetadata("model", "gpt-4o")``."""
-
-    key: str
-    value: Any
-    reply_to: ReplyTo = None
-
-
-class SyncTurn(msgspec.Struct, frozen=True):
-    """A turn ended: make the log durable under the ``turn`` policy. ``ended`` records that the turn ended
-    at the current leaf (an error or an abort, with no final answer to say so), so a restart does not take
-    it for a turn cut off by a crash."""
-
-    reply_to: ReplyTo = None
-    ended: bool = False
-
-
-class GetContext(msgspec.Struct, frozen=True):
-    """Ask for the model-facing view: answered with a :class:`ContextView`."""
-
-    reply_to: ReplyTo = None
-
-
-class GetMessages(msgspec.Struct, frozen=True):
-    """Ask for the user's view: answered with a :class:`MessagesView`."""
-
-    reply_to: ReplyTo = None
-
-
-class GetTree(msgspec.Struct, frozen=True):
-    """Ask for a copy of the whole tree: answered with a :class:`SessionTree` the caller owns."""
-
-    reply_to: ReplyTo = None
+# -- the messages it sends itself (its protocol is in actors.protocol) ------------------------------------
 
 
 class _WriteFailed(msgspec.Struct, frozen=True):
@@ -208,50 +133,6 @@ class _OpenAgain(msgspec.Struct, frozen=True):
 
 class StoreWriteError(StoreError, RuntimeError):
     """The store stopped because its log could not be written; it restarts from what is on disk."""
-
-
-# -- replies ----------------------------------------------------------------------------------------------
-
-
-class Stored(msgspec.Struct, frozen=True):
-    """A write was done (``error is None``) or failed. ``entries`` are what it recorded; ``view`` the
-    model-facing view after it, when the command asked for one (``Append(with_view=True)``)."""
-
-    session_id: str
-    entries: tuple[Entry, ...] = ()
-    error: str | None = None
-    view: ContextView | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-class ContextView(msgspec.Struct, frozen=True, kw_only=True):
-    """What the model sees of the session, as of the store's latest command.
-
-    ``messages[usage_floor:]`` were appended after the latest compaction: provider usage from before
-    that point must be ignored (SPEC 4.2). ``estimated_tokens`` comes from the store's estimator and is
-    0 when it has none.
-    """
-
-    session_id: str
-    leaf_id: str | None
-    messages: tuple[Message, ...]
-    usage_floor: int = 0
-    latest_compaction: CompactionEntry | None = None
-    model: str | None = None
-    estimated_tokens: int = 0
-    dead: str | None = None  # why the session is dead (SPEC 5.8), or None
-    turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
-
-
-class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
-    """What a user sees of the session: the whole path, overlays applied, summaries as markers."""
-
-    session_id: str
-    leaf_id: str | None
-    messages: tuple[Message, ...]
 
 
 # -- the actor --------------------------------------------------------------------------------------------
@@ -469,6 +350,8 @@ class SessionStore(PooledActor):
                 self._write((tree.branch(leaf_id),), reply_to)
             case SetMetadata(key=key, value=value, reply_to=reply_to):
                 self._write((tree.set_metadata(key, value),), reply_to)
+            case SetModel(model=model):  # the session switched models: the log records it
+                self._write((tree.set_metadata("model", model),), None)
             case GetMessages(reply_to=reply_to):
                 view = MessagesView(
                     session_id=self.session_id, leaf_id=tree.leaf_id, messages=tuple(tree.messages())

@@ -6,10 +6,10 @@ estimates against actual input tokens, and the model's window. The rules live in
 :mod:`runtime.context.estimate` and :mod:`runtime.tokens`; this shell applies them and broadcasts
 ``usage_update`` and ``calibration`` events.
 
-Messages (tell or ask): :class:`RecordResponse` after every provider response, :class:`SetModel`,
-:class:`Reset` after a compaction, :class:`Restore` to rebuild the totals from the session's messages.
-Asked: :class:`GetTotals` (the session's :class:`Usage`) and :class:`GetCalibration` (a
-:class:`Calibration`), which is how the runtime's queries reach it: no proxy to build (pykka inspects every
+Messages (tell or ask; declared in :mod:`actors.protocol`): :class:`RecordResponse` after every provider
+response, :class:`SetModel`, :class:`Reset` after a compaction, :class:`Restore` to rebuild the totals from
+the session's messages. Asked: :class:`GetTotals` (the session's :class:`Usage`) and
+:class:`GetCalibration` (a :class:`Calibration`), which is how the runtime's queries reach it: no proxy to build (pykka inspects every
 attribute of the actor for one) or to keep. Queries through a proxy, for the tests and tools:
 ``totals()``, ``current_context_tokens()``, ``context_window()``, ``calibration_ratio()``,
 ``calibration_error()``, ``estimate(...)`` and ``stats(...)``.
@@ -22,8 +22,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
+from actors.protocol import (
+    Calibration,
+    GetCalibration,
+    GetTotals,
+    RecordResponse,
+    Reset,
+    Restore,
+    SetModel,
+)
 from runtime import events as ev
 from runtime.actor import PooledActor
 from runtime.config import Config
@@ -41,54 +48,6 @@ from runtime.tokens import TokenCounter
 log = logging.getLogger("agentcell.usage")
 
 Publish = Callable[[ev.Event], Any]
-
-
-# -- messages ---------------------------------------------------------------------------------------------
-
-
-class RecordResponse(msgspec.Struct, frozen=True):
-    """A provider response arrived. ``estimated_input`` is the estimate made before the call (for
-    calibration); None or 0 when there was none."""
-
-    message: Message
-    estimated_input: int | None = None
-
-
-class SetModel(msgspec.Struct, frozen=True):
-    """The session switched models. ``context_window`` skips the lookup when the caller knows it."""
-
-    model: str
-    context_window: int | None = None
-    counter: TokenCounter | None = None  # the new model's token counter, made by the caller
-
-
-class Reset(msgspec.Struct, frozen=True):
-    """The context was compacted: earlier usage no longer describes it. ``context_tokens`` is the
-    compacted context's estimated size, when known."""
-
-    context_tokens: int | None = None
-
-
-class Restore(msgspec.Struct, frozen=True):
-    """Rebuild the totals and the last prompt size from the session's messages (after a restart)."""
-
-    messages: tuple[Message, ...]
-
-
-class GetTotals(msgspec.Struct, frozen=True):
-    """Ask: the session's cumulative :class:`Usage`."""
-
-
-class GetCalibration(msgspec.Struct, frozen=True):
-    """Ask: how the estimates have compared with actual input tokens, as a :class:`Calibration`."""
-
-
-class Calibration(msgspec.Struct, frozen=True):
-    """``ratio``: actual to estimated tokens over past calls; ``last_error``: the last estimate's relative
-    error. Both None before the first calibrated call."""
-
-    ratio: float | None
-    last_error: float | None
 
 
 # -- the actor --------------------------------------------------------------------------------------------

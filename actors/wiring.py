@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import pykka
+from pykka import Actor, ActorDeadError, ActorRef
 
 from runtime.config import AgentProfile, Config, McpServerConfig
 
 if TYPE_CHECKING:
-    from actors.agent import Handover
+    from actors.agent import Agent, Handover
+    from actors.compactor import Compactor
+    from actors.overflow_detector import OverflowDetector
+    from actors.session_store import SessionStore
+    from actors.usage_tracker import UsageTracker
     from runtime.actor import Dispatcher
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
@@ -22,6 +26,8 @@ if TYPE_CHECKING:
     from runtime.tools.executor import ToolExecutor
     from runtime.tools.mcp import McpHub, McpServers
     from runtime.tools.registry import ToolRegistry
+
+A = TypeVar("A", bound=Actor)
 
 
 @dataclass
@@ -63,17 +69,47 @@ class Services:
 
 @dataclass
 class SessionRefs:
-    """The current refs of a session's actors; updated when the supervisor restarts one."""
+    """The current refs of a session's actors, typed by actor; the session updates them when its
+    supervisor restarts one.
 
-    store: pykka.ActorRef[Any] | None = None
-    usage: pykka.ActorRef[Any] | None = None
-    overflow: pykka.ActorRef[Any] | None = None
-    compactor: pykka.ActorRef[Any] | None = None
-    agent: pykka.ActorRef[Any] | None = None
+    ``store_ref`` .. ``agent_ref`` are None while that actor is not running. The properties ``store`` ..
+    ``agent`` are what the actors use: the running actor's ref, or :class:`pykka.ActorDeadError`.
+    """
+
+    store_ref: ActorRef[SessionStore] | None = None
+    usage_ref: ActorRef[UsageTracker] | None = None
+    overflow_ref: ActorRef[OverflowDetector] | None = None
+    compactor_ref: ActorRef[Compactor] | None = None
+    agent_ref: ActorRef[Agent] | None = None
     handover: Handover | None = None  # a crashed agent's run, for its successor to take up
 
-    def require(self, name: str) -> pykka.ActorRef[Any]:
-        ref = getattr(self, name)
-        if ref is None:
-            raise pykka.ActorDeadError(f"the session's {name} actor is not running")
-        return ref
+    @property
+    def store(self) -> ActorRef[SessionStore]:
+        return _running(self.store_ref, "store")
+
+    @property
+    def usage(self) -> ActorRef[UsageTracker]:
+        return _running(self.usage_ref, "usage tracker")
+
+    @property
+    def overflow(self) -> ActorRef[OverflowDetector]:
+        return _running(self.overflow_ref, "overflow detector")
+
+    @property
+    def compactor(self) -> ActorRef[Compactor]:
+        return _running(self.compactor_ref, "compactor")
+
+    @property
+    def agent(self) -> ActorRef[Agent]:
+        return _running(self.agent_ref, "agent")
+
+    def running(self) -> list[ActorRef[Any]]:
+        """The refs of the actors running now, in start order (store first, agent last)."""
+        refs = (self.store_ref, self.usage_ref, self.overflow_ref, self.compactor_ref, self.agent_ref)
+        return [ref for ref in refs if ref is not None]
+
+
+def _running(ref: ActorRef[A] | None, what: str) -> ActorRef[A]:
+    if ref is None:
+        raise ActorDeadError(f"the session's {what} actor is not running")
+    return ref

@@ -23,12 +23,49 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from actors.protocol import (
+    Abort,
+    Branch,
+    Compact,
+    GetContext,
+    GetContextStats,
+    GetMessages,
+    GetTotals,
+    Prompt,
+    SetModel,
+    TurnOptions,
+)
+from actors.session import Session, header_for
+from actors.wiring import Services, SessionSpec
 from runtime import events as ev
+from runtime.actor import Dispatcher
+from runtime.affinity import allowed_cpus, place_runtime
+from runtime.approval import ApprovalBroker
+from runtime.bus import EventBus
 from runtime.config import Config, load_config
+from runtime.context.estimate import ContextStats
 from runtime.errors import RuntimeStopped, SessionNotFound
+from runtime.gateway import Gateway, IoLoop
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id, user
+from runtime.models import model_info, validate_model_name
+from runtime.observability import tracing_for
+from runtime.observability.metrics import RuntimeMetrics
+from runtime.registry import SessionRegistry
+from runtime.store.entries import encode_entry
+from runtime.store.log import CorruptLogError, cut_log, load_tree
+from runtime.store.sessions import SessionDirectory
+from runtime.store.transcript import TranscriptWriter, transcript_end
+from runtime.store.writer import LogWriter, WriterClosedError
+from runtime.subagents import Delegations, UsageReport, parse_profiles
+from runtime.supervisor import Supervisor
+from runtime.tokens import TokenCounter
+from runtime.tools.builtin import builtin_registry
+from runtime.tools.executor import ToolExecutor
+from runtime.tools.mcp import McpHub, parse_servers
+from runtime.tools.mcp.servers import restored, withheld
+from runtime.tools.registry import ToolRegistry
 
 __all__ = ["Runtime", "RuntimeStopped", "SessionNotFound", "ToolsArg", "check_sendable"]
 
@@ -53,7 +90,6 @@ class Runtime:
     ) -> None:
         """``tracer_provider``: an OpenTelemetry ``TracerProvider`` for the runtime's spans (SPEC 7.5); without
         one, the global provider is used when an SDK set it (``telemetry.tracing``)."""
-        from runtime.subagents import Delegations, parse_profiles
 
         cfg = config if config is not None else load_config(config_path)
         if sessions_dir is not None:
@@ -76,7 +112,6 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
         """Start the shared machinery. Idempotent; returns ``self``."""
-        from runtime.affinity import place_runtime
 
         with self._lock:
             if self._started:
@@ -92,20 +127,6 @@ class Runtime:
             return self
 
     def _start(self, cfg: Config, cpus: frozenset[int] | None) -> None:
-        from actors.wiring import Services
-        from runtime.actor import Dispatcher
-        from runtime.affinity import allowed_cpus
-        from runtime.approval import ApprovalBroker
-        from runtime.bus import EventBus
-        from runtime.gateway import Gateway, IoLoop
-        from runtime.observability import tracing_for
-        from runtime.registry import SessionRegistry
-        from runtime.store.sessions import SessionDirectory
-        from runtime.store.transcript import TranscriptWriter
-        from runtime.store.writer import LogWriter
-        from runtime.supervisor import Supervisor
-        from runtime.tools.executor import ToolExecutor
-        from runtime.tools.mcp import McpHub
 
         self.sessions_path = cfg.sessions_path
         self.sessions_path.mkdir(parents=True, exist_ok=True)
@@ -150,7 +171,6 @@ class Runtime:
 
     def _transcript_failed(self, session_id: str, path: str, error: Exception) -> None:
         """A transcript write failed (e.g. a full disk): say so to subscribers (SPEC 9), not just the log."""
-        from runtime.store.writer import WriterClosedError
 
         if isinstance(error, WriterClosedError):  # an event after stop(): nobody is left to tell
             return
@@ -192,7 +212,6 @@ class Runtime:
         """The runtime's Prometheus metrics (a :class:`~runtime.observability.metrics.RuntimeMetrics`): a
         collector with its own ``registry``, counting from the first call (``agentcell serve`` makes it at
         start). Needs the ``prometheus-client`` package."""
-        from runtime.observability.metrics import RuntimeMetrics
 
         with self._lock:
             self._require_started()
@@ -243,8 +262,6 @@ class Runtime:
         tools reach the model as ``NAME__tool``. They are kept in the session's log (values that look like
         secrets withheld) and come back with :meth:`resume_session`.
         """
-        from runtime.subagents import parse_profiles
-        from runtime.tools.mcp import parse_servers
 
         self._require_started()
         _require_unicode(system_prompt, "the system prompt")
@@ -258,8 +275,6 @@ class Runtime:
                 raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.for_session(config)
         if model is not None:
-            from runtime.models import validate_model_name
-
             validate_model_name(model)
         spec = self._spec(
             sid,
@@ -284,8 +299,6 @@ class Runtime:
         session = self._host(spec)
         # The header goes to the log now; the actors start on first use (a session that is never used
         # costs one small object, which is what lets a process host 100,000 of them).
-        from actors.session import header_for
-        from runtime.store.entries import encode_entry
 
         directory = self.services.directory
         self.services.writer.append(directory.log_file(sid), encode_entry(header_for(spec)))
@@ -329,8 +342,6 @@ class Runtime:
             raise ValueError(f"repair must be None or 'truncate', not {repair!r}")
         if sid in self._sessions:
             return sid
-        from runtime.subagents import parse_profiles
-        from runtime.tools.mcp import parse_servers
 
         explicit = parse_servers(mcp_servers)  # (bad input fails here, before anything is touched)
         header = self.services.directory.read_header(sid)
@@ -384,7 +395,6 @@ class Runtime:
     def _check_log(self, sid: str, repair: str | None) -> None:
         """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
         it before its first bad line instead (what is cut is kept in the session's artifacts)."""
-        from runtime.store.log import CorruptLogError, cut_log, load_tree
 
         directory = self.services.directory
         path = directory.log_path(sid)
@@ -421,7 +431,6 @@ class Runtime:
         since 1970, which no session reaches by counting (it would take a million events a second). A torn
         transcript line is reported with ``log_recovered``, like a torn log line.
         """
-        from runtime.store.transcript import transcript_end
 
         if self.bus.last_seq(sid):  # numbered in this process already: from a floor above all before it
             return
@@ -435,7 +444,6 @@ class Runtime:
             self.bus.publish(ev.LogRecovered(session_id=sid, path=str(path), torn_bytes=end.torn_bytes))
 
     def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> Any:
-        from actors.wiring import SessionSpec
 
         root = Path(workspace).expanduser().resolve() if workspace is not None else None
         if root is not None and not root.is_dir():
@@ -474,7 +482,6 @@ class Runtime:
         return spec
 
     def _host(self, spec: Any) -> Any:
-        from actors.session import Session
 
         window = self._window(spec.model, spec.config)
         session = Session(
@@ -485,7 +492,6 @@ class Runtime:
 
     def _window(self, model: str, cfg: Config) -> int:
         """The model's context window, cached for sessions on the runtime's own model settings."""
-        from runtime.models import model_info
 
         if cfg.models is not self.config.models:  # per-session overrides: look it up each time
             return model_info(model, cfg.models).context_window
@@ -495,7 +501,6 @@ class Runtime:
         return window
 
     def _counter(self, model: str, cfg: Config) -> Any:
-        from runtime.tokens import TokenCounter
 
         if cfg.tokens.apply_calibration and not cfg.tokens.exact:
             return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
@@ -623,8 +628,6 @@ class Runtime:
         ``prompt_id`` is the handle's id (default: a new one; a cluster front passes the id of its own
         handle, so that both and the session's events agree).
         """
-        from actors.agent import Prompt
-
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
         if not text.strip() and not images:  # the one rule, for Python and HTTP alike
@@ -632,8 +635,7 @@ class Runtime:
         _require_unicode(text, "prompt text")
         session = self._session(session_id)
         handle = PromptHandle(prompt_id or new_id())
-        refs = session.ensure_running()
-        refs.require("agent").tell(Prompt(user(text, *images), handle, steer=steer))
+        session.tell(Prompt(user(text, *images), handle, steer=steer))
         return handle
 
     def send(
@@ -649,44 +651,36 @@ class Runtime:
 
         ``messages`` may hold history (user and assistant messages, tool calls and their results) and the
         results of the client tool calls the previous run stopped for (``tool`` messages answering the calls
-        of :attr:`TurnResult.awaiting`). ``options`` is an :class:`actors.agent.TurnOptions`: client-side
+        of :attr:`TurnResult.awaiting`). ``options`` is an :class:`actors.protocol.TurnOptions`: client-side
         tools, this run's instructions, compaction on or off. Queued like :meth:`prompt` while busy.
         """
-        from actors.agent import Prompt
-
         check_sendable(messages, options)
         session = self._session(session_id)
         handle = PromptHandle(prompt_id or new_id())
-        refs = session.ensure_running()
         *lead, last = messages
-        refs.require("agent").tell(Prompt(last, handle, lead=tuple(lead), options=options))
+        session.tell(Prompt(last, handle, lead=tuple(lead), options=options))
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
         """Stop the running turn, repair unanswered tool calls, emit ``agent_abort``. Resolves to whether
         a turn was running."""
-        from actors.agent import Abort
-
         session = self._session(session_id)
         handle: Handle[bool] = Handle(new_id())
         if not session.running:
             handle.set_result(False)
             return handle
-        session.refs.require("agent").tell(Abort(handle))
+        session.tell(Abort(handle))
         return handle
 
     def compact(
         self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
     ) -> Handle[CompactionResult]:
         """Compact now (SPEC 5.12). A manual compaction is always allowed, even after a failed one."""
-        from actors.compactor import Compact
-
         if keep_recent_tokens is not None and keep_recent_tokens < 0:
             raise ValueError("keep_recent_tokens must be >= 0")
         session = self._session(session_id)
         handle: Handle[CompactionResult] = Handle(new_id())
-        refs = session.ensure_running()
-        refs.require("compactor").tell(
+        session.tell(
             Compact(
                 trigger="manual",
                 keep_recent_tokens=keep_recent_tokens,
@@ -704,45 +698,22 @@ class Runtime:
         return self.services.approvals.answer(session_id, call_id, approved, reason)
 
     # -- queries --------------------------------------------------------------------------------------
-    def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
+    def context_stats(self, session_id: str, timeout: float = 30.0) -> ContextStats:
         """The context breakdown of SPEC 4.6 (the same estimate the compaction trigger uses)."""
-        from actors.session_store import GetContext
-        from actors.usage_tracker import GetCalibration
-        from runtime.context.estimate import context_stats
+        return self._session(session_id).ask(GetContextStats(), timeout)
 
-        session = self._session(session_id)
-        refs = session.ensure_running()
-        view = refs.require("store").ask(GetContext(), timeout=timeout)
-        spec = session.spec
-        counter = session.counter
-        calibration = refs.require("usage").ask(GetCalibration(), timeout=timeout)
-        return context_stats(
-            view.messages,
-            count=counter.count_message,
-            system_tokens=counter.count_system(spec.system_prompt) if spec.system_prompt else 0,
-            tools_tokens=counter.count_tools(spec.tools.schemas()) if len(spec.tools) else 0,
-            usage_floor=view.usage_floor,
-            window=session.context_window,
-            config=spec.config.compaction,
-            last_error=calibration.last_error,
-            calibration_ratio=calibration.ratio,
-        )
-
-    async def acontext_stats(self, session_id: str) -> Any:
+    async def acontext_stats(self, session_id: str) -> ContextStats:
         """:meth:`context_stats` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.context_stats, session_id)
 
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
         """The conversation: ``"user"`` (everything on the path, nothing hidden) or ``"model"``."""
-        from actors.session_store import GetContext, GetMessages
-
-        refs = self._session(session_id).ensure_running()
-        store = refs.require("store")
+        session = self._session(session_id)
         if view == "model":
-            return list(store.ask(GetContext(), timeout=timeout).messages)
+            return list(session.ask(GetContext(), timeout).messages)
         if view != "user":
             raise ValueError("view must be 'user' or 'model'")
-        return list(store.ask(GetMessages(), timeout=timeout).messages)
+        return list(session.ask(GetMessages(), timeout).messages)
 
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
         """:meth:`messages` from asyncio, run off the event loop."""
@@ -752,14 +723,9 @@ class Runtime:
         """Session totals (input, output, reasoning, cache read/write, cost). With ``include_children``,
         a :class:`~runtime.subagents.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
         and the total."""
-        from actors.usage_tracker import GetTotals
-
-        refs = self._session(session_id).ensure_running()
-        own = refs.require("usage").ask(GetTotals(), timeout=timeout)
+        own = self._session(session_id).ask(GetTotals(), timeout)
         if not include_children:
             return own
-        from runtime.subagents import UsageReport
-
         children = {}
         for child in self.children(session_id):
             if child not in self._sessions:
@@ -774,22 +740,10 @@ class Runtime:
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
         """Switch the session's model; returns the new context window. A smaller window compacts on the
         next turn if the context no longer fits."""
-        from actors import agent, compactor, overflow_detector, usage_tracker
-        from runtime.models import model_info, validate_model_name
-
         session = self._session(session_id)
         window = model_info(validate_model_name(model), session.spec.config.models).context_window
         counter = self._counter(model, session.spec.config)  # the new model's tokenizer, loaded here
-        session.spec.model = model
-        session.context_window, session.counter = window, counter
-        refs = session.ensure_running()
-        refs.require("agent").tell(agent.SetModel(model, window, counter))
-        refs.require("compactor").tell(compactor.SetModel(model, window, counter))
-        refs.require("overflow").tell(overflow_detector.SetWindow(window))
-        refs.require("usage").tell(usage_tracker.SetModel(model, window, counter))
-        from actors.session_store import SetMetadata
-
-        refs.require("store").tell(SetMetadata("model", model))
+        session.tell(SetModel(model, window, counter))  # the session hands it to each of its actors
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
         return window
 
@@ -799,10 +753,7 @@ class Runtime:
 
     def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
         """Move the session's leaf to ``leaf_id`` (any message id of the session; None = the start)."""
-        from actors.session_store import Branch
-
-        refs = self._session(session_id).ensure_running()
-        stored = refs.require("store").ask(Branch(leaf_id), timeout=timeout)
+        stored = self._session(session_id).ask(Branch(leaf_id), timeout)
         if stored.error is not None:
             raise OSError(f"could not record the branch: {stored.error}")
         self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
@@ -840,7 +791,6 @@ class Runtime:
 
 def check_sendable(messages: Sequence[Message], options: Any) -> None:
     """Raise ``ValueError`` (``TypeError``) unless :meth:`Runtime.send` can take ``messages`` and ``options``."""
-    from actors.agent import TurnOptions
 
     if not messages:
         raise ValueError("send needs at least one message")
@@ -851,7 +801,7 @@ def check_sendable(messages: Sequence[Message], options: Any) -> None:
     if messages[-1].role not in ("user", "tool"):
         raise ValueError("the last message sent must be a user message or a tool result")
     if options is not None and not isinstance(options, TurnOptions):
-        raise TypeError("options must be an actors.agent.TurnOptions")
+        raise TypeError("options must be an actors.protocol.TurnOptions")
 
 
 def _require_unicode(text: str, what: str) -> None:
@@ -868,8 +818,6 @@ def _require_unicode(text: str, what: str) -> None:
 def _resumed_servers(stored: Mapping[str, Any], explicit: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
     """A resumed session's own MCP servers: those of its log (one whose log withheld a secret gives way
     to the runtime's server of that name), then ``explicit`` ones."""
-    from runtime.tools.mcp.servers import restored, withheld
-
     out = {
         name: server
         for name, server in restored(stored).items()
@@ -880,8 +828,6 @@ def _resumed_servers(stored: Mapping[str, Any], explicit: Mapping[str, Any], cfg
 
 
 def _registry(tools: ToolsArg, cfg: Config) -> Any:
-    from runtime.tools.builtin import builtin_registry
-    from runtime.tools.registry import ToolRegistry
 
     if tools is None:
         return ToolRegistry()

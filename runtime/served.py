@@ -88,7 +88,7 @@ class LocalServed:
         session = self.runtime._session(session_id)
         return SessionSummary(
             id=session_id,
-            model=session.spec.model,
+            model=session.model,
             context_window=session.context_window,
             running=bool(session.running),
         )

@@ -289,7 +289,7 @@ def _open_session(
 
 
 def _session_model(rt: Any, sid: str) -> str:
-    return str(rt._session(sid).spec.model)
+    return str(rt._session(sid).model)
 
 
 class _Repl:

@@ -51,10 +51,10 @@ def decode_messages(data: bytes) -> list[Message]:
 
 
 def decode_turn_options(data: bytes) -> Any:
-    """An ``actors.agent.TurnOptions``, or None (imported here: the front need not import the actors)."""
+    """An ``actors.protocol.TurnOptions``, or None (imported here: the front need not import the actors)."""
     global _options
     if _options is None:
-        from actors.agent import TurnOptions
+        from actors.protocol import TurnOptions
 
         _options = msgspec.msgpack.Decoder(TurnOptions | None)
     return _options.decode(data)

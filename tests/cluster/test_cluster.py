@@ -152,7 +152,7 @@ def test_queries_and_controls_reach_the_sessions_shard(cluster: ClusterRuntime, 
 
 
 def test_send_with_client_tools_crosses_to_the_shard(cluster: ClusterRuntime, provider: Any) -> None:
-    from actors.agent import TurnOptions
+    from actors.protocol import TurnOptions
     from runtime.messages import tool_result, user
     from runtime.provider.script import ToolCallSpec
 

@@ -73,7 +73,7 @@ def test_configuring_agentcell_catches_the_agent_and_the_gateway(
         # The agent crashes on a message it does not know: the failure is logged and supervised.
         restarted = threading.Event()
         rt.subscribe(sid, callback=lambda e: e.type == "agent_recovered" and restarted.set())
-        rt._session(sid).refs.require("agent").tell(object())
+        rt._session(sid).refs.agent.tell(object())
         assert restarted.wait(30)
         assert any("Agent" in r.getMessage() and r.levelno == logging.ERROR for r in agentcell_log.records)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from actors import session_store as st
+from actors import protocol as st
 from runtime import Runtime
 from runtime.config import Config
 from runtime.context.integrity import check_integrity
@@ -57,7 +57,7 @@ def add_script(provider: Any, *turns: Turn, loop: bool = False) -> str:
 
 def crash(rt: Runtime, sid: str, actor: str) -> None:
     """Make ``actor``'s handler raise: an unexpected message, or for the store a command that does not fit."""
-    ref = rt._session(sid).refs.require(actor)
+    ref = getattr(rt._session(sid).refs, actor)  # the running actor (ActorDeadError if it is not)
     ref.tell(st.Append(()) if actor == "store" else object())
 
 
@@ -193,7 +193,7 @@ def test_a_crash_loop_escalates_and_the_next_request_restarts_the_session(
     assert rt.prompt(sid, "first").result(timeout=30).status == "ok"
     limit = rt.config.runtime.max_restarts
     for i in range(limit + 1):  # one more crash than the supervisor's intensity allows
-        wait_until(lambda: rt._session(sid).refs.agent is not None or not rt._session(sid).running)
+        wait_until(lambda: rt._session(sid).refs.agent_ref is not None or not rt._session(sid).running)
         if not rt._session(sid).running:
             break
         crash(rt, sid, "agent")

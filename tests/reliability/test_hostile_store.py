@@ -169,7 +169,7 @@ def test_hiding_a_huge_message_stores_its_id_not_a_copy(sessions_dir: Path, prov
         rt.services.writer.flush()
         before = log.stat().st_size
         prompt = rt.messages(sid)[0]
-        store = rt._session(sid).refs.require("store")
+        store = rt._session(sid).refs.store
         stored = store.ask(SetVisibility(message_ids=(prompt.id,), agent_visible=False), timeout=30)
         assert stored.ok
         rt.services.writer.flush()

@@ -122,7 +122,7 @@ def test_an_api_key_leaves_no_trace(
         assert statuses == ["ok", "ok", "error"]  # tools, a retried rate limit, an auth failure
         assert rt.compact(sid).result(timeout=60).compacted  # summarizer call, artifacts
         assert rt.prompt(sid, "overflow").result(timeout=60).text == "after an overflow"
-        rt._session(sid).refs.require("agent").tell(object())  # a crash, logged with its traceback
+        rt._session(sid).refs.agent.tell(object())  # a crash, logged with its traceback
         events.wait_for(sid, "agent_recovered", 1)
         assert rt.prompt(sid, "crash").result(timeout=60).text == "after a crash"
         assert rt.hibernate(sid)

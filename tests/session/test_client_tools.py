@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.agent import TurnOptions
+from actors.protocol import TurnOptions
 from runtime import Runtime
 from runtime.context.integrity import INTERRUPTED_TEXT
 from runtime.messages import tool_result, user

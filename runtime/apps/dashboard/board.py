@@ -202,7 +202,7 @@ class SessionBoard:
             running, fresh, parent = row.state != "parked", row.seq == 0, None
         else:
             spec = session.spec
-            model, window, config = spec.model, session.context_window, spec.config
+            model, window, config = session.model, session.context_window, spec.config
             running, fresh = session.running, session.fresh
             parent = spec.parent[0] if getattr(spec, "parent", None) else None
         if row.state is not None and row.state != "parked":

@@ -20,7 +20,7 @@ when compaction could not help.
 
 Function tools declared in ``tools`` run on the client: the run stops after the model's calls to them,
 the response completes with their ``function_call`` items, and the next request's
-``function_call_output`` items continue the same thread (see ``actors.agent.TurnOptions``). The session's
+``function_call_output`` items continue the same thread (see ``actors.protocol.TurnOptions``). The session's
 own tools run on the server and appear as ``mcp_call`` items (``server_label`` ``agentcell``) with
 their output.
 

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors.agent import TurnOptions
+from actors.protocol import TurnOptions
 from runtime import events as ev
 from runtime.apps.responses import items as it
 from runtime.apps.responses.api import (

@@ -1,0 +1,419 @@
+"""The protocol of a session's actors: every message they exchange, and every reply, declared once.
+
+A session is five actors (store, usage tracker, overflow detector, compactor, agent; see
+:mod:`actors.session`) and the runtime that talks to them. This module is their whole vocabulary, so a
+reader sees in one place what each actor understands and what it answers, and mypy checks the data flow:
+
+* A message that is answered subclasses :class:`Ask` with the type of its answer: ``GetContext`` is an
+  ``Ask[ContextView]``. :meth:`actors._base.SessionActor.call` and :meth:`actors.session.Session.ask`
+  take an ``Ask[R]`` and hand its continuation (or return) an ``R``, so a continuation that expects
+  the wrong reply is a type error, not a crash at run time.
+* A message that only informs (``RecordResponse``, ``SetModel``) is a plain frozen Struct, sent with
+  ``tell``.
+* :class:`SetModel` is the one model switch: the session tells it to every actor that cares.
+
+Only what crosses from one actor to another is here. The messages an actor sends itself (a provider's
+answer coming back from the I/O loop, the log opened on the writer thread) stay private to its module.
+
+Every message is a frozen :class:`msgspec.Struct`, matched by type in ``on_receive``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
+
+import msgspec
+
+from runtime.context.estimate import ContextStats
+from runtime.events import CompactionMode, CompactionTrigger
+from runtime.handles import CompactionResult, Handle, PromptHandle
+from runtime.messages import Message, Usage
+from runtime.store.entries import CompactionEntry, Entry
+from runtime.store.tree import SessionTree
+
+if TYPE_CHECKING:  # field types only: msgspec never resolves them (these messages are not encoded)
+    from pykka import ActorRef
+
+    from runtime.gateway import ProviderError
+    from runtime.tokens import TokenCounter
+
+__all__ = [
+    "Abort",
+    "AgentStatus",
+    "Append",
+    "Ask",
+    "Branch",
+    "Calibration",
+    "CheckUsage",
+    "ClassifyError",
+    "Compact",
+    "ContextView",
+    "GetCalibration",
+    "GetContext",
+    "GetContextStats",
+    "GetMessages",
+    "GetState",
+    "GetTotals",
+    "GetTree",
+    "MaybeArchiveTools",
+    "MaybeCompact",
+    "MessagesView",
+    "Outcome",
+    "Overlay",
+    "Prompt",
+    "RecordCompaction",
+    "RecordResponse",
+    "ReplyTo",
+    "Reset",
+    "Restore",
+    "SetMetadata",
+    "SetModel",
+    "SetVisibility",
+    "Stored",
+    "SyncTurn",
+    "TurnOptions",
+    "UsageOverflowed",
+    "Verdict",
+]
+
+R = TypeVar("R")
+
+
+class Ask(msgspec.Struct, Generic[R], frozen=True):
+    """A message answered with an ``R``: subclass ``Ask[TheReply]``.
+
+    The type parameter is for the type checker only; at run time an ``Ask`` is an ordinary message.
+    """
+
+
+ReplyTo: TypeAlias = "ActorRef[Any] | Callable[[Any], Any] | None"
+"""Where a store sends its answer instead of answering the ask: an actor (told it), or a function."""
+
+
+# -- the whole session ------------------------------------------------------------------------------------
+
+
+class SetModel(msgspec.Struct, frozen=True):
+    """The session switched models. Every actor that depends on the model takes what it needs: the agent
+    and the compactor the model, window and counter; the usage tracker the same (it looks the window up
+    when ``context_window`` is None); the overflow detector the window; the store records the model."""
+
+    model: str
+    context_window: int | None = None
+    counter: TokenCounter | None = None  # the new model's token counter (None: keep counting as before)
+
+
+class GetContextStats(Ask[ContextStats], frozen=True):
+    """Ask the session for its context breakdown (SPEC 4.6): the store's view measured with the usage
+    tracker's calibration. Answered by the session itself, which asks both."""
+
+
+# -- the agent --------------------------------------------------------------------------------------------
+
+
+class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What a client that keeps part of a turn on its side (the Responses API front door) asks of a run.
+
+    ``client_tools``: function tools the client runs itself (OpenAI ``function`` schemas). The model sees
+    them beside the session's own tools; a step whose calls include them runs the session's own calls,
+    then ends the run with the client's calls pending (:attr:`TurnResult.awaiting`). Their results come
+    back as ``tool`` messages in the next prompt's :attr:`Prompt.lead`, and the thread goes on from them.
+    ``instructions``: this run's system prompt (None: the session's). ``compaction``: False turns automatic
+    compaction off for the run: a context that does not fit is then an error.
+    """
+
+    client_tools: tuple[dict[str, Any], ...] = ()
+    instructions: str | None = None
+    compaction: bool = True
+
+    @property
+    def client_tool_names(self) -> frozenset[str]:
+        return frozenset(str(t.get("function", {}).get("name", "")) for t in self.client_tools)
+
+
+class Prompt(msgspec.Struct, frozen=True):
+    """A user message. ``steer``: while a turn runs, apply it at the turn's next step boundary (after the
+    running tools' results) instead of queueing it for the next turn.
+
+    ``lead``: messages recorded before ``message``, in order: the history a client sends along, or the
+    results (``tool`` messages) of the client tool calls the previous run stopped for; ``message`` may then
+    be the last of those results. ``options``: see :class:`TurnOptions`.
+    """
+
+    message: Message
+    handle: PromptHandle
+    steer: bool = False
+    lead: tuple[Message, ...] = ()
+    options: TurnOptions | None = None
+
+    @property
+    def inputs(self) -> tuple[Message, ...]:
+        """Everything the prompt records, in order."""
+        return (*self.lead, self.message) if self.lead else (self.message,)
+
+
+class Abort(msgspec.Struct, frozen=True):
+    """Stop the running turn; ``handle`` resolves to whether one was running."""
+
+    handle: Handle[bool] | None = None
+
+
+class AgentStatus(msgspec.Struct, frozen=True):
+    """What :class:`GetState` answers: the agent's state, how many prompts wait, the model it uses."""
+
+    state: str
+    queued: int
+    model: str
+
+
+class GetState(Ask[AgentStatus], frozen=True):
+    """Ask the agent for its :class:`AgentStatus`."""
+
+
+class UsageOverflowed(msgspec.Struct, frozen=True):
+    """Told to :attr:`CheckUsage.notify` when the input tokens filled the context window."""
+
+    input_tokens: int
+
+
+# -- the session store ------------------------------------------------------------------------------------
+
+
+class ContextView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model sees of the session, as of the store's latest command.
+
+    ``messages[usage_floor:]`` were appended after the latest compaction: provider usage from before
+    that point must be ignored (SPEC 4.2). ``estimated_tokens`` comes from the store's estimator and is
+    0 when it has none.
+    """
+
+    session_id: str
+    leaf_id: str | None
+    messages: tuple[Message, ...]
+    usage_floor: int = 0
+    latest_compaction: CompactionEntry | None = None
+    model: str | None = None
+    estimated_tokens: int = 0
+    dead: str | None = None  # why the session is dead (SPEC 5.8), or None
+    turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
+
+
+class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
+    """What a user sees of the session: the whole path, overlays applied, summaries as markers."""
+
+    session_id: str
+    leaf_id: str | None
+    messages: tuple[Message, ...]
+
+
+class Stored(msgspec.Struct, frozen=True):
+    """A write was done (``error is None``) or failed. ``entries`` are what it recorded; ``view`` the
+    model-facing view after it, when the command asked for one (``Append(with_view=True)``)."""
+
+    session_id: str
+    entries: tuple[Entry, ...] = ()
+    error: str | None = None
+    view: ContextView | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Append(Ask[Stored], frozen=True):
+    """Append one message or several (in order) to the leaf, or as children of ``parent_id``.
+
+    With ``with_view`` the reply also carries the model-facing view right after the append
+    (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
+    ``end_turn`` makes the log durable right after, as :class:`SyncTurn` does, for a turn's last message
+    (the reply still comes once the append is written, not after the fsync).
+    """
+
+    messages: tuple[Message, ...] | Message
+    parent_id: str | None = None
+    reply_to: ReplyTo = None
+    with_view: bool = False
+    end_turn: bool = False
+
+
+class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
+    """Record a compaction at the leaf (see :meth:`SessionTree.record_compaction`)."""
+
+    summary: Message
+    first_kept_id: str | None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    mode: CompactionMode = "summarize"
+    trigger: CompactionTrigger = "threshold"
+    artifacts: tuple[str, ...] = ()
+    reply_to: ReplyTo = None
+
+
+class Overlay(Ask[Stored], frozen=True):
+    """Replace messages of the path by id in the views (archived or cleared tool results)."""
+
+    replacements: tuple[Message, ...]
+    reply_to: ReplyTo = None
+
+
+class SetVisibility(Ask[Stored], frozen=True, kw_only=True):
+    """Show or hide messages of the path, by id, to the model (``agent_visible``) or the user
+    (``user_visible``); ``None`` leaves a flag as it is. The log records the ids only, not the messages:
+    ``SetVisibility(message_ids=(prompt.id,), agent_visible=False)`` hides a prompt of any size for the
+    cost of a line."""
+
+    message_ids: tuple[str, ...]
+    agent_visible: bool | None = None
+    user_visible: bool | None = None
+    reply_to: ReplyTo = None
+
+
+class Branch(Ask[Stored], frozen=True):
+    """Move the leaf to ``leaf_id`` (``None``: before the first message)."""
+
+    leaf_id: str | None
+    reply_to: ReplyTo = None
+
+
+class SetMetadata(Ask[Stored], frozen=True):
+    """Record a session setting, e.g. ``SetMetadata("model", "gpt-4o")``."""
+
+    key: str
+    value: Any
+    reply_to: ReplyTo = None
+
+
+class SyncTurn(Ask[Stored], frozen=True):
+    """A turn ended: make the log durable under the ``turn`` policy. ``ended`` records that the turn ended
+    at the current leaf (an error or an abort, with no final answer to say so), so a restart does not take
+    it for a turn cut off by a crash."""
+
+    reply_to: ReplyTo = None
+    ended: bool = False
+
+
+class GetContext(Ask[ContextView], frozen=True):
+    """Ask for the model-facing view: answered with a :class:`ContextView`."""
+
+    reply_to: ReplyTo = None
+
+
+class GetMessages(Ask[MessagesView], frozen=True):
+    """Ask for the user's view: answered with a :class:`MessagesView`."""
+
+    reply_to: ReplyTo = None
+
+
+class GetTree(Ask[SessionTree], frozen=True):
+    """Ask for a copy of the whole tree: answered with a :class:`SessionTree` the caller owns."""
+
+    reply_to: ReplyTo = None
+
+
+# -- the usage tracker ------------------------------------------------------------------------------------
+
+
+class RecordResponse(msgspec.Struct, frozen=True):
+    """A provider response arrived. ``estimated_input`` is the estimate made before the call (for
+    calibration); None or 0 when there was none."""
+
+    message: Message
+    estimated_input: int | None = None
+
+
+class Reset(msgspec.Struct, frozen=True):
+    """The context was compacted: earlier usage no longer describes it. ``context_tokens`` is the
+    compacted context's estimated size, when known."""
+
+    context_tokens: int | None = None
+
+
+class Restore(msgspec.Struct, frozen=True):
+    """Rebuild the totals and the last prompt size from the session's messages (after a restart)."""
+
+    messages: tuple[Message, ...]
+
+
+class GetTotals(Ask[Usage], frozen=True):
+    """Ask: the session's cumulative :class:`Usage`."""
+
+
+class Calibration(msgspec.Struct, frozen=True):
+    """``ratio``: actual to estimated tokens over past calls; ``last_error``: the last estimate's relative
+    error. Both None before the first calibrated call."""
+
+    ratio: float | None
+    last_error: float | None
+
+
+class GetCalibration(Ask[Calibration], frozen=True):
+    """Ask: how the estimates have compared with actual input tokens, as a :class:`Calibration`."""
+
+
+# -- the overflow detector --------------------------------------------------------------------------------
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What to do about a failed provider call: compact and retry it, or fail the turn with ``message``."""
+
+    action: Literal["compact_and_retry", "fail"]
+    message: str
+    code: str = "provider_error"
+    overflow: bool = False
+    retryable: bool = False
+
+
+class ClassifyError(Ask[Verdict], frozen=True):
+    """Ask for the :class:`Verdict` on a provider error, given the turn's recoveries so far."""
+
+    error: ProviderError
+    recoveries_this_turn: int = 0
+    estimated_tokens: int | None = None
+
+
+class CheckUsage(Ask[bool], frozen=True):
+    """Did a response's input fill the window (a silent overflow, SPEC 6.2)? An ``ask`` gets a bool.
+
+    Sent with ``tell`` and a ``notify`` ref, it is answered only when the answer is yes, with
+    :class:`UsageOverflowed`: a turn's usual "no" costs no reply at all.
+    """
+
+    input_tokens: int
+    notify: ActorRef[Any] | None = None
+
+
+# -- the compactor ----------------------------------------------------------------------------------------
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to MaybeCompact / Compact: the context to send next and what happened."""
+
+    messages: tuple[Message, ...] = ()
+    estimate: int = 0
+    attempted: bool = False
+    compacted: bool = False
+    dead: bool = False
+    message: str | None = None
+
+
+class MaybeCompact(Ask[Outcome], frozen=True):
+    """Compact if the estimate reached the threshold (SPEC 5.1), at most once per turn (5.11)."""
+
+    trigger: CompactionTrigger = "threshold"
+    attempted: bool = False
+
+
+class Compact(Ask[Outcome], frozen=True):
+    """Compact now: manual (5.12) or emergency after an overflow (6.3)."""
+
+    trigger: CompactionTrigger = "manual"
+    emergency: bool = False
+    keep_recent_tokens: int | None = None
+    instructions: str | None = None
+    handle: Handle[CompactionResult] | None = None
+
+
+class MaybeArchiveTools(Ask[ContextView | None], frozen=True):
+    """Archive old tool results when there are more than ``tool_call_cutoff`` (5.9). Answered with the
+    view the next request can be made from when the context is as it was, or None when this changed it."""
