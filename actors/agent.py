@@ -1,4 +1,4 @@
-"""The agent actor: one session's turn loop as an explicit state machine (SPEC 3).
+"""The agent actor: one session's turn loop as an explicit state machine (design §3).
 
     idle ──Prompt──▶ running ──request──▶ streaming ──tool calls──▶ executing_tools ──results──▶ running
       ▲                 │                      │                                                  │
@@ -117,13 +117,13 @@ class _Run:
     step: int = 0
     usage: Usage = field(default_factory=Usage)
     overflow_recoveries: int = 0  # emergency compactions of this turn: after an overflow, or to prevent one
-    compacted: bool = False  # the turn had its automatic (threshold) compaction: no second one (SPEC 5.13)
+    compacted: bool = False  # the turn had its automatic (threshold) compaction: no second one (design §5.13)
     step_results: tuple[Message, ...] = ()  # the newest step's tool results, as the tools returned them
     saved: dict[str, tuple[str, str]] = field(default_factory=dict)  # result id -> full text's path, SHA-256
     reclipped: bool = False  # the newest step's results were clipped again to fit after compaction
     continued: bool = False  # the run was cut off by a crash of the agent and taken up by its successor
     joined: list[Prompt] = field(default_factory=list)  # steering messages applied to this run
-    child_input_tokens: int = 0  # what its sub-agents sent, counted against its spend guard (SPEC 3.10)
+    child_input_tokens: int = 0  # what its sub-agents sent, counted against its spend guard (design §3.10)
     synced: bool = False  # the last message was appended with end_turn: the log is made durable already
     awaiting: tuple[ToolCallPart, ...] = ()  # the client tool calls the run stops for (TurnOptions)
     message_id: str | None = None  # the id the current step's answer gets (announced by request_start)
@@ -133,7 +133,7 @@ class _Run:
     tools: ToolBatchHandle | None = None
     after_mcp: Any = None  # what goes on once the session's MCP tools are ready
     started: float = field(default_factory=time.monotonic)
-    span: Any = None  # the turn's invoke_agent span, when the runtime traces (SPEC 7.5)
+    span: Any = None  # the turn's invoke_agent span, when the runtime traces (design §7.5)
 
     @property
     def options(self) -> TurnOptions:
@@ -243,7 +243,7 @@ class Agent(SessionActor):
             done(None)
 
     def _continue(self, run: _Run) -> None:
-        """Take up a run its crashed predecessor was in: the next step, from the log (SPEC 1.2)."""
+        """Take up a run its crashed predecessor was in: the next step, from the log (design §1.2)."""
         self._busy_with_recovery = False
         self._runs += 1
         run.token, run.continued, run.call, run.tools = self._runs, True, None, None
@@ -332,7 +332,7 @@ class Agent(SessionActor):
             case _ProviderDone() | _ToolsDone():
                 pass  # a late answer for a run that was aborted
             case p.UsageOverflowed():
-                # a silent overflow (SPEC 6.2): compact before the next request, even in a later turn
+                # a silent overflow (design §6.2): compact before the next request, even in a later turn
                 self._pending_trigger = "usage_overflow"
             case Abort():
                 self._on_abort(message)
@@ -388,7 +388,7 @@ class Agent(SessionActor):
         results = tuple(m for m in inputs if m.role == "tool")
         refusal = None if results else self._prompt_refusal(inputs)
         if refusal is not None:
-            # Kept on record for the user, hidden from the model, never summarized, never sent (SPEC 5.13).
+            # Kept on record for the user, hidden from the model, never summarized, never sent (design §5.13).
             hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
             self.call(
                 self.refs.store,
@@ -422,8 +422,8 @@ class Agent(SessionActor):
         )
 
     def _with_mcp_tools(self, run: _Run, then: Any) -> None:
-        """Before a turn's first request: the session's MCP servers started and their tools listed (SPEC
-        3.9), off this thread (the I/O loop answers with :class:`_McpTools`). A server that fails is an
+        """Before a turn's first request: the session's MCP servers started and their tools listed (design
+        §3.9), off this thread (the I/O loop answers with :class:`_McpTools`). A server that fails is an
         event, and the turn goes on without its tools."""
         mcp = self.spec.mcp
         if mcp is None or not mcp.needs_refresh():
@@ -470,7 +470,7 @@ class Agent(SessionActor):
 
     # -- running: the rules of the next request, then the provider call ---------------------------------
     def _before_request(self, view: p.ContextView | None = None) -> None:
-        """Make the next provider call once the context passes the rules of SPEC 5.13 (:func:`decide_step`).
+        """Make the next provider call once the context passes the rules of design §5.13 (:func:`decide_step`).
 
         ``view`` is the session's context as of the write this follows, when the store (or the compactor)
         handed it over; without one it is read first.
@@ -540,7 +540,7 @@ class Agent(SessionActor):
         run = self.run
         assert run is not None
         repairs, view = request_view(context)
-        if repairs:  # every tool call gets exactly one result before the next provider call (SPEC 3.6)
+        if repairs:  # every tool call gets exactly one result before the next provider call (design §3.6)
             extra = sum(self.counter.count_message(m) for m in repairs)
             self.call(
                 self.refs.store,
@@ -832,7 +832,7 @@ class Agent(SessionActor):
             messages += tuple(msgspec.structs.replace(p.message, kind=KIND_STEER) for p in steering)
         self.call(self.refs.store, p.Append(messages), self._guard(run, self._after_tool_results))
 
-    # -- the working set: a step's results clipped to fit (SPEC 5.13) --------------------------------
+    # -- the working set: a step's results clipped to fit (design §5.13) --------------------------------
     def _working_set_budget(self, call: Message | None) -> int:
         """The tokens a step's results may take, after the assistant message ``call`` that asked for them."""
         compaction = self.spec.config.compaction

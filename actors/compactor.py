@@ -1,4 +1,4 @@
-"""The compactor actor (SPEC 5): decides when a session compacts and carries it out.
+"""The compactor actor (design §5): decides when a session compacts and carries it out.
 
 The rules are pure functions in ``runtime.context`` (trigger and estimate, cut point, summarizer
 requests, fallback, progress guard, tool archiving); this shell fetches the session's context from the
@@ -37,7 +37,7 @@ log = logging.getLogger("agentcell.compactor")
 
 
 class SessionEstimate:
-    """A session's context estimate (SPEC 4.2): the input size of a request made from a store view now.
+    """A session's context estimate (design §4.2): the input size of a request made from a store view now.
 
     The agent uses it to see whether a request can go out at once; the compactor, to decide and to
     report. The system prompt and tools are counted once; messages through the counter's cache.
@@ -104,7 +104,7 @@ class _Job:
     artifacts: list[str] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)  # the summarizer calls in flight (CallHandle)
     number: int = 0  # the compaction's number in its artifacts' names
-    span: Any = None  # the compaction's span, when the runtime traces (SPEC 7.5)
+    span: Any = None  # the compaction's span, when the runtime traces (design §7.5)
 
 
 class Compactor(SessionActor):
@@ -276,7 +276,7 @@ class Compactor(SessionActor):
         assert job.estimate is not None
         messages = list(job.view.messages)
         tokens_before = job.estimate.tokens
-        # An automatic compaction never summarizes the working set away (SPEC 5.13).
+        # An automatic compaction never summarizes the working set away (design §5.13).
         keep_from = working_set_start(messages) if trigger != "manual" else None
         keep_tokens = comp.keep_recent_budget(
             self.context_window, self.cfg, emergency=emergency, override=keep
@@ -382,12 +382,12 @@ class Compactor(SessionActor):
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = tokens_before >= self.context_window
-            # Only hard_reset kills a session (SPEC 5.8); otherwise the turn ends and the session goes on.
+            # Only hard_reset kills a session (design §5.8); otherwise the turn ends and the session goes on.
             dead = self.cfg.mode == "hard_reset" and (outcome.context_exceeded or over)
             if outcome.reason == "no_progress":
                 self._no_progress_at = self._leaf(tuple(job.view.messages))
             message = outcome.message
-            if dead:  # SPEC 5.8: no fallback; the log marks it dead
+            if dead:  # design §5.8: no fallback; the log marks it dead
                 message = (
                     f"{message.rstrip('.')}. The session is marked dead (its log is kept); a manual "
                     "compaction that succeeds revives it."
@@ -397,7 +397,7 @@ class Compactor(SessionActor):
             return
         summary = outcome.summary
         self._write_artifact(1, summary.text, job)
-        # Right after a compaction the estimate is a full count (SPEC 4.2): usage from before it, which
+        # Right after a compaction the estimate is a full count (design §4.2): usage from before it, which
         # may be a provider's inflated report (a silent overflow), no longer describes the context.
         tokens_after = self.estimate.full(outcome.messages)
 
@@ -507,7 +507,7 @@ class Compactor(SessionActor):
         return self._compactions
 
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
-        """Save the summarizer input (``which=0``) or the summary (1) beside the session (SPEC 2.3)."""
+        """Save the summarizer input (``which=0``) or the summary (1) beside the session (design §2.3)."""
         path = self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
         job.artifacts.append(str(path))
         publish, session_id = self.publish, self.session_id

@@ -1,4 +1,4 @@
-"""The overflow detector actor (SPEC 6): classifies provider errors and reported usage for one session.
+"""The overflow detector actor (design §6): classifies provider errors and reported usage for one session.
 
 It answers the agent with a verdict — compact and retry once, or fail with a message the user can act
 on — and flags silent overflow (input tokens above the window in a successful response) so the next

@@ -105,7 +105,7 @@ class SetModel(msgspec.Struct, frozen=True):
 
 
 class GetContextStats(Ask[ContextStats], frozen=True):
-    """Ask the session for its context breakdown (SPEC 4.6): the store's view measured with the usage
+    """Ask the session for its context breakdown (design §4.6): the store's view measured with the usage
     tracker's calibration. Answered by the session itself, which asks both."""
 
 
@@ -184,7 +184,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     """What the model sees of the session, as of the store's latest command.
 
     ``messages[usage_floor:]`` were appended after the latest compaction: provider usage from before
-    that point must be ignored (SPEC 4.2). ``estimated_tokens`` comes from the store's estimator and is
+    that point must be ignored (design §4.2). ``estimated_tokens`` comes from the store's estimator and is
     0 when it has none.
     """
 
@@ -195,7 +195,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     latest_compaction: CompactionEntry | None = None
     model: str | None = None
     estimated_tokens: int = 0
-    dead: str | None = None  # why the session is dead (SPEC 5.8), or None
+    dead: str | None = None  # why the session is dead (design §5.8), or None
     turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
 
 
@@ -373,7 +373,7 @@ class ClassifyError(Ask[Verdict], frozen=True):
 
 
 class CheckUsage(Ask[bool], frozen=True):
-    """Did a response's input fill the window (a silent overflow, SPEC 6.2)? An ``ask`` gets a bool.
+    """Did a response's input fill the window (a silent overflow, design §6.2)? An ``ask`` gets a bool.
 
     Sent with ``tell`` and a ``notify`` ref, it is answered only when the answer is yes, with
     :class:`UsageOverflowed`: a turn's usual "no" costs no reply at all.
@@ -398,7 +398,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MaybeCompact(Ask[Outcome], frozen=True):
-    """Compact if the estimate reached the threshold (SPEC 5.1), at most once per turn (5.11)."""
+    """Compact if the estimate reached the threshold (design §5.1), at most once per turn (5.11)."""
 
     trigger: CompactionTrigger = "threshold"
     attempted: bool = False

@@ -1,9 +1,9 @@
-"""One session: its spec and the supervisor of its five actors (SPEC 1.2).
+"""One session: its spec and the supervisor of its five actors (design §1.2).
 
 The supervisor runs ``rest_for_one`` in the order store → usage tracker → overflow detector → compactor →
 agent: when an actor crashes, it and every actor started after it are restarted, each recovering its
 state from the store. A session starts its actors on first use and can park them again when idle
-(hibernation, SPEC 8): a parked session costs one small object, and its state lives in the log.
+(hibernation, design §8): a parked session costs one small object, and its state lives in the log.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The session store actor: owns one session's tree and log (SPEC 2.2, 2.3).
+"""The session store actor: owns one session's tree and log (design §2.2, 2.3).
 
 It is the only writer of its session's log. On start it has the log writer take the session lock and read
 the log (after any write an earlier incarnation still had queued), replays it (so a restarted store, or a

@@ -1,4 +1,4 @@
-"""The usage tracker actor (SPEC 4): one session's token accounting.
+"""The usage tracker actor (design §4): one session's token accounting.
 
 It holds the session's usage state and nothing else: totals (input, output, reasoning, cache read/write,
 cost), the last prompt size (``current_context_tokens``, distinct from the totals), the calibration of
@@ -147,7 +147,7 @@ class UsageTracker(PooledActor):
         system_prompt: str = "",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> ContextEstimate:
-        """The estimate of SPEC 4.2 for the model-facing ``messages`` (see :func:`estimate_context`)."""
+        """The estimate of design §4.2 for the model-facing ``messages`` (see :func:`estimate_context`)."""
         counter = self._counter
         return estimate_context(
             messages,
@@ -164,7 +164,7 @@ class UsageTracker(PooledActor):
         system_prompt: str = "",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> ContextStats:
-        """The context breakdown of SPEC 4.6, with this session's window and calibration."""
+        """The context breakdown of design §4.6, with this session's window and calibration."""
         counter = self._counter
         return context_stats(
             messages,

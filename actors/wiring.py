@@ -49,7 +49,7 @@ class SessionSpec:
     agents: dict[str, AgentProfile] = field(default_factory=dict)  # sub-agent profiles it may delegate to
     parent: tuple[str, str, int] | None = None  # a sub-agent's parent session, call id and depth
     mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)  # its own (stored in its header)
-    mcp: McpServers | None = None  # its MCP servers, its own and the runtime's (SPEC 3.9)
+    mcp: McpServers | None = None  # its MCP servers, its own and the runtime's (design §3.9)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Services:
     writer: LogWriter
     directory: SessionDirectory
     approvals: ApprovalBroker
-    tracing: Tracing | None = None  # OpenTelemetry spans (SPEC 7.5); None: the runtime does not trace
+    tracing: Tracing | None = None  # OpenTelemetry spans (design §7.5); None: the runtime does not trace
     mcp: McpHub | None = None
 
 

@@ -1,4 +1,4 @@
-"""Run every benchmark, print one summary table against the SPEC 8 targets, write JSON and the chart.
+"""Run every benchmark, print one summary table against the design §8 targets, write JSON and the chart.
 
     python -m benchmarks [--quick] [--only NAMES] [--skip NAMES] [--no-chart] [--list] [--report]
     agentcell bench [the same arguments]
@@ -464,7 +464,7 @@ def _handover(document: dict[str, Any] | None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected benchmarks; 0 when every one ran and wrote its results, 1 otherwise."""
     parser = argparse.ArgumentParser(
-        prog="agentcell bench", description="Run the benchmarks and summarize them against SPEC 8."
+        prog="agentcell bench", description="Run the benchmarks and summarize them against design §8."
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: under 2 minutes on 2 cores")
     parser.add_argument("--only", default=None, help="comma-separated benchmarks to run")
@@ -518,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         chart = draw()
     elapsed = time.time() - began
-    print("\n== summary (SPEC 8 targets)")
+    print("\n== summary (design §8 targets)")
     meta = {
         "report_only": args.report,
         "quick": args.quick,

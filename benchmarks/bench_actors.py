@@ -1,4 +1,4 @@
-"""Pooled actors vs pykka's ThreadingActor, side by side in one process, and event-bus fan-out (SPEC 8).
+"""Pooled actors vs pykka's ThreadingActor, side by side in one process, and event-bus fan-out (design §8).
 
 Actors (pooled on a 2-thread dispatcher; threading = one OS thread each):
 

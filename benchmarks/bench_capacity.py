@@ -1,5 +1,5 @@
 """Capacity: CPU per answered turn, and the turns/s one process sustains at 1,000 concurrent sessions with a
-provider latency of 1-2 s (SPEC 8, the native OpenAI-compatible transport).
+provider latency of 1-2 s (design §8, the native OpenAI-compatible transport).
 
 Every side holds ``sessions`` conversations at once; each conversation makes ``turns`` turns one after
 another, its history growing (a turn: the user's prompt, one streamed answer with usage). The local provider
@@ -18,7 +18,7 @@ Sides, all in this process, taking turns slice by slice (A B C .. C B A):
   if ``openai-agents`` is installed (``pip install 'agentcell[bench]'``); the table says when it is not.
 
 CPU is this process's (every thread), per answered turn; the provider's CPU is reported beside it, to show
-it was not the limit. Targets (SPEC 8): the runtime on the native transport <= 0.6x the CPU per turn of the
+it was not the limit. Targets (design §8): the runtime on the native transport <= 0.6x the CPU per turn of the
 bare openai SDK loop and <= 0.2x bare litellm's.
 
 Run: ``python -m benchmarks.bench_capacity`` (``--quick``: 200 sessions, one slice a side).

@@ -1,4 +1,4 @@
-"""Scale-out (SPEC 8, 10): turns/s of a cluster runtime with 1 and 2 shards against one plain ``Runtime``,
+"""Scale-out (design §8, 10): turns/s of a cluster runtime with 1 and 2 shards against one plain ``Runtime``,
 and the latency the extra hop adds to a turn.
 
 Sides, all driven from this process (which is also the cluster's front):

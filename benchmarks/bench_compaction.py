@@ -1,4 +1,4 @@
-"""Compaction of a long session, excluding the summarizer call (SPEC 8: ≤ 50 ms for 10,000 messages).
+"""Compaction of a long session, excluding the summarizer call (design §8: ≤ 50 ms for 10,000 messages).
 
 Builds a session of N messages (user turns, tool steps with read/write/edit calls, results of varied size,
 a previous summary), counts it once with the runtime's exact tiktoken counter (as the usage tracker has

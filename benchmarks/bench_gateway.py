@@ -1,4 +1,4 @@
-"""Gateway throughput on each transport against bare litellm (SPEC 8: runtime overhead <= 10%).
+"""Gateway throughput on each transport against bare litellm (design §8: runtime overhead <= 10%).
 
 All sides make the same streamed calls (``stream_options.include_usage``) to the same local provider,
 which runs in its own process so that it does not compete with the client for the GIL:

@@ -1,4 +1,4 @@
-"""The runtime's own cost per turn, with litellm taken out (SPEC 8).
+"""The runtime's own cost per turn, with litellm taken out (design §8).
 
 The throughput benchmark's ratio to bare litellm mixes two things: what the runtime adds to a turn, and
 how fast this machine runs litellm at that moment (its CPU per mock turn has varied 2.5x between runs
@@ -16,7 +16,7 @@ then the runtime's cost alone.
 
 Three configurations: the defaults, a lean one (no fsync, no transcript) that shows what durability
 costs, and ``traced``: the defaults with an OpenTelemetry SDK tracer provider (a batch span processor and
-an exporter that drops the spans), which shows what the spans of SPEC 7.5 cost when someone collects them.
+an exporter that drops the spans), which shows what the spans of design §7.5 cost when someone collects them.
 The defaults are the no-SDK case: nothing configured OpenTelemetry, so the runtime does not trace and does
 not even import it. With the mock turn's CPU from the throughput benchmark, the ratio a CPU-bound process
 can reach is about ``bare / (bare + overhead)``.

@@ -1,4 +1,4 @@
-"""Sessions per process (SPEC 8): host 1,000, 10,000 and 100,000 idle sessions in one runtime.
+"""Sessions per process (design §8): host 1,000, 10,000 and 100,000 idle sessions in one runtime.
 
 Each size runs in a fresh child process, so one run's freed memory cannot hide the next run's growth.
 The child starts a default runtime with an empty sessions directory and then measures:

@@ -1,4 +1,4 @@
-"""Session store benchmarks (SPEC 2.3, 8).
+"""Session store benchmarks (design §2.3, 8).
 
 1. Appends per second for each fsync policy, against a baseline in the same process: a bare loop of
    ``os.write`` calls (plus ``fdatasync`` per line under ``always``) on one file — the least any

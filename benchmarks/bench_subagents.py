@@ -1,4 +1,4 @@
-"""What a sub-agent costs (SPEC 3.10): starting a child session and returning its answer, against a turn.
+"""What a sub-agent costs (design §3.10): starting a child session and returning its answer, against a turn.
 
 Three kinds of turn against the local provider over HTTP, each repeated on fresh sessions:
 

@@ -1,4 +1,4 @@
-"""Turn throughput: the runtime against a bare asyncio loop making the same litellm calls (SPEC 8).
+"""Turn throughput: the runtime against a bare asyncio loop making the same litellm calls (design §8).
 
 Each of N sessions runs ``turns`` prompts one after another; all N sessions run at once.
 

@@ -1,4 +1,4 @@
-"""Token accounting benchmarks (SPEC 4.3, 8).
+"""Token accounting benchmarks (design §4.3, 8).
 
 1. The estimate a turn costs at 10, 1,000 and 10,000 messages of history: a response arrives, a new
    message is appended, and the context is estimated (new messages tokenized, everything else cached).

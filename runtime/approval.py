@@ -1,4 +1,4 @@
-"""Human-in-the-loop approval of tool calls (SPEC 3.4).
+"""Human-in-the-loop approval of tool calls (design §3.4).
 
 An approval policy is either a callable ``(session_id, call) -> bool | str`` (a string is a denial reason),
 or, when none is given but approval is required, a subscriber of ``approval_request`` events answers with

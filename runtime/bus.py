@@ -1,4 +1,4 @@
-"""The event bus (SPEC 1.4): typed events fanned out to subscribers that can never slow the runtime down.
+"""The event bus (design §1.4): typed events fanned out to subscribers that can never slow the runtime down.
 
 :meth:`EventBus.publish` stamps an event with its session's next ``seq`` and the time, hands it to the
 sinks (synchronously, in publish order — the transcript writer is one), and appends it to the bounded

@@ -1,4 +1,4 @@
-"""Configuration: one msgspec tree holding every default from the SPEC, with the section it comes from.
+"""Configuration: one msgspec tree holding every default, marked with the section of docs/design.md it serves.
 
 Load order (later wins): built-in defaults → a TOML file → ``AGENTCELL_*`` environment variables →
 per-session overrides. Environment variables name a key path with double underscores:
@@ -76,7 +76,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 5."""
+    """design §5."""
 
     auto: bool = True  # 5.1
     mode: Literal["summarize", "hard_reset", "truncate"] = "summarize"  # 5.8
@@ -106,7 +106,7 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class ToolOutputConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3.5 (reference 001)."""
+    """design §3.5 (reference 001)."""
 
     max_lines: PosInt = 2_000
     max_bytes: PosInt = 50 * 1024
@@ -117,7 +117,7 @@ class ToolOutputConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3.7."""
+    """design §3.7."""
 
     max_attempts: PosInt = 3
     base_delay: NonNegSeconds = 1.0
@@ -132,7 +132,7 @@ class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 4.3, 4.4."""
+    """design §4.3, 4.4."""
 
     exact: bool = True
     encoding: str | None = None  # None = chosen per model
@@ -142,7 +142,7 @@ class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class ModelsConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 4.5."""
+    """design §4.5."""
 
     fallback_context_window: PosInt = 128_000
     context_windows: dict[str, PosInt] = msgspec.field(default_factory=dict)
@@ -150,7 +150,7 @@ class ModelsConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3."""
+    """design §3."""
 
     model: str = "agentcell-local"
     tool_timeout: Seconds = 60.0
@@ -168,7 +168,7 @@ class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 2.3."""
+    """design §2.3."""
 
     sessions_dir: str = "~/.agentcell/sessions"
     fsync: Literal["always", "turn", "never"] = "turn"
@@ -179,20 +179,20 @@ class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class BusConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 1.4."""
+    """design §1.4."""
 
     subscriber_queue: PosInt = 10_000
 
 
 class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 7.2."""
+    """design §7.2."""
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
     token: str | None = None  # None = generated and printed at start (or read from token_file)
     token_file: str | None = None  # a file holding the token (keeps it out of `ps` and the config)
     max_body_bytes: PosInt = 4 * 1024 * 1024  # larger request bodies are refused with 413
-    # Policy for clients (SPEC 9): session workspaces must lie under workspace_root (None: no session may
+    # Policy for clients (design §9): session workspaces must lie under workspace_root (None: no session may
     # have one), a session may enable the shell tool only if allow_shell, and may name an api_base without
     # its own api_key (so running on the server's provider keys, sent to that URL) only if allow_api_base,
     # and may start MCP servers over stdio (a command run on this machine) only if allow_mcp_commands.
@@ -205,7 +205,7 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3.2: the transport of provider calls (see runtime.gateway._routing)."""
+    """design §3.2: the transport of provider calls (see runtime.gateway._routing)."""
 
     # "auto": the native OpenAI-compatible transport where it sends what litellm would, litellm elsewhere;
     # "litellm" or "openai_compat" force one (calls only litellm can make still go to litellm).
@@ -214,7 +214,7 @@ class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 1.1."""
+    """design §1.1."""
 
     dispatcher_threads: PosInt = 2
     tool_workers: PosInt = 16
@@ -227,7 +227,7 @@ class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class AgentProfile(_Section, frozen=True, forbid_unknown_fields=True):
-    """A sub-agent a session can delegate to (SPEC 3.10): ``[agents.NAME]`` in the config file, or
+    """A sub-agent a session can delegate to (design §3.10): ``[agents.NAME]`` in the config file, or
     ``Runtime(agents=...)`` / ``start_session(agents=...)``.
 
     ``model`` None runs the child on its parent's model (and endpoint). ``tools``: ``"inherit"`` (the
@@ -245,7 +245,7 @@ class AgentProfile(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class SubagentsConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3.10: the limits of delegation."""
+    """design §3.10: the limits of delegation."""
 
     max_depth: PosInt = 1  # 1: a session's children cannot delegate further
     max_children_per_session: PosInt = 4  # children of one session running at once
@@ -254,7 +254,7 @@ class SubagentsConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class TelemetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """OpenTelemetry spans (SPEC 7.5; see ``runtime.observability``)."""
+    """OpenTelemetry spans (design §7.5; see ``runtime.observability``)."""
 
     # auto: trace when an OpenTelemetry SDK's tracer provider is set when the runtime starts; on: always, on
     # the global provider; off: never
@@ -263,7 +263,7 @@ class TelemetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """One MCP server (SPEC 3.9): ``[mcp.servers.NAME]`` in the config file, or a session's ``mcp_servers``.
+    """One MCP server (design §3.9): ``[mcp.servers.NAME]`` in the config file, or a session's ``mcp_servers``.
 
     Over stdio give ``command`` (and ``args``, ``env``, ``cwd``: default the session's workspace); over
     streamable HTTP give ``url`` (and ``headers``). Values of ``env`` and ``headers`` may name variables
@@ -297,7 +297,7 @@ class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
 
 class McpConfig(_Section, frozen=True, forbid_unknown_fields=True):
-    """SPEC 3.9: MCP servers whose tools every session gets (each session runs its own connections),
+    """design §3.9: MCP servers whose tools every session gets (each session runs its own connections),
     and how their failures are handled."""
 
     servers: dict[str, McpServerConfig] = msgspec.field(default_factory=dict)

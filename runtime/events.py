@@ -1,4 +1,4 @@
-"""Events broadcast on the bus (SPEC 1.4, 3, 4.6, 5.10, 6) as one msgspec tagged union.
+"""Events broadcast on the bus (design §1.4, 3, 4.6, 5.10, 6; the contract: §7.6) as one msgspec tagged union.
 
 Every event carries ``type`` (the tag), ``session_id``, ``seq`` (monotonic per session, stamped by the
 bus when it is published) and ``ts`` (wall-clock seconds). Encode and decode with :func:`encode_event`
@@ -75,7 +75,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_de
     seq: int = 0
     ts: float = 0.0
     parent_session_id: str | None = None  # a sub-agent's event: the session that delegated to it ...
-    parent_call_id: str | None = None  # ... and the tool call that did (SPEC 3.10)
+    parent_call_id: str | None = None  # ... and the tool call that did (design §3.10)
 
     @property
     def type(self) -> str:
@@ -112,7 +112,7 @@ class Branched(Event, frozen=True, tag="branched"):
     leaf_id: str | None
 
 
-# --- agent loop (SPEC 3) -----------------------------------------------------------------------------
+# --- agent loop (design §3) -----------------------------------------------------------------------------
 
 
 class AgentStart(Event, frozen=True, tag="agent_start"):
@@ -251,7 +251,7 @@ class ErrorOccurred(Event, frozen=True, tag="error"):
     retryable: bool = False
 
 
-# --- usage (SPEC 4) ----------------------------------------------------------------------------------
+# --- usage (design §4) ----------------------------------------------------------------------------------
 
 
 class UsageUpdate(Event, frozen=True, tag="usage_update"):
@@ -274,7 +274,7 @@ class UsageOverflow(Event, frozen=True, tag="usage_overflow"):
     context_window: int
 
 
-# --- compaction (SPEC 5.10) --------------------------------------------------------------------------
+# --- compaction (design §5.10) --------------------------------------------------------------------------
 
 
 class CompactionStart(Event, frozen=True, tag="compaction_start"):
@@ -343,7 +343,7 @@ class ActorRestarted(Event, frozen=True, tag="actor_restarted"):
     restarts: int
 
 
-# --- MCP servers (SPEC 3.9) ---------------------------------------------------------------------------
+# --- MCP servers (design §3.9) ---------------------------------------------------------------------------
 
 
 class McpServerStarted(Event, frozen=True, tag="mcp_server_started"):

@@ -1,4 +1,4 @@
-"""The public API (SPEC 1.5): one :class:`Runtime` per process hosts many sessions.
+"""The public API (design §1.5): one :class:`Runtime` per process hosts many sessions.
 
     from runtime import Runtime
 
@@ -88,7 +88,7 @@ class Runtime:
         agents: Mapping[str, Any] | None = None,
         tracer_provider: Any = None,
     ) -> None:
-        """``tracer_provider``: an OpenTelemetry ``TracerProvider`` for the runtime's spans (SPEC 7.5); without
+        """``tracer_provider``: an OpenTelemetry ``TracerProvider`` for the runtime's spans (design §7.5); without
         one, the global provider is used when an SDK set it (``telemetry.tracing``)."""
 
         cfg = config if config is not None else load_config(config_path)
@@ -170,7 +170,7 @@ class Runtime:
             self._reaper.start()
 
     def _transcript_failed(self, session_id: str, path: str, error: Exception) -> None:
-        """A transcript write failed (e.g. a full disk): say so to subscribers (SPEC 9), not just the log."""
+        """A transcript write failed (e.g. a full disk): say so to subscribers (design §9), not just the log."""
 
         if isinstance(error, WriterClosedError):  # an event after stop(): nobody is left to tell
             return
@@ -257,7 +257,7 @@ class Runtime:
         ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only. ``agents``
         adds sub-agent profiles to the runtime's (name → :class:`~runtime.config.AgentProfile` or a
         mapping of its fields): the session gets the ``agent`` delegation tool. ``mcp_servers`` adds MCP
-        servers to the runtime's ``[mcp.servers]`` (SPEC 3.9): name → :class:`~runtime.config.McpServerConfig`
+        servers to the runtime's ``[mcp.servers]`` (design §3.9): name → :class:`~runtime.config.McpServerConfig`
         or a mapping of its fields, or command lines / URLs as ``agentcell chat --mcp`` takes them; their
         tools reach the model as ``NAME__tool``. They are kept in the session's log (values that look like
         secrets withheld) and come back with :meth:`resume_session`.
@@ -574,7 +574,7 @@ class Runtime:
         await asyncio.to_thread(self.delete_session, session_id)
 
     def hibernate(self, session_id: str) -> bool:
-        """Park an idle session's actors (SPEC 8); its next use restarts them from the log. Its idle
+        """Park an idle session's actors (design §8); its next use restarts them from the log. Its idle
         sub-agents are parked with it.
 
         Returns False when the session was not running or is busy with a turn."""
@@ -675,7 +675,7 @@ class Runtime:
     def compact(
         self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
     ) -> Handle[CompactionResult]:
-        """Compact now (SPEC 5.12). A manual compaction is always allowed, even after a failed one."""
+        """Compact now (design §5.12). A manual compaction is always allowed, even after a failed one."""
         if keep_recent_tokens is not None and keep_recent_tokens < 0:
             raise ValueError("keep_recent_tokens must be >= 0")
         session = self._session(session_id)
@@ -699,7 +699,7 @@ class Runtime:
 
     # -- queries --------------------------------------------------------------------------------------
     def context_stats(self, session_id: str, timeout: float = 30.0) -> ContextStats:
-        """The context breakdown of SPEC 4.6 (the same estimate the compaction trigger uses)."""
+        """The context breakdown of design §4.6 (the same estimate the compaction trigger uses)."""
         return self._session(session_id).ask(GetContextStats(), timeout)
 
     async def acontext_stats(self, session_id: str) -> ContextStats:

@@ -1,4 +1,4 @@
-"""Session id validation (SPEC 2.4): an id names a file, so it must never be able to name a path."""
+"""Session id validation (design §2.4): an id names a file, so it must never be able to name a path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The message model (SPEC 2.1) and its conversion to and from the OpenAI chat format litellm speaks.
+"""The message model (design §2.1) and its conversion to and from the OpenAI chat format litellm speaks.
 
 Every message is a frozen msgspec Struct. An assistant message is a sequence of parts (text, reasoning,
 tool calls, images); a tool result is a ``tool`` message that names the call it answers. Visibility
@@ -51,7 +51,7 @@ __all__ = [
 
 Role = Literal["system", "user", "assistant", "tool"]
 
-# Kinds of message that context management creates or marks (SPEC 2.1, 5.9).
+# Kinds of message that context management creates or marks (design §2.1, 5.9).
 KIND_TOOL_RESULT: Final = "tool_result"
 KIND_TOOL_RESULT_ARCHIVED: Final = "tool_result_archived"
 KIND_TOOL_CALL_ARCHIVED: Final = "tool_call_archived"  # the assistant half of an archived tool step (5.9)
@@ -61,7 +61,7 @@ KIND_TOOL_OUTPUT_CLEARED: Final = "tool_output_cleared"
 KIND_STEER: Final = "steer"  # a user message that steered a running turn at a step boundary
 KIND_TURN_INTERRUPTED: Final = "turn_interrupted"  # the note a turn cut off by a crash gets in the log
 
-# How an assistant message ended. Usage of "aborted" and "error" responses is not trusted (SPEC 4.2).
+# How an assistant message ended. Usage of "aborted" and "error" responses is not trusted (design §4.2).
 StopReason = Literal["stop", "tool_calls", "length", "content_filter", "aborted", "error"]
 
 
@@ -172,7 +172,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
-    # visibility (SPEC 2.1)
+    # visibility (design §2.1)
     agent_visible: bool = True
     user_visible: bool = True
     kind: str | None = None

@@ -1,4 +1,4 @@
-"""Context window and output limit per model (SPEC 4.5).
+"""Context window and output limit per model (design §4.5).
 
 Resolution order for the context window:
 

@@ -1,4 +1,4 @@
-"""The session registry (SPEC 1.3): session id → that session's actor refs (or any handle), in O(1).
+"""The session registry (design §1.3): session id → that session's actor refs (or any handle), in O(1).
 
 A dict behind a lock: lookups, registration and removal cost the same at 10 or 100,000 sessions, and
 it is safe to use from any thread. Listing methods return snapshots, so callers can iterate while other

@@ -1,4 +1,4 @@
-"""Sub-agents (SPEC 3.10): a session delegates a task to a child session started from a named profile.
+"""Sub-agents (design §3.10): a session delegates a task to a child session started from a named profile.
 
 A session that has profiles gets one more tool, ``agent(profile, task)``. Calling it starts a **child
 session** from the profile (its own log, window, usage, compaction and overflow recovery), sends it the task

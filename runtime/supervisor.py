@@ -1,4 +1,4 @@
-"""OTP-style supervision for pooled actors (SPEC 1.2).
+"""OTP-style supervision for pooled actors (design §1.2).
 
 A supervisor starts its children from :class:`ChildSpec`\\ s, watches them (:func:`runtime.actor.monitor`),
 and when one ends it applies its restart type and the supervisor's strategy:

@@ -1,4 +1,4 @@
-"""Token counting (SPEC 4.3, 4.4): exact with tiktoken, or a fast heuristic when exact counting is off.
+"""Token counting (design §4.3, 4.4): exact with tiktoken, or a fast heuristic when exact counting is off.
 
 A :class:`TokenCounter` counts for one model. It picks the model's tiktoken encoding (``o200k_base`` for
 current OpenAI models, ``cl100k_base`` as the closest public tokenizer for everything else) and adds the
@@ -127,7 +127,7 @@ _LETTERS: Final = bytes(ord("a") if c == ord("a") else ord(" ") for c in _CLASSE
 
 
 def heuristic_tokens(text: str) -> int:
-    """Approximate token count of ``text`` without a tokenizer (SPEC 4.3)."""
+    """Approximate token count of ``text`` without a tokenizer (design §4.3)."""
     if not text:
         return 0
     raw = text.encode("ascii") if text.isascii() else text.encode("ascii", "ignore")
@@ -243,7 +243,7 @@ class TokenCounter:
         self._calibration = 1.0
         self._role_tokens = {role: self._raw_text(role) for role in ("system", "user", "assistant", "tool")}
 
-    # -- calibration (SPEC 4.4) -------------------------------------------------------------------------
+    # -- calibration (design §4.4) -------------------------------------------------------------------------
     @property
     def calibration(self) -> float:
         """The factor applied to every count: the calibration ratio when it applies, else 1.0."""

@@ -1,4 +1,4 @@
-"""Configuration: SPEC defaults, TOML, AGENTCELL_* environment, overrides, clear errors."""
+"""Configuration: the defaults, TOML, AGENTCELL_* environment, overrides, clear errors."""
 
 from __future__ import annotations
 

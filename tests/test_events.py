@@ -1,4 +1,4 @@
-"""Events: a tagged union with session id, sequence number and timestamp (SPEC 1.4, 5.10)."""
+"""Events: a tagged union with session id, sequence number and timestamp (design §1.4, 5.10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Session ids are validated and can never name a path (SPEC 2.4)."""
+"""Session ids are validated and can never name a path (design §2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The message model (SPEC 2.1) and its OpenAI-format round trip."""
+"""The message model (design §2.1) and its OpenAI-format round trip."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pooled pykka actors: many actors sharing a few threads (SPEC 1.1).
+"""Pooled pykka actors: many actors sharing a few threads (design §1.1).
 
 pykka's :class:`~pykka.ThreadingActor` spends one OS thread per actor. :class:`PooledActor` keeps pykka's
 contract — :class:`~pykka.ActorRef`, ``tell``/``ask``, proxies, futures, ``on_start``/``on_stop``/

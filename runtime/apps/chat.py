@@ -1,5 +1,5 @@
 """``agentcell chat``: an interactive session with any litellm model, or the built-in local provider
-(SPEC 7.1).
+(design §7.1).
 
 Replies stream as they arrive, with the tool calls the agent makes in the current directory. Ctrl-C
 during a turn aborts the turn (the session stays usable); at the prompt it only clears the line. Ctrl-D
@@ -40,7 +40,7 @@ def context_bar(used: int, window: int, width: int = 40) -> str:
 
 
 def format_stats(stats: Any) -> str:
-    """The SPEC 4.6 breakdown of a :class:`~runtime.context.estimate.ContextStats`: a bar, then one
+    """The design §4.6 breakdown of a :class:`~runtime.context.estimate.ContextStats`: a bar, then one
     aligned line per figure saying whether it is actual, estimated, back-calculated or configured."""
     sources: dict[str, str] = stats.sources
 
@@ -179,7 +179,7 @@ def run_chat(
     ``local`` (or no ``model`` and no ``api_base``) starts the built-in local provider and talks to it
     (``latency`` seconds before each of its replies). The API key comes from ``AGENTCELL_API_KEY`` or
     the provider's usual environment variable (litellm reads it); it is never stored. ``mcp``: MCP servers
-    the session takes tools from, as ``[NAME=]COMMAND ARGS`` or ``[NAME=]URL`` (SPEC 3.9).
+    the session takes tools from, as ``[NAME=]COMMAND ARGS`` or ``[NAME=]URL`` (design §3.9).
     """
     from runtime.config import ConfigError, load_config
     from runtime.host import Runtime, SessionNotFound

@@ -1,4 +1,4 @@
-"""The ``agentcell`` command line (SPEC 7.1): ``demo``, ``chat``, ``sessions``, ``serve``, ``provider``, ``bench``.
+"""The ``agentcell`` command line (design §7.1): ``demo``, ``chat``, ``sessions``, ``serve``, ``provider``, ``bench``.
 
 Only argparse is imported up front, so that ``--help`` answers at once; each command imports what it
 needs (litellm, uvicorn, rich) when it runs.

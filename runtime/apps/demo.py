@@ -1,4 +1,4 @@
-"""``agentcell demo``: several concurrent agent sessions against the built-in local provider (SPEC 7.1).
+"""``agentcell demo``: several concurrent agent sessions against the built-in local provider (design §7.1).
 
 Offline and without an API key. The demo starts :class:`~runtime.provider.LocalProvider` (its built-in
 policy reads and edits the files a prompt mentions, and answers summarization requests), copies a small
@@ -588,7 +588,7 @@ class _Dashboard:
 
 def _runtime(config: Any, shards: int | None) -> Any:
     """The demo's runtime: a local one, or with ``shards`` a cluster of that many shards on a local Ray
-    cluster (``agentcell demo --shards N``, SPEC 10). A cluster that cannot start ends the demo."""
+    cluster (``agentcell demo --shards N``, design §10). A cluster that cannot start ends the demo."""
     if shards is None:
         from runtime.host import Runtime
 
@@ -620,7 +620,7 @@ DELEGATION = "Delegate to a sub-agent: read inventory.py and say which classes i
 
 
 def _delegate(rt: Any, root: Path, url: str, window: int, out: TextIO, console: Any) -> None:
-    """One delegation (SPEC 3.10): a lead session hands a reading task to a ``reader`` sub-agent, which
+    """One delegation (design §3.10): a lead session hands a reading task to a ``reader`` sub-agent, which
     works in its own session and context, and the lead gets its answer as one tool result."""
     workspace = root / "workspaces" / "demo-lead"
     _write_project(workspace)
@@ -654,7 +654,7 @@ def _session_config(told_window: int, real_window: int) -> dict[str, Any]:
     """Per-session overrides: the window the session believes in, a reserve that fits it, and a
     summarizer whose window is (a little under) the provider's real one, so its requests always fit.
 
-    Tool-result archiving (SPEC 5.9) is set out of reach: what the demo shows is compaction and overflow
+    Tool-result archiving (design §5.9) is set out of reach: what the demo shows is compaction and overflow
     recovery, and the local policy decides its next step from the tool results it can see."""
     return {
         "models.context_windows": {DEMO_MODEL: told_window, SUMMARIZER_MODEL: int(real_window * 0.9)},

@@ -1,4 +1,4 @@
-"""``agentcell serve``: the Runtime over HTTP, and its events as Server-Sent Events (SPEC 7.2).
+"""``agentcell serve``: the Runtime over HTTP, and its events as Server-Sent Events (design §7.2).
 
 Every request needs ``Authorization: Bearer <token>`` (the scheme in any case). The server binds 127.0.0.1
 unless told otherwise. Bodies are JSON objects of at most ``server.max_body_bytes`` (4 MiB; 413 beyond,
@@ -27,7 +27,7 @@ endpoint and MCP servers pass the same policy.
                                          or with "wait": true → 200 the turn's result
     POST   /sessions/{id}/abort          → {"aborted": true|false}
     POST   /sessions/{id}/compact        {"keep_recent_tokens", "instructions"} → what it did
-    GET    /sessions/{id}/context        the context breakdown of SPEC 4.6
+    GET    /sessions/{id}/context        the context breakdown of design §4.6
     GET    /sessions/{id}/messages       ?view=user|model
     POST   /sessions/{id}/branch         {"leaf_id": "<message id>" | null}
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
@@ -87,7 +87,7 @@ MAX_CURSOR_SESSIONS = 256
 
 
 class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """What the clients of a server may ask for (SPEC 9): it is the host's, not theirs.
+    """What the clients of a server may ask for (design §9): it is the host's, not theirs.
 
     ``workspace_root``: session workspaces must lie under it (None: sessions get no workspace).
     ``allow_shell``: a session's config may turn the shell tool on (``agent.shell_enabled``); with the
@@ -219,7 +219,7 @@ class CreateSession(_Body, frozen=True):
     api_base: str | None = None
     api_key: str | None = None
     agents: dict[str, AgentProfile] | None = None  # sub-agent profiles: the session gets the agent tool
-    mcp_servers: dict[str, Any] | list[str] | None = None  # MCP servers (SPEC 3.9): name -> settings
+    mcp_servers: dict[str, Any] | list[str] | None = None  # MCP servers (design §3.9): name -> settings
 
 
 class PromptBody(_Body, frozen=True):
@@ -675,7 +675,7 @@ class _BodyTooLarge(HttpError):
 
 
 class _BodyLimit:
-    """ASGI middleware: request bodies of at most ``limit`` bytes (SPEC 9).
+    """ASGI middleware: request bodies of at most ``limit`` bytes (design §9).
 
     A ``Content-Length`` over the limit is answered with 413 before anything is read; a body without one
     is counted as it streams in, and the route reading it gets the 413 (an :class:`HttpError`) as soon as

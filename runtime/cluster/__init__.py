@@ -1,4 +1,4 @@
-"""Sessions sharded over a Ray cluster, with the public API of :class:`runtime.Runtime` (SPEC 10).
+"""Sessions sharded over a Ray cluster, with the public API of :class:`runtime.Runtime` (design §10).
 
 Needs the ``ray`` extra (``pip install 'agentcell[ray]'``); Ray itself is imported only when a
 :class:`ClusterRuntime` starts. Modules: ``_runtime`` (the front: the public API), ``_fleet`` (where

@@ -1,4 +1,4 @@
-"""Subscriptions across shards (SPEC 10.2): each one a private event bus fed by one feed per shard.
+"""Subscriptions across shards (design §10.2): each one a private event bus fed by one feed per shard.
 
 A cluster subscription is an ordinary :class:`~runtime.bus.Subscription` of a bus of its own, so it
 reads, filters, bounds its queue and reports lag exactly as the local bus does (callback, iterator, async

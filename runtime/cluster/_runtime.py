@@ -1,4 +1,4 @@
-"""The cluster runtime (SPEC 10): the public API of :class:`~runtime.host.Runtime`, over shards on Ray.
+"""The cluster runtime (design §10): the public API of :class:`~runtime.host.Runtime`, over shards on Ray.
 
     from runtime.cluster import ClusterRuntime
 
@@ -488,7 +488,7 @@ class ClusterRuntime:
     def compact(
         self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
     ) -> Handle[CompactionResult]:
-        """Compact now (SPEC 5.12), on the session's shard."""
+        """Compact now (design §5.12), on the session's shard."""
         if keep_recent_tokens is not None and keep_recent_tokens < 0:
             raise ValueError("keep_recent_tokens must be >= 0")
         entry = self._fleet.hosted(session_id)
@@ -595,7 +595,7 @@ class ClusterRuntime:
 
     # -- queries ------------------------------------------------------------------------------------------
     def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
-        """The context breakdown of SPEC 4.6, from the session's shard."""
+        """The context breakdown of design §4.6, from the session's shard."""
         return self._fleet.call(session_id, "context_stats", timeout, timeout=timeout)
 
     async def acontext_stats(self, session_id: str) -> Any:

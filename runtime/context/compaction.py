@@ -1,4 +1,4 @@
-"""Compaction, the pure part (SPEC 5.2-5.8): where to cut, what to ask the summarizer, what comes out.
+"""Compaction, the pure part (design §5.2-5.8): where to cut, what to ask the summarizer, what comes out.
 
 Sans-I/O in three steps, so the compactor actor only moves data:
 
@@ -7,7 +7,7 @@ Sans-I/O in three steps, so the compactor actor only moves data:
    that it fits the summarizer model's own window.
 2. The actor sends the requests to the model and collects the answers (``None`` for a failed call).
 3. :func:`finish_compaction` turns the answers into the summary message and the new context, falls back to
-   a deterministic summary where allowed, and applies the progress guard (SPEC 5.6).
+   a deterministic summary where allowed, and applies the progress guard (design §5.6).
 
 ``messages`` everywhere is the model-facing conversation without the system prompt, oldest first; when the
 session was compacted before, it starts with the previous summary message. Token counts come only from the
@@ -158,7 +158,7 @@ class CompactionPlan(msgspec.Struct, frozen=True):
 
     @property
     def summarizer_input(self) -> str:
-        """Every request's prompt, for the summarizer-input artifact (SPEC 2.3)."""
+        """Every request's prompt, for the summarizer-input artifact (design §2.3)."""
         return "\n\n".join(f"=== {r.kind} ===\n{r.prompt}" for r in self.requests)
 
 
@@ -193,9 +193,9 @@ class CompactionResult(msgspec.Struct, frozen=True):
 class CompactionFailure(msgspec.Struct, frozen=True):
     """A compaction that must be discarded. The history is unchanged.
 
-    ``reason`` is ``no_progress`` (the progress guard, SPEC 5.6) or ``summarizer_failed`` (no answer and no
+    ``reason`` is ``no_progress`` (the progress guard, design §5.6) or ``summarizer_failed`` (no answer and no
     fallback allowed). ``context_exceeded`` says the context is already over the limit, so the session
-    cannot continue as it is (in hard-reset mode it is dead: SPEC 5.8).
+    cannot continue as it is (in hard-reset mode it is dead: design §5.8).
     """
 
     reason: Literal["no_progress", "summarizer_failed"]
@@ -224,7 +224,7 @@ def keep_recent_budget(
     emergency: bool = False,
     override: int | None = None,
 ) -> int:
-    """The token budget of the kept recent messages (SPEC 5.2, 6.3).
+    """The token budget of the kept recent messages (design §5.2, 6.3).
 
     ``override`` (manual compaction) wins; otherwise ``config.keep_recent_tokens``, else window/4, else
     ``default_keep_recent_tokens`` when the window is unknown. An emergency keeps at most
@@ -247,7 +247,7 @@ def keep_recent_budget(
 
 
 # ---------------------------------------------------------------------------------------------------
-# The cut (SPEC 5.2, 5.3)
+# The cut (design §5.2, 5.3)
 
 
 def is_summary(msg: Message) -> bool:
@@ -287,7 +287,7 @@ def find_cut_point(
     summary; with ``force``, the fallback is to keep only the last ``force_keep`` messages, moved earlier
     (so more is kept) when that would split a call from its results, or later when no earlier cut exists.
 
-    ``keep_from`` (the working set's start, SPEC 5.13) is kept whatever the budget: a cut after it moves
+    ``keep_from`` (the working set's start, design §5.13) is kept whatever the budget: a cut after it moves
     back to it (or to the nearest valid cut before it), and when no such cut leaves anything to
     summarize, the answer is ``None``.
     """
@@ -394,7 +394,7 @@ def _forced_cut(valid: list[bool], n: int, lowest: int, force_keep: int) -> CutP
 
 
 # ---------------------------------------------------------------------------------------------------
-# Planning (SPEC 5.4, 5.8)
+# Planning (design §5.4, 5.8)
 
 
 def plan_compaction(
@@ -422,7 +422,7 @@ def plan_compaction(
     (plus their labels), so ``count`` must cover a message's text, reasoning and tool calls in the same
     tokenizer as ``count_text`` (the usage tracker's counter does); instructions and clipped blocks are
     measured with ``count_text`` (default: a conservative character-based estimate). ``keep_from`` is the
-    start of the working set, never summarized (SPEC 5.13): automatic compactions pass it, in every mode
+    start of the working set, never summarized (design §5.13): automatic compactions pass it, in every mode
     (a ``hard_reset`` then summarizes everything before it).
     """
     mode = mode or config.mode
@@ -599,7 +599,7 @@ class _RequestBuilder:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Finishing (SPEC 5.3-5.6, 5.8)
+# Finishing (design §5.3-5.6, 5.8)
 
 
 def finish_compaction(
@@ -631,7 +631,7 @@ def finish_compaction(
         reason: Literal["no_progress", "summarizer_failed"], why: str, after: int | None
     ) -> CompactionFailure:
         if over_limit:
-            # Only hard_reset ends a session (SPEC 5.8); otherwise the turn ends and the session goes on.
+            # Only hard_reset ends a session (design §5.8); otherwise the turn ends and the session goes on.
             end = " Please start a new session." if plan.mode == "hard_reset" else " The session goes on."
             why = f"Context limit exceeded and compaction failed: {why}{end}"
         return CompactionFailure(reason, why, over_limit, plan.mode, plan.trigger, tokens_before, after)
@@ -708,7 +708,7 @@ def _part_chars(plan: CompactionPlan, kind: str) -> int:
 
 
 def fallback_summary(messages: Sequence[Message], previous: Message | None = None) -> str:
-    """The deterministic summary (SPEC 5.5): ``[Compacted N messages: ...]`` with role counts, the last
+    """The deterministic summary (design §5.5): ``[Compacted N messages: ...]`` with role counts, the last
     user request and the previous summary, clipped. (File lists are appended to every summary.)"""
     new = [m for m in messages if not is_summary(m)]
     roles = {"user": 0, "assistant": 0, "tool": 0, "system": 0}

@@ -1,4 +1,4 @@
-"""The context estimate (SPEC 4.2), the compaction trigger (5.1) and the context breakdown (4.6). Pure.
+"""The context estimate (design §4.2), the compaction trigger (5.1) and the context breakdown (4.6). Pure.
 
 One formula serves the compaction decision and the display, so the two can never disagree::
 
@@ -48,7 +48,7 @@ __all__ = [
 BASIS_LAST_RESPONSE: Final = "last_response"
 BASIS_FULL: Final = "full"
 
-# Stop reasons whose usage does not describe the context (SPEC 4.2).
+# Stop reasons whose usage does not describe the context (design §4.2).
 UNTRUSTED_STOP_REASONS: Final = frozenset({"aborted", "error"})
 
 # Where each figure of ContextStats comes from.
@@ -100,7 +100,7 @@ def estimate_context(
     tools_tokens: int,
     usage_floor: int = 0,
 ) -> ContextEstimate:
-    """The estimated input size of a request made now (SPEC 4.2).
+    """The estimated input size of a request made now (design §4.2).
 
     ``messages`` is the model-facing context (a compaction summary first when there is one);
     ``usage_floor`` the index of its first message appended after the latest compaction. Messages that
@@ -132,7 +132,7 @@ def estimate_context(
 
 
 # ---------------------------------------------------------------------------------------------------
-# The compaction trigger (SPEC 5.1)
+# The compaction trigger (design §5.1)
 
 
 def reserve_tokens(window: int, config: CompactionConfig) -> int:
@@ -173,11 +173,11 @@ def should_compact(
 
 
 # ---------------------------------------------------------------------------------------------------
-# The breakdown (SPEC 4.6)
+# The breakdown (design §4.6)
 
 
 class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
-    """How full a session's context is, and what it is made of (SPEC 4.6).
+    """How full a session's context is, and what it is made of (design §4.6).
 
     ``total`` is the same estimate the compaction trigger uses. The system prompt and tools are always
     estimated; ``messages`` is back-calculated (total − system − tools) so the parts add up to the total,
@@ -224,7 +224,7 @@ def context_stats(
     last_error: float | None = None,
     calibration_ratio: float | None = None,
 ) -> ContextStats:
-    """The breakdown of SPEC 4.6, built on :func:`estimate_context` and :func:`should_compact`.
+    """The breakdown of design §4.6, built on :func:`estimate_context` and :func:`should_compact`.
 
     ``last_error`` is the relative error of the last estimate ((estimated − actual) ÷ actual) and
     ``calibration_ratio`` the running actual ÷ estimated ratio, both from the usage tracker.

@@ -1,4 +1,4 @@
-"""File-operation tracking across compactions (SPEC 5.7).
+"""File-operation tracking across compactions (design §5.7).
 
 The read/write/edit tool calls of a conversation say which files the agent has looked at and which it
 changed. A summary carries both sets in its metadata (``read_files`` / ``modified_files``) and renders them

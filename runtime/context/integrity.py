@@ -1,4 +1,4 @@
-"""Tool-call integrity (SPEC 3.6) — pure functions over messages.
+"""Tool-call integrity (design §3.6) — pure functions over messages.
 
 Providers reject a conversation in which an assistant's tool call has no result, or a result answers no
 call. A turn that is aborted or crashes mid-tools leaves exactly that behind. This module finds and
@@ -264,7 +264,7 @@ def _archived_placeholder(call: ToolCallPart, result: Message) -> Message:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Turns cut off by a crash (SPEC 1.2, 2.3)
+# Turns cut off by a crash (design §1.2, 2.3)
 
 INTERRUPTED_TURN_TEXT = (
     "[This turn was interrupted before it finished: the runtime stopped (a crash or a restart). "

@@ -1,4 +1,4 @@
-"""Is this provider error a context overflow? (SPEC 6.1, 6.2) — a pure classifier.
+"""Is this provider error a context overflow? (design §6.1, 6.2) — a pure classifier.
 
 Providers say "your prompt is larger than my context window" in many dialects. :func:`is_context_overflow`
 reads an exception (litellm's, openai's, or anything with a message), or the loose facts of an error
@@ -79,7 +79,7 @@ OPAL_PATTERNS: Final[tuple[str, ...]] = (
     "content_too_large",
     "string_above_max_length",
 )
-"""Opal's 17 substrings, kept verbatim so the union with them holds (SPEC 6.1)."""
+"""Opal's 17 substrings, kept verbatim so the union with them holds (design §6.1)."""
 
 LITELLM_PATTERNS: Final[tuple[str, ...]] = (
     # What litellm's exception_mapping_utils maps to ContextWindowExceededError (generic and per provider).
@@ -398,7 +398,7 @@ def overflow_reason(
 
 
 def is_usage_overflow(input_tokens: int, context_window: int) -> bool:
-    """Silent overflow (SPEC 6.2): a successful response that reports more input tokens than the window.
+    """Silent overflow (design §6.2): a successful response that reports more input tokens than the window.
 
     Some providers (Ollama, some proxies) truncate instead of failing; the reported usage gives it away.
     An unknown window (0 or less) never overflows.

@@ -1,4 +1,4 @@
-"""The summarizer's prompts and the text forms of a conversation (SPEC 5.4, 5.9).
+"""The summarizer's prompts and the text forms of a conversation (design §5.4, 5.9).
 
 Everything the summarizer model reads is built here: an isolating system prompt, the transcript given as
 data inside ``<conversation>`` tags, explicit do-not-continue rules, the structured summary format, the
@@ -224,7 +224,7 @@ def summary_request_prompt(
 
 def summary_message_text(body: str, files: str = "", current_request: str = "") -> str:
     """The text of a compaction summary message: the fixed prefix, the summary, the file blocks, and the
-    request of a turn the compaction cut into, verbatim (SPEC 5.13: the thread of the work is kept)."""
+    request of a turn the compaction cut into, verbatim (design §5.13: the thread of the work is kept)."""
     text = f"{SUMMARY_PREFIX}\n\n{body.strip()}"
     if files:
         text += f"\n\n{files}"
@@ -258,5 +258,5 @@ bullet points, and nothing else."""
 
 
 def tool_summary_prompt(digest: str, *, max_chars: int) -> str:
-    """The user prompt of the call that summarizes archived tool results (SPEC 5.9, ``llm`` strategy)."""
+    """The user prompt of the call that summarizes archived tool results (design §5.9, ``llm`` strategy)."""
     return f"{_TOOL_SUMMARY_TASK.format(max_chars=max_chars)}\n\n<tool-results>\n{digest}\n</tool-results>"

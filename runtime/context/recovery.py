@@ -1,4 +1,4 @@
-"""What to do about a context overflow (SPEC 6.3), as a pure decision.
+"""What to do about a context overflow (design §6.3), as a pure decision.
 
 The overflow detector actor feeds it the facts of the turn; the agent and the compactor act on the answer.
 """
@@ -64,7 +64,7 @@ def decide_overflow(
 
 
 def compaction_did_not_help(*, context_window: int, reason: str) -> OverflowDecision:
-    """The error when the emergency compaction itself could not make room (SPEC 6.3)."""
+    """The error when the emergency compaction itself could not make room (design §6.3)."""
     return OverflowDecision(
         "fail",
         f"The request exceeded the model's context window of {context_window:,} tokens and an emergency "

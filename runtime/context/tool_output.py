@@ -1,4 +1,4 @@
-"""Tool output limits and spill (SPEC 3.5, reference 001) — pure functions.
+"""Tool output limits and spill (design §3.5, reference 001) — pure functions.
 
 Every tool result, successful or not, goes through :func:`limit_output` before it is stored:
 

@@ -1,4 +1,4 @@
-"""Tool-result archiving and old-output clearing (SPEC 5.9, reference 001), the pure part.
+"""Tool-result archiving and old-output clearing (design §5.9, reference 001), the pure part.
 
 **Archiving.** When the agent-visible tool results exceed ``tool_call_cutoff``, the oldest tool steps (an
 assistant message with tool calls, and its results) are archived: copies with the same ids become hidden

@@ -1,4 +1,4 @@
-"""The working set of a step, and the rules each provider request of a turn must pass (SPEC 5.13). Pure.
+"""The working set of a step, and the rules each provider request of a turn must pass (design §5.13). Pure.
 
 The *working set* is what the model needs to take its next step: the newest assistant message with tool
 calls and all of its results (or, before the turn's first step, the turn's prompt). An automatic
@@ -215,7 +215,7 @@ def decide_step(
     tool_results_in_view: bool,
     compactable: Callable[[], int] | None = None,
 ) -> StepDecision:
-    """The rules of SPEC 5.13 for one request of a turn whose context is ``estimate`` tokens.
+    """The rules of design §5.13 for one request of a turn whose context is ``estimate`` tokens.
 
     1. A threshold compaction (or one asked for by a silent overflow, ``pending``) at most once per turn:
        whether or not it got under the threshold, the turn does not try again; the request goes out when
@@ -229,7 +229,7 @@ def decide_step(
     ``tool_results_in_view`` says the working set is a step's tool results (the error then names them).
     ``compactable`` gives the tokens a compaction could remove (the messages before the working set, a
     previous summary aside: it is rewritten, not removed); a compaction is only tried when they are at
-    least the progress guard's share of the estimate (SPEC 5.6), else it could only fail and cost a
+    least the progress guard's share of the estimate (design §5.6), else it could only fail and cost a
     summarizer call. It is asked only when a compaction is due.
     """
     limit = effective_limit(window, config) or window

@@ -1,4 +1,4 @@
-"""Our messages in the OpenAI chat format every transport sends (SPEC 3.3 for reasoning)."""
+"""Our messages in the OpenAI chat format every transport sends (design §3.3 for reasoning)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ _NO_REASONING_PREFIXES: Final = ("deepseek/",)
 
 
 def accepts_reasoning(model: str, api_base: str | None) -> bool:
-    """Whether reasoning may be sent back to this provider (reference 004, SPEC 3.3).
+    """Whether reasoning may be sent back to this provider (reference 004, design §3.3).
 
     litellm carries it as ``reasoning_content`` / ``thinking_blocks`` and translates it for providers that
     take it back (Anthropic's signed thinking, Gemini's thought signatures, Bedrock). OpenAI's own API

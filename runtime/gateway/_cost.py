@@ -1,4 +1,4 @@
-"""What a call cost, from litellm's price map: looked up once per model, then arithmetic (SPEC 4.1).
+"""What a call cost, from litellm's price map: looked up once per model, then arithmetic (design §4.1).
 
 litellm's own ``cost_per_token`` walks the model map on every call; here a model's prices are read once
 (:func:`prices_for`, cached) and each call's cost is computed from its usage: uncached input, cache reads

@@ -1,4 +1,4 @@
-"""Provider errors classified into the kinds the runtime acts on (SPEC 3.7, 6.1).
+"""Provider errors classified into the kinds the runtime acts on (design §3.7, 6.1).
 
 Every transport maps its failures here, so one error means the same on every transport: overflow is
 decided first by :func:`runtime.context.overflow.is_context_overflow` (an overflow that arrives as a 500, as

@@ -1,4 +1,4 @@
-"""The gateway: every provider call of the runtime, on one asyncio loop thread (SPEC 3.2, 3.3, 3.7).
+"""The gateway: every provider call of the runtime, on one asyncio loop thread (design §3.2, 3.3, 3.7).
 
 Actors never wait for the network. They hand a :class:`CompletionRequest` to :meth:`Gateway.complete`, which
 returns at once with a :class:`CallHandle`; the call runs on the :class:`IoLoop` over a transport, and its

@@ -1,4 +1,4 @@
-"""The I/O loop: one asyncio event loop in a daemon thread, shared by the whole runtime (SPEC 3.2)."""
+"""The I/O loop: one asyncio event loop in a daemon thread, shared by the whole runtime (design §3.2)."""
 
 from __future__ import annotations
 

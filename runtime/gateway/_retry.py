@@ -1,4 +1,4 @@
-"""Backoff between attempts: exponential with jitter, honouring the server's ``retry-after`` (SPEC 3.7)."""
+"""Backoff between attempts: exponential with jitter, honouring the server's ``retry-after`` (design §3.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which transport serves a call, and where it goes (SPEC 3.2).
+"""Which transport serves a call, and where it goes (design §3.2).
 
 litellm stays the reference: the native ``openai_compat`` transport serves a call only where it sends what
 litellm would send. A model is resolved once (per model name, ``api_base`` and transport setting) with

@@ -1,4 +1,4 @@
-"""Observability (SPEC 7.5): OpenTelemetry spans and Prometheus metrics.
+"""Observability (design §7.5): OpenTelemetry spans and Prometheus metrics.
 
     tracing.py   Tracing: invoke_agent / chat / execute_tool / compaction spans after the GenAI
                  semantic conventions, on ``opentelemetry-api`` only

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a runtime (SPEC 7.5), derived from its event bus.
+"""Prometheus metrics of a runtime (design §7.5), derived from its event bus.
 
 :class:`RuntimeMetrics` subscribes once to every session's events of the types it counts (no deltas) and
 turns them into counters, gauges and histograms. Nothing on the runtime's hot path calls it: publishing an

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of the runtime's work (SPEC 7.5), after the GenAI semantic conventions.
+"""OpenTelemetry spans of the runtime's work (design §7.5), after the GenAI semantic conventions.
 
 One ``invoke_agent`` span per turn, with a ``chat`` span per provider call, an ``execute_tool`` span per tool
 call and a ``compaction`` span per compaction under it (a compaction's summarizer calls are ``chat`` spans

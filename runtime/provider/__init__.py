@@ -1,4 +1,4 @@
-"""The local OpenAI-compatible provider that ships with agentcell (SPEC 7.3).
+"""The local OpenAI-compatible provider that ships with agentcell (design §7.3).
 
 It is what the demo, the tests and the benchmarks talk to over real HTTP through litellm: deterministic
 scripted or policy-driven replies (text, reasoning, tool calls), exact usage counted with tiktoken, a

@@ -3,7 +3,7 @@
 It is deterministic and stateless: the reply depends only on the request. Good enough for the demo:
 
 - a **summarization request** (the system prompt or the last user message asks to summarize a
-  ``<conversation>``) gets a structured summary in the requested format (by default SPEC 5.4's headings:
+  ``<conversation>``) gets a structured summary in the requested format (by default design §5.4's headings:
   Goal / Constraints & Preferences / Progress / Key Decisions / Next Steps / Critical Context), derived
   from the transcript;
 - an **agent turn** whose user message mentions files gets tool calls, one step per request: list a

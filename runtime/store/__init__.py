@@ -1,4 +1,4 @@
-"""Session persistence (SPEC 2.2–2.4): the session tree, its append-only JSONL log, the shared writer
+"""Session persistence (design §2.2–2.4): the session tree, its append-only JSONL log, the shared writer
 thread, the sessions directory (list, delete, lock) and the event transcript.
 
 The pieces, from the inside out: :mod:`~runtime.store.entries` (what a log line holds),

@@ -1,4 +1,4 @@
-"""The records of a session log (SPEC 2.3): one msgspec tagged union, one JSON line each.
+"""The records of a session log (design §2.3): one msgspec tagged union, one JSON line each.
 
 A log starts with a :class:`Header` and then holds, in the order they happened, the entries that build
 the session tree: messages, compactions, overlays and visibility changes (the tree's nodes), branch moves
@@ -58,7 +58,7 @@ class Header(_Entry, frozen=True, tag="header"):
     api_base: str | None = None  # the provider endpoint; the API key is never stored
     tools: list[str] = msgspec.field(default_factory=list)
     config: dict[str, Any] = msgspec.field(default_factory=dict)  # per-session overrides, secrets removed
-    agents: dict[str, Any] = msgspec.field(default_factory=dict)  # its sub-agent profiles (SPEC 3.10)
+    agents: dict[str, Any] = msgspec.field(default_factory=dict)  # its sub-agent profiles (design §3.10)
     parent_session_id: str | None = None  # a sub-agent: the session that delegated to it ...
     parent_call_id: str | None = None  # ... by this tool call
     depth: int = 0  # how many delegations deep it is (0: a top-level session)
@@ -171,7 +171,7 @@ _SECRET_KEY = re.compile(
 
 
 def scrub_secrets(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``config`` without keys that look like credentials, at any depth (SPEC 9)."""
+    """A copy of ``config`` without keys that look like credentials, at any depth (design §9)."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         if _SECRET_KEY.search(str(key)):

@@ -1,4 +1,4 @@
-"""The event transcript (SPEC 2.3, reference 003): every broadcast event of a session, one JSON line each.
+"""The event transcript (design §2.3, reference 003): every broadcast event of a session, one JSON line each.
 
 :class:`TranscriptWriter` is an event-bus sink for the whole runtime: it appends each event to
 ``<root>/<session>.events.jsonl`` through the shared :class:`~runtime.store.writer.LogWriter`, so the

@@ -1,4 +1,4 @@
-"""The session tree (SPEC 2.2, 2.3): pure state, no I/O.
+"""The session tree (design §2.2, 2.3): pure state, no I/O.
 
 Messages, compactions, overlays and visibility changes are nodes linked to their parent; the *leaf* is where the next
 message goes, and the nodes from the root to the leaf are the *path*: the conversation. ``branch`` moves
@@ -201,7 +201,7 @@ class SessionTree:
 
     @property
     def dead(self) -> str | None:
-        """Why the session is dead (SPEC 5.8: hard_reset could not bring it under its window), or None."""
+        """Why the session is dead (design §5.8: hard_reset could not bring it under its window), or None."""
         value = self._metadata.get(DEAD_KEY)
         return value if isinstance(value, str) and value else None
 
@@ -286,7 +286,7 @@ class SessionTree:
         """Index of the first message of :meth:`context` appended after the latest compaction.
 
         Everything before it (the summary and the kept messages) predates the compaction, so provider
-        usage reported for it must be ignored (SPEC 4.2). ``0`` when the path has no compaction.
+        usage reported for it must be ignored (design §4.2). ``0`` when the path has no compaction.
         """
         self._ensure_context()
         return self._usage_floor

@@ -1,4 +1,4 @@
-"""The log writer: one background thread per runtime that appends to every session's files (SPEC 2.3).
+"""The log writer: one background thread per runtime that appends to every session's files (design §2.3).
 
 Callers never touch the disk. They hand a line (or several) to :meth:`LogWriter.append` and get on with
 their work; the writer thread takes everything queued since its last round, groups it per file, writes

@@ -1,5 +1,5 @@
-"""Tools (SPEC 3.4): the registry, workspace confinement, the built-in tools and the executor; tools from
-MCP servers (SPEC 3.9) are in :mod:`runtime.tools.mcp`."""
+"""Tools (design §3.4): the registry, workspace confinement, the built-in tools and the executor; tools from
+MCP servers (design §3.9) are in :mod:`runtime.tools.mcp`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The built-in tools (SPEC 3.4): read_file, write_file, edit_file, list_dir, grep, and shell.
+"""The built-in tools (design §3.4): read_file, write_file, edit_file, list_dir, grep, and shell.
 
 File tools work inside the session's workspace only (see :mod:`runtime.tools.workspace`); paths in their
 results are relative to it. Their docstrings are what the model reads as the tools' descriptions.

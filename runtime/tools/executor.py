@@ -1,4 +1,4 @@
-"""Running tool calls (SPEC 3.4-3.6): a worker pool shared by the runtime, parallel within a turn.
+"""Running tool calls (design §3.4-3.6): a worker pool shared by the runtime, parallel within a turn.
 
 :meth:`ToolExecutor.run` takes the tool calls of one assistant message and returns at once with a
 :class:`ToolBatchHandle`; callbacks report progress from worker threads. Every call ends with exactly one

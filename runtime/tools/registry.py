@@ -1,4 +1,4 @@
-"""The tool registry (SPEC 3.4): tools as name + description + JSON-schema parameters + a callable.
+"""The tool registry (design §3.4): tools as name + description + JSON-schema parameters + a callable.
 
 A plain function becomes a tool with :func:`tool` (or ``registry.tool``): its name, its docstring (first
 paragraph → description; a Google-style ``Args:`` section or ``:param x:`` lines → parameter

@@ -1,4 +1,4 @@
-"""Workspace confinement for file tools (SPEC 3.4, 9).
+"""Workspace confinement for file tools (design §3.4, 9).
 
 A :class:`Workspace` turns a path the model wrote into a real path inside the session's workspace, or
 refuses it with a :class:`WorkspaceError` that says why: a NUL byte, a ``..`` that climbs out, an

@@ -1,5 +1,5 @@
 """A client of ``agentcell serve`` must not point a session at its own endpoint and collect the server's
-provider key (SPEC 9): litellm (and the native transport, which reads keys where litellm does) sends the
+provider key (design §9): litellm (and the native transport, which reads keys where litellm does) sends the
 key from the server's environment to whatever ``api_base`` a session names when it has no key of its own.
 Over HTTP an ``api_base`` therefore needs the request's own ``api_key``, or the operator's leave
 (``server.allow_api_base`` / ``--allow-api-base``)."""

@@ -1,4 +1,4 @@
-"""The cluster runtime on a local Ray cluster with 2 CPUs (SPEC 10): sessions on two shards, events from
+"""The cluster runtime on a local Ray cluster with 2 CPUs (design §10): sessions on two shards, events from
 both, the same API as ``Runtime``, shards joining and leaving, a shard SIGKILLed mid-turn, the HTTP server
 in front of it, and bad addresses.
 

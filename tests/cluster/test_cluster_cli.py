@@ -1,4 +1,4 @@
-"""``agentcell serve --shards N | --ray-address ADDR`` and ``agentcell demo --shards N`` (SPEC 10.4)."""
+"""``agentcell serve --shards N | --ray-address ADDR`` and ``agentcell demo --shards N`` (design §10.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A cluster that goes away, and an address where something other than Ray answers (SPEC 10): clear errors,
+"""A cluster that goes away, and an address where something other than Ray answers (design §10): clear errors,
 in seconds. Each runs in a child process with a Ray cluster of its own, which it then kills."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Placement by rendezvous hashing (SPEC 10.1): stable, balanced, and minimal when shards come and go."""
+"""Placement by rendezvous hashing (design §10.1): stable, balanced, and minimal when shards come and go."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Compaction's pure logic (SPEC 5.2-5.8): cut point, split turns, summarizer requests, fallback, the
+"""Compaction's pure logic (design §5.2-5.8): cut point, split turns, summarizer requests, fallback, the
 progress guard, file-op tracking and the three modes."""
 
 from __future__ import annotations

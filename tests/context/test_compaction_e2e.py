@@ -1,4 +1,4 @@
-"""Compaction end to end over the local provider (SPEC 5): automatic, manual, modes, archiving, events."""
+"""Compaction end to end over the local provider (design §5): automatic, manual, modes, archiving, events."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_long_session_compacts_automatically_and_keeps_answering(
     assert [m.text for m in history if m.role == "user" and m.kind is None] == prompts
     stats = rt.context_stats(sid)
     assert stats.total < stats.compaction_threshold
-    # Summarizer input and output are saved beside the session (SPEC 2.3).
+    # Summarizer input and output are saved beside the session (design §2.3).
     artifacts = sorted(p.name for p in rt.services.directory.artifacts_dir(sid).iterdir())
     assert len(artifacts) == 2 * len(ends)
 
@@ -306,7 +306,7 @@ def test_a_failed_automatic_compaction_is_not_retried_in_the_same_turn(
     recorder.wait_type("agent_end")
     failures = recorder.of("compaction_failed", sid)
     # One threshold attempt, not one per step; the request it left over the limit gets the turn's one
-    # emergency (overflow) compaction instead of being sent, and that failing ends the turn (SPEC 5.13).
+    # emergency (overflow) compaction instead of being sent, and that failing ends the turn (design §5.13).
     assert [f.trigger for f in failures] == ["threshold", "overflow"], recorder.types(sid)
     assert all(f.reason == "summarizer_failed" for f in failures)
     assert result.status == "error"
@@ -318,7 +318,7 @@ def test_a_failed_automatic_compaction_is_not_retried_in_the_same_turn(
 def test_old_tool_results_are_archived_with_a_summary_the_summarizer_wrote(
     rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any
 ) -> None:
-    """The ``llm`` strategy (SPEC 5.9): the archived steps go to the summarizer as a digest, no tools; its
+    """The ``llm`` strategy (design §5.9): the archived steps go to the summarizer as a digest, no tools; its
     answer, clipped to ``tool_summary_output_chars``, is what the model reads instead of them."""
     (workspace / "notes.txt").write_text("alpha\nbeta\n")
     name = f"tools-{next(_names)}"
@@ -389,7 +389,7 @@ def test_a_failed_tool_summarizer_falls_back_to_the_heuristic_summary(
 def test_old_tool_outputs_are_cleared_to_a_placeholder(
     rt: Any, recorder: Recorder, provider: Any, session: Any, workspace: Any, sessions_dir: Any
 ) -> None:
-    """``compaction.clear_old_tool_outputs`` (SPEC 5.9): outputs older than the newest
+    """``compaction.clear_old_tool_outputs`` (design §5.9): outputs older than the newest
     ``clear_protect_tokens`` become a placeholder once that frees ``clear_min_freed_tokens``; the newest
     step's are kept, calls keep their results, and the log keeps the outputs."""
     lines = [f"line {i}: " + " ".join(f"w{i}x{j}" for j in range(12)) for i in range(150)]

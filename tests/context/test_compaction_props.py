@@ -1,4 +1,4 @@
-"""Property tests of compaction over random histories (SPEC 5.2, 5.3, 5.6, 5.7).
+"""Property tests of compaction over random histories (design §5.2, 5.3, 5.6, 5.7).
 
 Histories mix user turns, assistant steps with 0..3 tool calls and their results (in any order), tool
 digests, archived (hidden) steps and a previous summary. For every one of them: the kept part starts at a

@@ -1,4 +1,4 @@
-"""The context estimate (SPEC 4.2), the compaction trigger (5.1) and the context breakdown (4.6)."""
+"""The context estimate (design §4.2), the compaction trigger (5.1) and the context breakdown (4.6)."""
 
 from __future__ import annotations
 

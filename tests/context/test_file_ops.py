@@ -1,4 +1,4 @@
-"""File-operation tracking across compactions (SPEC 5.7)."""
+"""File-operation tracking across compactions (design §5.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tool-call integrity (SPEC 3.6): every call has exactly one result before the next provider call."""
+"""Tool-call integrity (design §3.6): every call has exactly one result before the next provider call."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context window per model (SPEC 4.5): overrides → litellm's max_input_tokens → built-in table → fallback."""
+"""Context window per model (design §4.5): overrides → litellm's max_input_tokens → built-in table → fallback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The context-overflow classifier (SPEC 6.1, 6.2): real provider wording, negatives, odd inputs."""
+"""The context-overflow classifier (design §6.1, 6.2): real provider wording, negatives, odd inputs."""
 
 from __future__ import annotations
 
@@ -713,7 +713,7 @@ def test_a_sum_too_large_is_an_overflow_only_when_a_smaller_prompt_could_make_ro
 
 
 def test_every_substring_litellm_checks_is_an_overflow() -> None:
-    """litellm 1.110's ``is_error_str_context_window_exceeded`` list and its other shapes (SPEC 6.1: the union)."""
+    """litellm 1.110's ``is_error_str_context_window_exceeded`` list and its other shapes (design §6.1: the union)."""
     for text in (
         "exceed context limit",
         "This model's maximum context length is 4096",
@@ -855,7 +855,7 @@ def test_fuzz_classifier_never_raises(
     assert isinstance(result, bool)
 
 
-# -- the recovery decision (SPEC 6.3) ---------------------------------------------------------------------
+# -- the recovery decision (design §6.3) ---------------------------------------------------------------------
 
 
 def test_overflow_recovery_is_one_emergency_compaction_then_clear_errors() -> None:

@@ -1,4 +1,4 @@
-"""Overflow recovery end to end (SPEC 6): every imitated vendor's overflow error, one emergency
+"""Overflow recovery end to end (design §6): every imitated vendor's overflow error, one emergency
 compaction and one retry, a clean error on a second overflow, silent overflow from reported usage."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_silent_overflow_in_usage_compacts_before_the_next_turn(
     rt: Any, recorder: Recorder, provider: Any
 ) -> None:
     # The runtime is told the window is 1,000 tokens; a response reporting more input tokens than that (a
-    # provider that silently truncated, or counts differently) is a silent overflow (SPEC 6.2).
+    # provider that silently truncated, or counts differently) is a silent overflow (design §6.2).
     name = f"overflow-{next(_names)}"
     answer = "Noted. " + " ".join(f"fact{i}" for i in range(30))
     provider.add_script(name, [Turn(text=answer, prompt_tokens=1_500), Turn(text=answer)], loop=True)

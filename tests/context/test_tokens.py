@@ -1,4 +1,4 @@
-"""Token counting (SPEC 4.3): exact counts with the chat format's framing, caching, and the heuristic."""
+"""Token counting (design §4.3): exact counts with the chat format's framing, caching, and the heuristic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tool output limits and spill (SPEC 3.5): each limit, each mode, multi-byte text, the spill file."""
+"""Tool output limits and spill (design §3.5): each limit, each mode, multi-byte text, the spill file."""
 
 from __future__ import annotations
 

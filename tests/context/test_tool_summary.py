@@ -1,4 +1,4 @@
-"""Tool-result archiving, tool summaries and old-output clearing (SPEC 5.9)."""
+"""Tool-result archiving, tool summaries and old-output clearing (design §5.9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The working set and the rules of each request of a turn (SPEC 5.13), the pure part.
+"""The working set and the rules of each request of a turn (design §5.13), the pure part.
 
 Where the working set begins; that automatic compactions never cut into it (over random histories); how a
 step's results are clipped to a budget; and the decision before each request: at most one threshold and one

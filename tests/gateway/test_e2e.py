@@ -1,4 +1,4 @@
-"""The agent end to end on each gateway transport (SPEC 3.2): the same turns, events, usage, retries,
+"""The agent end to end on each gateway transport (design §3.2): the same turns, events, usage, retries,
 overflow recovery, compaction and abort over ``litellm`` and the native ``openai_compat``.
 
 The rest of the agent suite runs on whichever ``--gateway-transport`` pytest is given (``auto``, the

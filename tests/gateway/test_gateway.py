@@ -1,4 +1,4 @@
-"""The gateway against the local provider over real HTTP on 127.0.0.1 (SPEC 3.2, 3.3, 3.7).
+"""The gateway against the local provider over real HTTP on 127.0.0.1 (design §3.2, 3.3, 3.7).
 
 Every test that makes calls runs on both transports (``litellm`` and the native ``openai_compat``): the
 same deltas, messages, usage, error kinds, retries, cancellation and stall reports from each.

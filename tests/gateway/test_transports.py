@@ -1,4 +1,4 @@
-"""Which transport serves a call, and that the native one sends what litellm sends (SPEC 3.2).
+"""Which transport serves a call, and that the native one sends what litellm sends (design §3.2).
 
 The routing rules of :mod:`runtime.gateway._routing`, and one check that keeps ``auto`` honest: for every
 provider it sends over the native transport, the same request made through litellm and natively reaches the

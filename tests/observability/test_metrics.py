@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC 7.5): ``GET /metrics`` of the server scraped over real HTTP after a scripted
+"""Prometheus metrics (design §7.5): ``GET /metrics`` of the server scraped over real HTTP after a scripted
 workload (tool turns, a compaction, a retried provider fault, an overflow recovery, a failed call, a slow
 subscriber), every number checked against the events the test saw; the bearer token rule."""
 

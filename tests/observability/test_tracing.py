@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (SPEC 7.5) through the public API against the local provider: the span tree of a turn
+"""OpenTelemetry spans (design §7.5) through the public API against the local provider: the span tree of a turn
 with parallel tool calls, of a compaction, of a provider call that is retried or fails, and what content the
 spans hold (none unless the user opts in)."""
 

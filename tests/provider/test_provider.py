@@ -1,4 +1,4 @@
-"""The local OpenAI-compatible provider over real HTTP on 127.0.0.1 (SPEC 7.3)."""
+"""The local OpenAI-compatible provider over real HTTP on 127.0.0.1 (design §7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad input (SPEC 9): each is a clear error or a handled result, nothing is lost, the session goes on.
+"""Bad input (design §9): each is a clear error or a handled result, nothing is lost, the session goes on.
 
 Malformed tool-call JSON, unknown tools, 100 MB of tool output, binary and invalid UTF-8, path traversal
 and symlink escape, hostile session ids, prompts larger than the window, invalid configuration.
@@ -108,7 +108,7 @@ def test_malformed_tool_call_arguments_are_error_results(
     *bad, good = results
     refused = [r for r in bad if r.is_error]
     assert refused == bad, [r.text[:80] for r in bad if not r.is_error]
-    limit = Config().tool_output.max_bytes + 500  # the limits apply to error results too (SPEC 3.5)
+    limit = Config().tool_output.max_bytes + 500  # the limits apply to error results too (design §3.5)
     assert all(len(r.text.encode()) <= limit for r in bad)
     assert not good.is_error and "hello" in good.text
 

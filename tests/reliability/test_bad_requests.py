@@ -1,4 +1,4 @@
-"""Bad input over HTTP (SPEC 7.2, 9): missing or wrong tokens and malformed requests on every route.
+"""Bad input over HTTP (design §7.2, 9): missing or wrong tokens and malformed requests on every route.
 
 Each is answered with a 4xx and ``{"error": ...}``, changes nothing, and leaves the server serving.
 """

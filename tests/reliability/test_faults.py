@@ -1,4 +1,4 @@
-"""Faults (SPEC 9): crashes, provider faults, a failing summarizer, SIGKILL, a full disk.
+"""Faults (design §9): crashes, provider faults, a failing summarizer, SIGKILL, a full disk.
 
 After each fault the session recovers, nothing acknowledged is lost, its events go on in order, every tool
 call has exactly one result, and it answers the next prompt.

@@ -1,4 +1,4 @@
-"""Fuzz (SPEC 9, hypothesis): the JSONL log reader and the overflow classifier on hostile input.
+"""Fuzz (design §9, hypothesis): the JSONL log reader and the overflow classifier on hostile input.
 
 The log reader: whatever is on disk, it returns the entries that were written whole, cuts a torn tail,
 and otherwise names the bad line — never another exception, never a silently missing entry. The

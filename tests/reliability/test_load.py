@@ -1,4 +1,4 @@
-"""Load (SPEC 9): many sessions at once, many turns each, random aborts and manual compactions.
+"""Load (design §9): many sessions at once, many turns each, random aborts and manual compactions.
 
 Nothing may be lost or mixed up: every session's log replays into a consistent tree in which every tool
 call has exactly one result, every acknowledged message is in it, each session's events arrive in

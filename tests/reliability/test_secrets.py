@@ -1,4 +1,4 @@
-"""Secrets (SPEC 9): a run with an API key leaves no trace of it in sessions, transcripts, events or logs.
+"""Secrets (design §9): a run with an API key leaves no trace of it in sessions, transcripts, events or logs.
 
 One runtime does everything that writes something down — turns with file tools and a shell, retries,
 provider errors (one from a provider that echoes the key back), compactions (with their artifacts), an

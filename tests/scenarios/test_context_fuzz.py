@@ -1,4 +1,4 @@
-"""The workload fuzzer of the context core (SPEC 5.13): sessions of every shape, through the public API.
+"""The workload fuzzer of the context core (design §5.13): sessions of every shape, through the public API.
 
 Hypothesis draws a session (window 2k-200k, compaction mode, a summarizer that works, fails or answers
 nothing, a provider whose real window may be smaller than the one configured, a turn budget) and its turns

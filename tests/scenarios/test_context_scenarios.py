@@ -1,4 +1,4 @@
-"""The context core under tool-heavy work, as a user meets it (SPEC 5.13): the workloads that broke it.
+"""The context core under tool-heavy work, as a user meets it (design §5.13): the workloads that broke it.
 
 Each test drives the public ``Runtime`` against the local provider over real HTTP: the measured compaction
 loop (a small window, file reads bigger than the kept budget), the same at 60,000 tokens, one step whose

@@ -1,4 +1,4 @@
-"""A session's MCP servers over its life (SPEC 3.9): started with its first turn, stopped when it
+"""A session's MCP servers over its life (design §3.9): started with its first turn, stopped when it
 hibernates and started again when it wakes, kept in its log (a credential withheld) and brought back
 when it is resumed by another runtime, which adds its own ``[mcp.servers]``; the runtime's servers go to
 every session; a sub-agent uses its parent's. No server process outlives any of it.

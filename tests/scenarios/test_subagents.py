@@ -1,4 +1,4 @@
-"""Sub-agents (SPEC 3.10), end to end: a parent session delegates to child sessions through its ``agent`` tool.
+"""Sub-agents (design §3.10), end to end: a parent session delegates to child sessions through its ``agent`` tool.
 
 The parent's model is scripted to call the tool; each child runs its own scripted model through the local
 provider, with its own log, usage and compaction.

@@ -8,7 +8,7 @@ compaction summary carries), and the newest step whose calls it can see. So a co
 away the working set makes it redo a step, and a loop shows up as requests without end.
 
 :class:`TurnCheck` then checks, from the events, the provider's request log and the session log, what a
-user relies on (SPEC 5.6, 5.11, 5.13, 3.6).
+user relies on (design §5.6, 5.11, 5.13, 3.6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agent actor end to end over the local provider (SPEC 3): tools, approval, abort, queueing, recovery."""
+"""The agent actor end to end over the local provider (design §3): tools, approval, abort, queueing, recovery."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The public Runtime API (SPEC 1.5): sessions' lifecycle, resume, branch, models, hibernation, asyncio."""
+"""The public Runtime API (design §1.5): sessions' lifecycle, resume, branch, models, hibernation, asyncio."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The usage tracker actor (SPEC 4.1, 4.4, 4.6): totals, last prompt size, calibration, usage events."""
+"""The usage tracker actor (design §4.1, 4.4, 4.6): totals, last prompt size, calibration, usage events."""
 
 from __future__ import annotations
 

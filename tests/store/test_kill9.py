@@ -1,4 +1,4 @@
-"""Kill -9 during heavy writing (SPEC 2.3, 9): every acknowledged message is there after restart.
+"""Kill -9 during heavy writing (design §2.3, 9): every acknowledged message is there after restart.
 
 A child process runs a real session store and appends as fast as it can, printing the id of each
 message once its append is acknowledged. The parent kills it with SIGKILL at random moments, then

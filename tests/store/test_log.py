@@ -1,4 +1,4 @@
-"""The JSONL log, the writer thread, the sessions directory and the transcript (SPEC 2.3, 2.4, 9)."""
+"""The JSONL log, the writer thread, the sessions directory and the transcript (design §2.3, 2.4, 9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The session store actor: acknowledged writes, views, restart from the log, the lock (SPEC 2.2, 2.3)."""
+"""The session store actor: acknowledged writes, views, restart from the log, the lock (design §2.2, 2.3)."""
 
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def test_sync_turn_makes_the_log_durable_under_the_turn_policy(
 def test_a_store_waiting_for_its_lock_does_not_hold_a_dispatcher_thread(
     directory: SessionDirectory, writer: LogWriter, events: Events
 ) -> None:
-    """SPEC 1.1: the lock wait and the log read happen off the dispatcher; queries wait for the opening."""
+    """design §1.1: the lock wait and the log read happen off the dispatcher; queries wait for the opening."""
     dispatcher = Dispatcher(threads=1, name="one-thread")  # one thread: a store holding it stops everything
     try:
         other = SessionStore.start(

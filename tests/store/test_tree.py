@@ -1,4 +1,4 @@
-"""The session tree (SPEC 2.2, 2.3): branches, the computed model view, and replay from the log."""
+"""The session tree (design §2.2, 2.3): branches, the computed model view, and replay from the log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tool executor (SPEC 3.4-3.6, 9): parallel calls, timeouts, errors as results, approval, abort,
+"""The tool executor (design §3.4-3.6, 9): parallel calls, timeouts, errors as results, approval, abort,
 and bad output (100 MB, binary, invalid UTF-8)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MCP tools end to end over stdio (SPEC 3.9): a real MCP server, written with the ``mcp`` SDK's own server
+"""MCP tools end to end over stdio (design §3.9): a real MCP server, written with the ``mcp`` SDK's own server
 API (tests/tools/mcp_server.py), run by the runtime as a subprocess; the local provider's model calls its
 tools as ``t__tool`` and gets their results.
 

@@ -1,5 +1,5 @@
-"""The pure parts of MCP support (SPEC 3.9): tool names and schemas as the model gets them, results as
-text, server definitions from command lines, and what of them a session log may keep (SPEC 9)."""
+"""The pure parts of MCP support (design §3.9): tool names and schemas as the model gets them, results as
+text, server definitions from command lines, and what of them a session log may keep (design §9)."""
 
 from __future__ import annotations
 

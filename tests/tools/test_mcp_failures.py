@@ -1,4 +1,4 @@
-"""Hostile MCP servers (SPEC 3.9): one that crashes in the middle of a call, one that stops answering, one
+"""Hostile MCP servers (design §3.9): one that crashes in the middle of a call, one that stops answering, one
 that fails to start (at once, or on its restart), a command that does not exist. Each call such a server
 cuts short gets an error result and an ``mcp_server_error`` event; the session goes on; the server is
 started again on its next use, after a growing delay when it keeps failing.

@@ -1,4 +1,4 @@
-"""MCP tools over streamable HTTP (SPEC 3.9): the test server (the ``mcp`` SDK's ``MCPServer``) served by
+"""MCP tools over streamable HTTP (design §3.9): the test server (the ``mcp`` SDK's ``MCPServer``) served by
 uvicorn in a subprocess on a free port; headers (one a secret) reach it, and the secret stays out of the
 session's files; a server that goes away gives error results and events, and is reached again once back.
 """

@@ -1,4 +1,4 @@
-"""MCP servers through the applications (SPEC 3.9, 7): ``agentcell chat --mcp`` and the HTTP API's
+"""MCP servers through the applications (design §3.9, 7): ``agentcell chat --mcp`` and the HTTP API's
 session body; and the promise that ``import runtime`` does not import the ``mcp`` SDK."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workspace confinement (SPEC 3.4, 9): traversal, absolute paths and symlink escapes are refused."""
+"""Workspace confinement (design §3.4, 9): traversal, absolute paths and symlink escapes are refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The live dashboard ``agentcell serve`` answers at ``/`` (SPEC 7.4).
+"""The live dashboard ``agentcell serve`` answers at ``/`` (design §7.4).
 
 A page of plain HTML, CSS and JavaScript in ``static/`` (no build step, nothing from a CDN): the hosted
 sessions in a table kept live from the event stream, and one session's timeline, context breakdown and

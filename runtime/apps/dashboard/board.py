@@ -1,4 +1,4 @@
-"""The dashboard's picture of every hosted session, kept from the event bus (SPEC 7.4).
+"""The dashboard's picture of every hosted session, kept from the event bus (design §7.4).
 
 :class:`SessionBoard` subscribes to the runtime's events (every type but the deltas) and folds each into a
 small row per session: the agent's state, tokens in and out, cost, context size, compactions, turns, the

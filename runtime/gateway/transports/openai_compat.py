@@ -1,4 +1,4 @@
-"""The native transport: OpenAI chat completions over keep-alive HTTP/1.1, decoded with msgspec (SPEC 3.2).
+"""The native transport: OpenAI chat completions over keep-alive HTTP/1.1, decoded with msgspec (design §3.2).
 
 Connections come from keep-alive pools, one per endpoint (:mod:`runtime.gateway.transports._http`; httpx's
 pool costs O(n) to O(n^2) per call in the number of pooled connections, more than litellm's whole call at a

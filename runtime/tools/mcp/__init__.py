@@ -1,4 +1,4 @@
-"""Tools from Model Context Protocol servers (SPEC 3.9), through the official ``mcp`` SDK.
+"""Tools from Model Context Protocol servers (design §3.9), through the official ``mcp`` SDK.
 
 - :mod:`.servers`: server definitions (config, command lines, what a session log keeps of them);
 - :mod:`.convert`: tool names, schemas and results as the model sees them (pure);

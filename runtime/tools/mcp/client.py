@@ -1,4 +1,4 @@
-"""One session's connection to one MCP server (SPEC 3.9), through the official ``mcp`` SDK's client.
+"""One session's connection to one MCP server (design §3.9), through the official ``mcp`` SDK's client.
 
 Everything here runs on the runtime's I/O loop (the asyncio loop the gateway uses), never on an actor's
 dispatcher thread. This module imports ``mcp``: :mod:`runtime.tools.mcp.session` imports it off the loop,

@@ -1,4 +1,4 @@
-"""From what an MCP server says to what the model sees (SPEC 3.9): tool names, schemas and results.
+"""From what an MCP server says to what the model sees (design §3.9): tool names, schemas and results.
 
 Pure logic: objects of the ``mcp`` SDK are read by their attributes, so nothing here imports it.
 

@@ -1,9 +1,9 @@
-"""MCP server definitions (SPEC 3.9): parsing them, and what of them a session log may keep.
+"""MCP server definitions (design §3.9): parsing them, and what of them a session log may keep.
 
 Pure logic, no I/O and no ``mcp`` import. A definition is a :class:`~runtime.config.McpServerConfig`;
 sessions name theirs (``start_session(mcp_servers={"fs": {...}})``, ``agentcell chat --mcp "fs=CMD ARGS"``).
 A session's own servers are written to its log header so that a resumed session gets them again, with
-every value that looks like a credential withheld (SPEC 9): the header keeps :data:`WITHHELD` in its place,
+every value that looks like a credential withheld (design §9): the header keeps :data:`WITHHELD` in its place,
 and a server with a withheld value does not start until the value is given again (or written as
 ``${VAR}``, a reference to the runtime's environment, which is stored as written).
 """

@@ -1,4 +1,4 @@
-"""A session's MCP servers (SPEC 3.9): their tools in the session's registry, their lifecycle.
+"""A session's MCP servers (design §3.9): their tools in the session's registry, their lifecycle.
 
 :class:`McpServers` is what a session holds. Its servers' tools join the session's tool registry as
 ``NAME__tool`` :class:`~runtime.tools.registry.Tool` objects, so they go through the same executor as
