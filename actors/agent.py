@@ -51,8 +51,9 @@ from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from runtime.gateway import CallHandle, CompletionResult
-    from runtime.tools.executor import ToolBatchHandle, ToolRunResult
+    from runtime.gateway import CallHandle, CompletionResult, Delta, RetryInfo
+    from runtime.observability.tracing import Tracing
+    from runtime.tools.executor import ContextFactory, ToolBatchHandle, ToolRunResult
     from runtime.tools.registry import ToolRegistry
 
 log = logging.getLogger("agentcell.agent")
@@ -191,7 +192,7 @@ class Agent(SessionActor):
         if self._recovering:
             self.call(self.refs.store, p.GetContext(), self._recover)
 
-    def _recover(self, view: Any) -> None:
+    def _recover(self, view: p.ContextView | CallFailed) -> None:
         handover, self.refs.handover = self.refs.handover, None
         if isinstance(view, CallFailed):
             self.emit(
@@ -217,7 +218,7 @@ class Agent(SessionActor):
         # A turn cut off and not taken up (the process stopped) is said to be so in the log, which ends it.
         notes = repairs if continuing or not interrupted else [*repairs, interrupted_turn_note()]
 
-        def done(_: Any) -> None:
+        def done(_: object) -> None:
             self.emit(
                 ev.AgentRecovered,
                 messages=len(view.messages),
@@ -421,7 +422,7 @@ class Agent(SessionActor):
             ),
         )
 
-    def _with_mcp_tools(self, run: _Run, then: Any) -> None:
+    def _with_mcp_tools(self, run: _Run, then: Callable[[], None]) -> None:
         """Before a turn's first request: the session's MCP servers started and their tools listed (design
         §3.9), off this thread (the I/O loop answers with :class:`_McpTools`). A server that fails is an
         event, and the turn goes on without its tools."""
@@ -433,7 +434,7 @@ class Agent(SessionActor):
         me, token = self.actor_ref, run.token
         mcp.refresh(lambda registry: me.tell(_McpTools(token, registry)))
 
-    def _on_mcp_tools(self, token: int, registry: Any) -> None:
+    def _on_mcp_tools(self, token: int, registry: ToolRegistry | None) -> None:
         if registry is not None:  # (the registry is replaced whole: other threads see the old or the new)
             self.spec.tools = registry
         run = self.run
@@ -589,7 +590,7 @@ class Agent(SessionActor):
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
 
-        def on_delta(delta: Any) -> None:
+        def on_delta(delta: Delta) -> None:
             if delta.kind == "text":
                 publish(ev.TextDelta(session_id=sid, turn_id=turn, delta=delta.text))
             elif delta.kind == "reasoning":
@@ -609,11 +610,11 @@ class Agent(SessionActor):
         def on_stall(seconds: float) -> None:
             publish(ev.StreamStalled(session_id=sid, turn_id=turn, seconds=seconds))
 
-        def deliver(result: Any) -> None:
+        def deliver(result: CompletionResult) -> None:
             me.tell(_ProviderDone(token, result))
 
-        on_result: Callable[[Any], None] = deliver
-        on_retry: Callable[[Any], None] = retry_reporter(publish, sid, turn)
+        on_result: Callable[[CompletionResult], None] = deliver
+        on_retry: Callable[[RetryInfo], None] = retry_reporter(publish, sid, turn)
         tracing = self.services.tracing
         if tracing is not None:
             chat = tracing.start_chat(run.span, sid, request, turn_id=turn, provider=route.provider)
@@ -628,7 +629,7 @@ class Agent(SessionActor):
         )
 
     # -- streaming: the provider answered -----------------------------------------------------------------
-    def _on_provider_done(self, result: Any) -> None:
+    def _on_provider_done(self, result: CompletionResult) -> None:
         run = self.run
         assert run is not None
         run.call = None
@@ -643,7 +644,8 @@ class Agent(SessionActor):
             )
             self.call(self.refs.overflow, request, self._guard(run, self._on_error_verdict))
             return
-        message: Message = result.message
+        message = result.message
+        assert message is not None  # a result without an error carries the answer
         if run.message_id is not None:  # the id RequestStart announced (a stream's client names it early)
             message = msgspec.structs.replace(message, id=run.message_id)
         client_names = run.options.client_tool_names if run.options.client_tools else frozenset()
@@ -767,7 +769,7 @@ class Agent(SessionActor):
         def on_output(call: ToolCallPart, chunk: str) -> None:
             publish(ev.ToolOutput(session_id=sid, turn_id=turn, call_id=call.id, chunk=chunk))
 
-        def on_done(res: Any) -> None:
+        def on_done(res: ToolRunResult) -> None:
             publish(
                 ev.ToolExecutionEnd(
                     session_id=sid,
@@ -781,7 +783,10 @@ class Agent(SessionActor):
                 )
             )
 
-        callbacks: tuple[Callable[[ToolCallPart], None], Callable[[Any], None]] = (on_start, on_done)
+        callbacks: tuple[Callable[[ToolCallPart], None], Callable[[ToolRunResult], None]] = (
+            on_start,
+            on_done,
+        )
         if services.tracing is not None:
             callbacks = services.tracing.watch_tools(run.span, sid, turn, on_start, on_done)
 
@@ -806,7 +811,7 @@ class Agent(SessionActor):
             on_all_done=lambda results: me.tell(_ToolsDone(token, list(results))),
         )
 
-    def _tool_context_factory(self, turn_id: str) -> Any:
+    def _tool_context_factory(self, turn_id: str) -> ContextFactory:
         from runtime.tools.executor import context_factory
 
         return context_factory(
@@ -816,7 +821,7 @@ class Agent(SessionActor):
             logs_dir=self.services.directory.spill_dir(self.session_id),
         )
 
-    def _on_tools_done(self, results: list[Any]) -> None:
+    def _on_tools_done(self, results: list[ToolRunResult]) -> None:
         run = self.run
         assert run is not None
         run.tools = None
@@ -911,7 +916,7 @@ class Agent(SessionActor):
         self.services.writer.write_file(path, data, written)
         return str(path), sha
 
-    def _after_tool_results(self, _: Any) -> None:
+    def _after_tool_results(self, _: p.Stored) -> None:
         run = self.run
         assert run is not None
         if run.awaiting:  # the step's own calls are answered; the client's are the client's to answer
@@ -1010,7 +1015,7 @@ class Agent(SessionActor):
             complete(0)
             return
 
-        def with_view(view: Any) -> None:
+        def with_view(view: p.ContextView | CallFailed) -> None:
             if isinstance(view, CallFailed):
                 complete(0)
                 return
@@ -1056,7 +1061,7 @@ def _child_input_tokens(result: Message) -> int:
     return tokens if isinstance(tokens, int) else 0
 
 
-def abandon(handover: Handover, reason: str, tracing: Any = None, session_id: str = "") -> None:
+def abandon(handover: Handover, reason: str, tracing: Tracing | None = None, session_id: str = "") -> None:
     """Answer every prompt of a handover nobody will take up (the session stopped, or could not recover);
     with ``tracing``, end the span of its run."""
     run = handover.run

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 
@@ -33,7 +33,13 @@ from runtime.messages import Message
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
+if TYPE_CHECKING:
+    from runtime.gateway import CallHandle, CompletionResult, RetryInfo
+
 log = logging.getLogger("agentcell.compactor")
+
+CompactorRequest: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools
+JobAnswer: TypeAlias = "Outcome | p.ContextView | None"  # an Outcome, or MaybeArchiveTools' answer
 
 
 class SessionEstimate:
@@ -87,22 +93,22 @@ class CompactionInterrupted(RuntimeStateError):
 class _SummaryDone(msgspec.Struct, frozen=True):
     job: int
     index: int
-    result: Any  # runtime.gateway.CompletionResult
+    result: CompletionResult
 
 
 @dataclass
 class _Job:
     id: int
-    request: Any
-    reply: Callable[[Any], None]
+    request: CompactorRequest
+    reply: Callable[[JobAnswer], None]
     fail: Callable[[str], None]
-    view: Any = None
+    view: Any = None  # the ContextView the job started from (set before anything reads it)
     estimate: ContextEstimate | None = None
     plan: Any = None
     answers: list[str | None] = field(default_factory=list)
     outstanding: int = 0
     artifacts: list[str] = field(default_factory=list)
-    calls: list[Any] = field(default_factory=list)  # the summarizer calls in flight (CallHandle)
+    calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
     span: Any = None  # the compaction's span, when the runtime traces (design §7.5)
 
@@ -156,10 +162,10 @@ class Compactor(SessionActor):
         for job in jobs:
             for call in job.calls:  # a summarizer answer would find no one waiting for it
                 call.cancel()
-            compacting = isinstance(job.request, MaybeCompact | Compact)
+            request = job.request
             tokens = job.estimate.tokens if job.estimate is not None else 0
             try:
-                if compacting and job.plan is not None:  # its compaction_start was broadcast
+                if isinstance(request, MaybeCompact | Compact) and job.plan is not None:  # it was announced
                     self._end_span(job, error=f"the compaction was interrupted: {why}", reason="interrupted")
                     self.emit(
                         ev.CompactionFailed,
@@ -167,7 +173,7 @@ class Compactor(SessionActor):
                         reason="interrupted",
                         tokens=tokens,
                         window=self.context_window,
-                        trigger=job.request.trigger,
+                        trigger=request.trigger,
                     )
                 job.fail(why)
             except Exception:  # the bus or a caller may be gone at shutdown: answer the rest regardless
@@ -193,13 +199,13 @@ class Compactor(SessionActor):
                 raise TypeError(f"compactor: unexpected message {type(message).__name__}")
         return None
 
-    def _enqueue(self, request: Any) -> None:
+    def _enqueue(self, request: CompactorRequest) -> None:
         asker = self.defer_reply()  # answered when the job is done (None for a tell)
         self._job_ids += 1
 
         handle = getattr(request, "handle", None)
 
-        def reply(value: Any) -> None:
+        def reply(value: JobAnswer) -> None:
             if handle is not None and isinstance(value, Outcome):
                 handle.set_result(self._as_result(value))
             if asker is not None:
@@ -223,13 +229,13 @@ class Compactor(SessionActor):
         job = self._active = self._jobs.popleft()
         self.call(self.refs.store, p.GetContext(), lambda view: self._with_view(job, view))
 
-    def _done(self, job: _Job, value: Any) -> None:
+    def _done(self, job: _Job, value: JobAnswer) -> None:
         self._active = None
         job.reply(value)
         self._next()
 
     # -- deciding -------------------------------------------------------------------------------------
-    def _with_view(self, job: _Job, view: Any) -> None:
+    def _with_view(self, job: _Job, view: p.ContextView | CallFailed) -> None:
         if isinstance(view, CallFailed):
             self._done(job, Outcome(message=f"store unavailable: {view}"))
             return
@@ -340,11 +346,13 @@ class Compactor(SessionActor):
         )
         me = self.actor_ref
 
-        def deliver(result: Any) -> None:
+        def deliver(result: CompletionResult) -> None:
             me.tell(_SummaryDone(job.id, index, result))
 
-        on_result: Callable[[Any], None] = deliver
-        on_retry: Callable[[Any], None] = retry_reporter(self.publish, self.session_id, None)  # events too
+        on_result: Callable[[CompletionResult], None] = deliver
+        on_retry: Callable[[RetryInfo], None] = retry_reporter(
+            self.publish, self.session_id, None
+        )  # events too
         tracing = self.services.tracing
         if tracing is not None:  # a compaction's summary, or a tool archive's (under the running turn)
             parent = job.span if job.span is not None else tracing.turn_span(self.session_id)
@@ -401,7 +409,7 @@ class Compactor(SessionActor):
         # may be a provider's inflated report (a silent overflow), no longer describes the context.
         tokens_after = self.estimate.full(outcome.messages)
 
-        def recorded(reply: Any) -> None:
+        def recorded(reply: p.Stored | CallFailed) -> None:
             if isinstance(reply, CallFailed):
                 self._fail(job, trigger, "store_error", str(reply), tokens_before)
                 return
@@ -551,7 +559,7 @@ class Compactor(SessionActor):
         replacements, summary = ts.finish_tool_archive(job.plan, answer)
         store = self.refs.store
 
-        def appended(_: Any) -> None:
+        def appended(_: p.Stored | CallFailed) -> None:
             self.emit(
                 ev.ToolResultsArchived,
                 archived=job.plan.results,
@@ -575,7 +583,7 @@ class Compactor(SessionActor):
             self._done(job, current)
             return
 
-        def with_view(view: Any) -> None:
+        def with_view(view: p.ContextView | CallFailed) -> None:
             if isinstance(view, CallFailed):
                 self._done(job, None)
                 return
@@ -589,7 +597,7 @@ class Compactor(SessionActor):
                 self._done(job, view)
                 return
 
-            def done(_: Any) -> None:
+            def done(_: p.Stored | CallFailed) -> None:
                 self.emit(
                     ev.ToolOutputsCleared,
                     cleared=len(cleared.replacements),

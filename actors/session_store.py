@@ -82,13 +82,13 @@ class _LockHolders:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._refs: dict[str, pykka.ActorRef[Any]] = {}
+        self._refs: dict[str, pykka.ActorRef[SessionStore]] = {}
 
-    def add(self, key: str, ref: pykka.ActorRef[Any]) -> None:
+    def add(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
         with self._guard:
             self._refs[key] = ref
 
-    def remove(self, key: str, ref: pykka.ActorRef[Any]) -> None:
+    def remove(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
         with self._guard:
             if self._refs.get(key) is ref:
                 del self._refs[key]

@@ -41,21 +41,21 @@ from runtime import events as ev
 from runtime.actor import Dispatcher
 from runtime.affinity import allowed_cpus, place_runtime
 from runtime.approval import ApprovalBroker
-from runtime.bus import EventBus
+from runtime.bus import EventBus, Subscription
 from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
 from runtime.errors import RuntimeStopped, SessionNotFound
 from runtime.gateway import Gateway, IoLoop
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
-from runtime.messages import Message, new_id, user
+from runtime.messages import Message, Usage, new_id, user
 from runtime.models import model_info, validate_model_name
 from runtime.observability import tracing_for
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.registry import SessionRegistry
 from runtime.store.entries import encode_entry
 from runtime.store.log import CorruptLogError, cut_log, load_tree
-from runtime.store.sessions import SessionDirectory
+from runtime.store.sessions import SessionDirectory, SessionInfo
 from runtime.store.transcript import TranscriptWriter, transcript_end
 from runtime.store.writer import LogWriter, WriterClosedError
 from runtime.subagents import Delegations, UsageReport, parse_profiles
@@ -100,14 +100,14 @@ class Runtime:
         """The sub-agent profiles every session can delegate to (``[agents.NAME]`` and ``agents=``)."""
         self.delegations = Delegations(self)
         self._lock = threading.RLock()
-        self._sessions: Any = None
+        self._sessions: SessionRegistry[Session] = SessionRegistry()  # replaced by each start()
         self._started = False
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
         self._counters: dict[tuple[str, Any], Any] = {}
         self._windows: dict[str, int] = {}
         self._tracer_provider = tracer_provider
-        self._metrics: Any = None
+        self._metrics: RuntimeMetrics | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -208,7 +208,7 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self.start()
 
-    def metrics(self) -> Any:
+    def metrics(self) -> RuntimeMetrics:
         """The runtime's Prometheus metrics (a :class:`~runtime.observability.metrics.RuntimeMetrics`): a
         collector with its own ``registry``, counting from the first call (``agentcell serve`` makes it at
         start). Needs the ``prometheus-client`` package."""
@@ -443,7 +443,7 @@ class Runtime:
         if end is not None and end.torn_bytes:
             self.bus.publish(ev.LogRecovered(session_id=sid, path=str(path), torn_bytes=end.torn_bytes))
 
-    def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> Any:
+    def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> SessionSpec:
 
         root = Path(workspace).expanduser().resolve() if workspace is not None else None
         if root is not None and not root.is_dir():
@@ -481,7 +481,7 @@ class Runtime:
             )
         return spec
 
-    def _host(self, spec: Any) -> Any:
+    def _host(self, spec: SessionSpec) -> Session:
 
         window = self._window(spec.model, spec.config)
         session = Session(
@@ -500,7 +500,7 @@ class Runtime:
             window = self._windows[model] = model_info(model, cfg.models).context_window
         return window
 
-    def _counter(self, model: str, cfg: Config) -> Any:
+    def _counter(self, model: str, cfg: Config) -> TokenCounter:
 
         if cfg.tokens.apply_calibration and not cfg.tokens.exact:
             return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
@@ -511,7 +511,7 @@ class Runtime:
                 counter = self._counters[key] = TokenCounter(model, cfg.tokens)
             return counter
 
-    def _session(self, session_id: str) -> Any:
+    def _session(self, session_id: str) -> Session:
         self._require_started()
         session = self._sessions.get(session_id)
         if session is None:
@@ -523,19 +523,19 @@ class Runtime:
         if not self._started:
             raise RuntimeStopped("the runtime is not running; call start() or use it as a context manager")
 
-    def list_sessions(self) -> list[Any]:
+    def list_sessions(self) -> list[SessionInfo]:
         """Every stored session (running or not), newest first."""
         self._require_started()
         infos = self.services.directory.list()
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
-    async def alist_sessions(self) -> list[Any]:
+    async def alist_sessions(self) -> list[SessionInfo]:
         """:meth:`list_sessions` from asyncio: the directory is read off the event loop."""
         return await asyncio.to_thread(self.list_sessions)
 
     def hosted_sessions(self) -> list[str]:
         """Ids of the sessions this runtime currently hosts."""
-        return list(self._sessions.keys()) if self._sessions is not None else []
+        return list(self._sessions.keys())
 
     def stop_session(self, session_id: str) -> None:
         """Stop a hosted session (its log stays): its sub-agents hosted here are stopped first."""
@@ -719,7 +719,9 @@ class Runtime:
         """:meth:`messages` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.messages, session_id, view=view)
 
-    def usage(self, session_id: str, timeout: float = 30.0, *, include_children: bool = False) -> Any:
+    def usage(
+        self, session_id: str, timeout: float = 30.0, *, include_children: bool = False
+    ) -> Usage | UsageReport:
         """Session totals (input, output, reasoning, cache read/write, cost). With ``include_children``,
         a :class:`~runtime.subagents.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
         and the total."""
@@ -730,10 +732,12 @@ class Runtime:
         for child in self.children(session_id):
             if child not in self._sessions:
                 self.resume_session(child)
-            children[child] = self.usage(child, timeout, include_children=True).total
+            report = self.usage(child, timeout, include_children=True)
+            assert isinstance(report, UsageReport)
+            children[child] = report.total
         return UsageReport.of(own, children)
 
-    async def ausage(self, session_id: str) -> Any:
+    async def ausage(self, session_id: str) -> Usage | UsageReport:
         """:meth:`usage` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.usage, session_id)
 
@@ -771,7 +775,7 @@ class Runtime:
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
-    ) -> Any:
+    ) -> Subscription:
         """Subscribe to one session, several, or all (``"*"``), optionally to some event types.
 
         With ``callback`` events are pushed to it; otherwise iterate the subscription (``for`` or
@@ -827,7 +831,7 @@ def _resumed_servers(stored: Mapping[str, Any], explicit: Mapping[str, Any], cfg
     return out
 
 
-def _registry(tools: ToolsArg, cfg: Config) -> Any:
+def _registry(tools: ToolsArg, cfg: Config) -> ToolRegistry:
 
     if tools is None:
         return ToolRegistry()

@@ -148,7 +148,7 @@ class Fleet:
         except ray.exceptions.GetTimeoutError:
             for actor in actors.values():
                 ray.kill(actor)
-            free = ray.available_resources().get("CPU", 0)
+            free = ray.available_resources().get("CPU", 0)  # type: ignore[no-untyped-call]  # unannotated in ray
             raise ClusterError(
                 f"{len(names)} shard(s) did not start within {self.start_timeout:g} s: each asks Ray for "
                 f"{self.shard_cpus:g} CPU (shard_cpus) and the cluster has {free:g} free"

@@ -85,7 +85,7 @@ class Shard:
         import ray
 
         cpus = sorted(self.runtime.cpus) if self.runtime.cpus is not None else None
-        node_ip = ray.util.get_node_ip_address()
+        node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
         path = str(self.runtime.sessions_path)
         return ShardInfo(
             name=self.name,

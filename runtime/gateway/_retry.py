@@ -22,6 +22,6 @@ def backoff_delay(
     """
     if retry_after is not None and 0.0 <= retry_after <= MAX_HONOURED_RETRY_AFTER:
         return retry_after
-    delay = min(config.max_delay, config.base_delay * (2 ** max(0, attempt - 1)))
-    draw = (rng or random).random()
+    delay = min(config.max_delay, config.base_delay * (2.0 ** max(0, attempt - 1)))
+    draw = rng.random() if rng is not None else random.random()
     return delay * (1.0 - config.jitter * draw)

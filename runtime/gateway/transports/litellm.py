@@ -58,7 +58,7 @@ def load_litellm() -> Any:
             import litellm
 
             litellm.suppress_debug_info = True
-            litellm.set_verbose = False
+            litellm.set_verbose = False  # type: ignore[attr-defined]  # litellm does not re-export it
             if hasattr(litellm, "telemetry"):
                 litellm.telemetry = False
             logging.getLogger("LiteLLM").setLevel(logging.WARNING)
