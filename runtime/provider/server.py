@@ -427,20 +427,12 @@ class LocalProvider:
                 if not stream:
                     await self._hang(request)
                     return Response(status_code=504)
-                reply = _Reply(
-                    Turn(text="This reply stops and stays silent " * 4), model, count, self._counter
-                )
-                frames = reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
-                return StreamingResponse(
-                    self._stall_after(request, frames, fault.after_chunks),
-                    media_type="text/event-stream",
-                    headers=_SSE_HEADERS,
-                )
+                frames = self._fault_frames("This reply stops and stays silent ", model, count)
+                return _sse(self._stall_after(request, frames, fault.after_chunks))
             case "stream_error":
                 if not stream:
                     return _error_response(errors.server_error())
-                reply = _Reply(Turn(text="This reply breaks off " * 4), model, count, self._counter)
-                pieces = list(reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True))
+                pieces = list(self._fault_frames("This reply breaks off ", model, count))
                 head = pieces[: max(0, fault.after_chunks)]
                 error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
                 return Response(
@@ -450,16 +442,14 @@ class LocalProvider:
                 if not stream or fault.after_chunks <= 0:
                     self._reset_connection(request)
                     return Response(status_code=500)
-                reply = _Reply(
-                    Turn(text="This reply is cut off in the middle " * 4), model, count, self._counter
-                )
-                frames = reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
-                return StreamingResponse(
-                    self._cut_after(request, frames, fault.after_chunks),
-                    media_type="text/event-stream",
-                    headers=_SSE_HEADERS,
-                )
+                frames = self._fault_frames("This reply is cut off in the middle ", model, count)
+                return _sse(self._cut_after(request, frames, fault.after_chunks))
         raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
+
+    def _fault_frames(self, phrase: str, model: str, count: PromptCount) -> Iterator[bytes]:
+        """The SSE frames of a reply that a mid-stream fault breaks into (``phrase`` four times over)."""
+        reply = _Reply(Turn(text=phrase * 4), model, count, self._counter)
+        return reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
 
     async def _hang(self, request: Request) -> None:
         self._hanging += 1  # only the server's loop thread changes it
@@ -527,6 +517,10 @@ def _fault_status(fault: Fault) -> int:
 
 def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 def _error_response(error: errors.ErrorResponse) -> Response:
