@@ -39,7 +39,7 @@ from actors.usage_tracker import UsageTracker
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.estimate import ContextStats, context_stats
-from runtime.store.entries import Header, new_header
+from runtime.store.entries import Header, decode_entry, new_header
 from runtime.supervisor import ChildSpec, Supervisor
 from runtime.tokens import TokenCounter
 from runtime.tools.mcp.servers import stored
@@ -54,45 +54,103 @@ A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
 
 
+_LOCKS = tuple(threading.RLock() for _ in range(64))  # shared by sessions: a lock each would cost 1M locks
+_NO_REFS = SessionRefs()  # the refs of every session whose actors are not running (never written to)
+
+
 class Session:
-    """A session's handle inside the runtime: lazily started, supervised, able to hibernate."""
+    """A session's handle inside the runtime: lazily started, supervised, able to hibernate.
+
+    While its actors are not running (never used yet, or hibernated) a session is this object and its
+    header line (``recipe``): the spec is rebuilt from the header by ``wake`` when the session is used,
+    unless it holds what a header cannot (an API key, an approval callback, tools of the caller's own, MCP
+    servers): then ``plain`` is False and the spec stays in memory.
+    """
 
     __slots__ = (
-        "_lock",
         "_model",
+        "_spec",
         "_starts",
+        "_wake",
+        "builtin_tools",
         "fresh",
         "last_used",
         "parent",
+        "plain",
+        "recipe",
         "refs",
         "services",
-        "spec",
+        "session_id",
         "supervisor",
     )
 
     def __init__(
         self,
-        spec: SessionSpec,
+        spec: SessionSpec | None,
         services: Services,
-        counter: TokenCounter,
-        context_window: int,
+        model: SetModel,
         parent: Supervisor | None = None,
+        *,
+        recipe: bytes,
+        wake: Callable[[Session], SessionSpec] | None = None,
+        session_id: str | None = None,
+        plain: bool = False,
+        builtin_tools: bool = False,
+        fresh: bool | None = None,
     ) -> None:
-        self.spec = spec
+        sid = spec.session_id if spec is not None else session_id
+        if (
+            sid is None
+            or (spec is None and wake is None)
+            or model.context_window is None
+            or model.counter is None
+        ):
+            raise ValueError(
+                "a session needs its id, a spec or a wake function, and its model's window and counter"
+            )
+        self._spec = spec if not (plain and wake is not None) else None  # a plain one: rebuilt on first use
+        self.session_id: str = sid
         self.services = services
         # The model in use: one immutable value, replaced whole by SetModel, read by every (re)start.
-        self._model = SetModel(spec.model, context_window, counter)
+        self._model = model
         self.parent = parent
-        self.refs = SessionRefs()
+        self.recipe = recipe
+        self._wake = wake
+        self.plain = plain and wake is not None
+        self.builtin_tools = builtin_tools
+        self.refs = _NO_REFS
         self.supervisor: Supervisor | None = None
-        self._lock = threading.Lock()
-        self._starts: dict[str, int] = {}
-        self.last_used = time.monotonic()
-        self.fresh = not spec.resume  # created by this runtime and not yet started: nothing to recover
+        self._starts: dict[str, int] | None = None
+        self.last_used = 0.0
+        # created by this runtime and not yet started: nothing to recover
+        self.fresh = (spec is None or not spec.resume) if fresh is None else fresh
 
     @property
-    def session_id(self) -> str:
-        return self.spec.session_id
+    def _lock(self) -> threading.RLock:
+        return _LOCKS[hash(self.session_id) & 63]
+
+    @property
+    def spec(self) -> SessionSpec:
+        """The session's spec (rebuilt from its header when the session was parked without it)."""
+        spec = self._spec
+        if spec is None:
+            with self._lock:
+                spec = self._spec
+                if spec is None:
+                    assert self._wake is not None
+                    spec = self._spec = self._wake(self)
+        return spec
+
+    @property
+    def mcp(self) -> Any:
+        """The session's MCP servers, or None (a session parked without its spec has none)."""
+        return self._spec.mcp if self._spec is not None else None
+
+    def header(self) -> Header:
+        """The session's header, as started (or as its log or the index holds it, when resumed)."""
+        entry = decode_entry(self.recipe)
+        assert isinstance(entry, Header)
+        return entry
 
     @property
     def running(self) -> bool:
@@ -187,8 +245,10 @@ class Session:
         with self._lock:
             self.last_used = time.monotonic()
             if self.supervisor is None:
+                self.refs = SessionRefs()
                 self.supervisor = self._start_supervisor()
                 self.fresh = False
+                self.services.awake.add(self)
             return self.refs
 
     def hibernate_if_idle(self, timeout: float = 10.0) -> bool:
@@ -205,16 +265,23 @@ class Session:
         return self.hibernate(timeout)
 
     def hibernate(self, timeout: float = 10.0) -> bool:
-        """Stop the actors (state stays in the log); the next use starts them again."""
+        """Stop the actors (state stays in the log); the next use starts them again. A plain session keeps
+        only its header from here on."""
         with self._lock:
             supervisor, self.supervisor = self.supervisor, None
+            self.services.awake.discard(self)
         if supervisor is None:
             return False
         supervisor.stop(timeout=timeout)
-        if self.spec.mcp is not None:  # its MCP servers stop too, and start again when it wakes
-            self.spec.mcp.stop()
-        self.refs = SessionRefs()
-        self.spec.resume = True
+        if self.mcp is not None:  # its MCP servers stop too, and start again when it wakes
+            self.mcp.stop()
+        with self._lock:
+            if self.supervisor is None:
+                self.refs = _NO_REFS
+                if self._spec is not None:
+                    self._spec.resume = True
+                    if self.plain:
+                        self._spec = None
         self.services.bus.publish(ev.SessionHibernated(session_id=self.session_id))
         return True
 
@@ -223,10 +290,11 @@ class Session:
         :meth:`McpServers.wait_stopped`)."""
         with self._lock:
             supervisor, self.supervisor = self.supervisor, None
+            self.services.awake.discard(self)
         if supervisor is not None:
             supervisor.stop(timeout=timeout)
-        if self.spec.mcp is not None:
-            self.spec.mcp.stop()
+        if self.mcp is not None:
+            self.mcp.stop()
 
     # -- the supervision tree -----------------------------------------------------------------------
     def _start_supervisor(self) -> Supervisor:
@@ -257,8 +325,11 @@ class Session:
         """The supervisor's start function for child ``name``: its first start, then its restarts."""
 
         def start_child() -> ActorRef[A]:
-            count = self._starts.get(name, 0)
-            self._starts[name] = count + 1
+            starts = self._starts
+            if starts is None:
+                starts = self._starts = {}
+            count = starts.get(name, 0)
+            starts[name] = count + 1
             model = self._model
             ref = start(count > 0)
             if self._model is not model:  # the model switched while it started: it missed the SetModel
@@ -273,7 +344,7 @@ class Session:
             session_id=spec.session_id,
             directory=services.directory,
             writer=services.writer,
-            header=None if (spec.resume or restarted) else header_for(spec),
+            header=self.header(),  # a log on disk wins; without one (never used) this starts it
             publish=services.bus.publish,
             fsync=spec.config.persistence.fsync,
             dispatcher=services.dispatcher,
@@ -342,6 +413,7 @@ class Session:
     def _on_escalate(self, error: BaseException | None) -> None:
         with self._lock:
             self.supervisor = None
+            self.services.awake.discard(self)
         if self.refs.handover is not None:  # a crashed agent's run that no successor will take up
             abandon(
                 self.refs.handover,
@@ -349,7 +421,7 @@ class Session:
                 self.services.tracing,
                 self.session_id,
             )
-        self.refs = SessionRefs()
+        self.refs = _NO_REFS
         self.spec.resume = True
         self.services.bus.publish(
             ev.ErrorOccurred(

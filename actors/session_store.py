@@ -141,9 +141,10 @@ class StoreWriteError(StoreError, RuntimeError):
 class SessionStore(PooledActor):
     """Owns one session's tree and log.
 
-    ``header`` starts a new session when there is no log yet; with a log on disk (a restart) the log
-    wins. ``header=None`` resumes and fails with :class:`~runtime.errors.SessionNotFound` when there is no log.
-    ``fsync`` overrides the writer's policy for this session; ``estimator`` (e.g. a token counter's
+    ``header`` starts a new session when there is no log yet (its log file is created with the first
+    write, the header first); with a log on disk (a restart) the log wins. ``header=None`` resumes and
+    fails with :class:`~runtime.errors.SessionNotFound` when there is no log. ``fsync`` overrides the
+    writer's policy for this session; ``estimator`` (e.g. a token counter's
     ``count_messages``) fills :attr:`ContextView.estimated_tokens`.
     """
 
@@ -169,6 +170,7 @@ class SessionStore(PooledActor):
         self._tree = SessionTree()
         self._lock: SessionLock | None = None
         self._opening: _Opening | None = None  # set from on_start until the log is read
+        self._unwritten: Header | None = None  # a new session's header, until its first write
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -264,7 +266,7 @@ class SessionStore(PooledActor):
             raise ValueError(f"header is for session {self._header.session_id!r}, not {self.session_id!r}")
         header = msgspec.structs.replace(self._header, config=scrub_secrets(self._header.config))
         self._tree = SessionTree(header)
-        self._write((header,), None)
+        self._unwritten = header  # the log file is created with the first entry worth keeping
 
     def on_stop(self) -> None:
         self._close_log()
@@ -429,11 +431,14 @@ class SessionStore(PooledActor):
             except pykka.ActorDeadError:
                 pass
 
+        written = entries
+        if self._unwritten is not None:  # the session's first write: its log starts with the header
+            written, self._unwritten = (self._unwritten, *entries), None
         try:
-            if len(entries) == 1:
-                self._log.append(entries[0], done)
+            if len(written) == 1:
+                self._log.append(written[0], done)
             else:
-                self._log.append_many(list(entries), done)
+                self._log.append_many(list(written), done)
         except (UnicodeEncodeError, msgspec.EncodeError) as exc:  # e.g. a lone surrogate: it cannot be stored
             done(exc)  # like a failed write: the tree is ahead of the log, so the store restarts from it
 

@@ -65,6 +65,7 @@ class Services:
     approvals: ApprovalBroker
     tracing: Tracing | None = None  # OpenTelemetry spans (design §7.5); None: the runtime does not trace
     mcp: McpHub | None = None
+    awake: set[Any] = field(default_factory=set)  # the sessions whose actors run (what hibernation looks at)
 
 
 @dataclass

@@ -53,7 +53,8 @@ from runtime.models import model_info, validate_model_name
 from runtime.observability import tracing_for
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.registry import SessionRegistry
-from runtime.store.entries import encode_entry
+from runtime.store.entries import encode_entry, new_header, scrub_secrets
+from runtime.store.index import IndexAppender
 from runtime.store.log import CorruptLogError, cut_log, load_tree
 from runtime.store.sessions import SessionDirectory, SessionInfo
 from runtime.store.transcript import TranscriptWriter, transcript_end
@@ -104,10 +105,14 @@ class Runtime:
         self._started = False
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
-        self._counters: dict[tuple[str, Any], Any] = {}
+        self._counters: dict[
+            tuple[str, Any] | str, TokenCounter
+        ] = {}  # by (model, tokens config); by model: defaults
         self._windows: dict[str, int] = {}
         self._tracer_provider = tracer_provider
         self._metrics: RuntimeMetrics | None = None
+        self._names: dict[tuple[str | None, bool, bool], list[str]] = {}
+        self._states: dict[str, SetModel] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -142,7 +147,7 @@ class Runtime:
             max_open_files=cfg.persistence.max_open_files,
             cpus=cpus,
         )
-        directory = SessionDirectory(self.sessions_path)
+        directory = SessionDirectory(self.sessions_path, migrate=True)
         if cfg.persistence.transcript:
             self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))
         self.services = Services(
@@ -162,7 +167,13 @@ class Runtime:
         self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
         self._sessions = SessionRegistry()
         self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
-        self.services.directory.ensure()
+        self.services.directory.ensure()  # (sessions of the flat layout move into their shard folders)
+        self._index = IndexAppender(
+            directory.index,
+            writer,
+            fsync="never" if cfg.persistence.fsync == "never" else "always",
+            on_error=self._index_failed,
+        )
         self._reaper: threading.Thread | None = None
         self._stopping = threading.Event()
         if cfg.persistence.hibernate_after is not None:
@@ -179,6 +190,31 @@ class Runtime:
             ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error))
         )
 
+    def _index_failed(self, session_ids: list[str], error: Exception) -> None:
+        """Headers of new sessions could not be written to the index (e.g. a full disk): say so for each.
+        They are hosted still, and their first message writes the header to their own log."""
+        path = self.services.directory.index.claim()
+        log.error("sessions index %s: %d new sessions not written: %s", path, len(session_ids), error)
+        for sid in session_ids:
+            self.bus.publish(
+                ev.PersistenceFailed(session_id=sid, ts=time.time(), path=path, error=str(error))
+            )
+
+    def _append_index(self, data: bytes) -> None:
+        """Append lines to this runtime's index segment through the log writer and wait for them."""
+        done = threading.Event()
+        failed: list[Exception | None] = [None]
+
+        def told(error: Exception | None) -> None:
+            failed[0] = error
+            done.set()
+
+        writer = self.services.writer
+        writer.append(self.services.directory.index.claim(), data, told, fsync=self._index.fsync)
+        done.wait()
+        if failed[0] is not None:
+            raise failed[0]
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every session (agents first, stores last), flush the logs, stop the machinery."""
         with self._lock:
@@ -191,9 +227,11 @@ class Runtime:
                 self._metrics = None
             if self._reaper is not None:
                 self._reaper.join()
-            for session in list(self._sessions.values()):
+            for session in list(self.services.awake):  # the running ones; a parked one has nothing to stop
                 session.stop(timeout=timeout)
-                self.bus.publish(ev.SessionStopped(session_id=session.session_id))
+            publish = self.bus.publish
+            for sid in self._sessions:  # (a snapshot; a million idle sessions cost a loop and an event)
+                publish(ev.SessionStopped(session_id=sid))
             self.root.stop(timeout=timeout)
             if self.services.mcp is not None:  # no MCP server process outlives the runtime
                 self.services.mcp.stop_all(timeout=timeout + 5.0)
@@ -204,6 +242,13 @@ class Runtime:
             self.bus.close()
             self.dispatcher.shutdown()
             self._placement.release()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything queued for the disk so far is written: every session started before is
+        durable (its header is in the sessions index, fsynced unless ``persistence.fsync = "never"``), and
+        so is every acknowledged entry and event line."""
+        self._require_started()
+        self.services.writer.flush(timeout)
 
     def __enter__(self) -> Runtime:
         return self.start()
@@ -274,39 +319,64 @@ class Runtime:
             if sid in self._sessions or self.services.directory.exists(sid):
                 raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.for_session(config)
-        if model is not None:
+        if model is not None and model not in self._windows:  # (a model in use was checked already)
             validate_model_name(model)
-        spec = self._spec(
-            sid,
-            model=model or cfg.agent.model,
-            system_prompt=system_prompt,
-            tools=tools,
-            workspace=workspace,
-            cfg=cfg,
-            overrides=dict(config or {}),
-            api_base=api_base,
-            api_key=api_key,
-            approval=approval,
-            require_approval=require_approval,
-            resume=False,
-            # a sub-agent delegates only with the profiles its parent passes on; others with the runtime's
-            agents=parse_profiles(agents)
-            if _parent is not None
-            else {**self.agents, **parse_profiles(agents)},
-            parent=_parent,
-            mcp_servers=parse_servers(mcp_servers),
+        overrides = dict(config or {})
+        # a sub-agent delegates only with the profiles its parent passes on; others with the runtime's
+        profiles = (
+            parse_profiles(agents) if _parent is not None else {**self.agents, **parse_profiles(agents)}
         )
-        session = self._host(spec)
-        # The header goes to the log now; the actors start on first use (a session that is never used
-        # costs one small object, which is what lets a process host 100,000 of them).
-
-        directory = self.services.directory
-        self.services.writer.append(directory.log_file(sid), encode_entry(header_for(spec)))
-        spec.resume = True
+        # The header goes to the sessions index, and the actors start on first use: a session that is never
+        # used costs its header line in memory and in the index, and no file of its own (issue 32). A
+        # plain session (nothing a header cannot hold) keeps only that line until it is used.
+        plain = (
+            api_key is None
+            and approval is None
+            and not require_approval
+            and _parent is None
+            and (tools is None or (isinstance(tools, str) and tools == "builtin"))
+            and scrub_secrets(overrides) == overrides
+            and not mcp_servers  # (MCP servers are objects of the spec's, started with the session)
+            and not cfg.mcp.servers
+        )
+        if plain:
+            session = self._host_plain(
+                sid,
+                model or cfg.agent.model,
+                system_prompt,
+                tools,
+                workspace,
+                cfg,
+                overrides,
+                api_base,
+                profiles,
+            )
+            line = session.recipe
+        else:
+            spec = self._spec(
+                sid,
+                model=model or cfg.agent.model,
+                system_prompt=system_prompt,
+                tools=tools,
+                workspace=workspace,
+                cfg=cfg,
+                overrides=overrides,
+                api_base=api_base,
+                api_key=api_key,
+                approval=approval,
+                require_approval=require_approval,
+                resume=False,
+                agents=profiles,
+                parent=_parent,
+                mcp_servers=parse_servers(mcp_servers),
+            )
+            line = encode_entry(header_for(spec))
+            session = self._host(spec, line, plain=False, builtin_tools=tools is not None)
+        self._index.add(sid, line)
         if _parent is not None:
             self.delegations.adopt(sid, _parent[0], _parent[1])
         self.bus.publish(
-            ev.SessionStarted(session_id=sid, model=spec.model, context_window=session.context_window)
+            ev.SessionStarted(session_id=sid, model=session.model, context_window=session.context_window)
         )
         return sid
 
@@ -344,15 +414,17 @@ class Runtime:
             return sid
 
         explicit = parse_servers(mcp_servers)  # (bad input fails here, before anything is touched)
-        header = self.services.directory.read_header(sid)
-        if header is None:
+        stored = self.services.directory.stored_header(sid)
+        if stored is None:
             raise SessionNotFound(f"no stored session {sid!r} in {self.sessions_path}")
+        header, line = stored
         # Fail here, clearly, when another runtime is writing the session (its store takes the lock again).
         # A store of this runtime that stopped a moment ago lets go of the lock once its last writes are
         # done: wait for those first, or resuming right after stop_session would find the lock still held.
         self.services.writer.flush()
         with self.services.directory.lock(sid):
-            self._check_log(sid, repair)  # a corrupt log is an error here, not a session that dies later
+            if self.services.directory.has_log(sid):  # (a session never used has its header in the index)
+                self._check_log(sid, repair)  # a corrupt log is an error here, not a session that dies later
         overrides = dict(header.config or {})
         cfg = self.config.with_overrides(overrides)
         spec = self._spec(
@@ -377,7 +449,11 @@ class Runtime:
             mcp_servers=_resumed_servers(header.mcp_servers, explicit, cfg),
         )
         self._continue_numbering(sid)
-        session = self._host(spec)
+        plain = api_key is None and approval is None and not require_approval and tools is None
+        plain = plain and spec.mcp is None
+        plain = plain and (workspace is None or spec.workspace == _workspace_of(header))
+        plain = plain and (api_base is None or api_base == header.api_base)
+        session = self._host(spec, line, plain=plain, builtin_tools=bool(header.tools), fresh=False)
         if header.parent_session_id:  # a sub-agent: its events carry its parent again
             self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
         session.ensure_running()
@@ -445,9 +521,7 @@ class Runtime:
 
     def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> SessionSpec:
 
-        root = Path(workspace).expanduser().resolve() if workspace is not None else None
-        if root is not None and not root.is_dir():
-            raise ValueError(f"workspace {root} is not a directory")
+        root = _workspace(workspace)
         kw["approval"] = kw.get("approval") or self.approval
         parent = kw.pop("parent", None)
         agents = kw.pop("agents", None) or {}
@@ -481,14 +555,117 @@ class Runtime:
             )
         return spec
 
-    def _host(self, spec: SessionSpec) -> Session:
-
-        window = self._window(spec.model, spec.config)
+    def _host(
+        self, spec: SessionSpec, recipe: bytes, *, plain: bool, builtin_tools: bool, fresh: bool | None = None
+    ) -> Session:
         session = Session(
-            spec, self.services, self._counter(spec.model, spec.config), window, parent=self.root
+            spec,
+            self.services,
+            self._model_state(spec.model, spec.config),
+            parent=self.root,
+            recipe=recipe,
+            wake=self._wake,
+            plain=plain,
+            builtin_tools=builtin_tools,
+            fresh=fresh,
         )
         self._sessions.register(spec.session_id, session)
         return session
+
+    def _host_plain(
+        self,
+        sid: str,
+        model: str,
+        system_prompt: str,
+        tools: str | None,
+        workspace: str | os.PathLike[str] | None,
+        cfg: Config,
+        overrides: dict[str, Any],
+        api_base: str | None,
+        profiles: dict[str, Any],
+    ) -> Session:
+        """Host a new plain session: its header line and a small object; no spec until it is used."""
+        import msgspec
+
+        root = _workspace(workspace)
+        header = new_header(
+            sid,
+            model=model,
+            system_prompt=system_prompt,
+            workspace=str(root) if root is not None else None,
+            api_base=api_base,
+            tools=self._tool_names(tools, cfg, bool(profiles)),
+            config=overrides,
+            agents={name: msgspec.to_builtins(profile) for name, profile in profiles.items()},
+        )
+        session = Session(
+            None,
+            self.services,
+            self._model_state(model, cfg),
+            parent=self.root,
+            recipe=encode_entry(header),
+            wake=self._wake,
+            session_id=sid,
+            plain=True,
+            builtin_tools=tools is not None,
+            fresh=True,
+        )
+        self._sessions.register(sid, session)
+        return session
+
+    def _model_state(self, model: str, cfg: Config) -> SetModel:
+        """A session's first model, window and counter: one value shared by the sessions on the runtime's
+        own settings (a million idle sessions hold a reference each, not a copy)."""
+        if cfg is not self.config or (cfg.tokens.apply_calibration and not cfg.tokens.exact):
+            return SetModel(model, self._window(model, cfg), self._counter(model, cfg))
+        state = self._states.get(model)
+        if state is None:
+            state = self._states[model] = SetModel(model, self._window(model, cfg), self._counter(model, cfg))
+        return state
+
+    def _tool_names(self, tools: str | None, cfg: Config, delegates: bool) -> list[str]:
+        """The names of a plain session's tools (as its header lists them), the same for every session
+        of the same choice: worked out once."""
+        key = (tools, cfg.agent.shell_enabled, delegates and cfg.subagents.max_depth > 0)
+        names = self._names.get(key)
+        if names is None:
+            from runtime.subagents import DELEGATION_TOOL
+
+            names = list(_registry(tools, cfg).names)
+            if key[2]:
+                names = [n for n in names if n != DELEGATION_TOOL] + [DELEGATION_TOOL]
+            self._names[key] = names
+        return names
+
+    def _wake(self, session: Session) -> SessionSpec:
+        """The spec of a parked session, rebuilt from its header (what ``start_session`` or
+        ``resume_session`` made of the same header, without the checks done then)."""
+        header = session.header()
+        sid = header.session_id
+        overrides = dict(header.config)
+        cfg = self.config.with_overrides(overrides)
+        parent = (
+            (header.parent_session_id, header.parent_call_id or "", header.depth)
+            if header.parent_session_id
+            else None
+        )
+        agents = parse_profiles(header.agents) if parent else {**self.agents, **parse_profiles(header.agents)}
+        tools = _registry("builtin" if session.builtin_tools else None, cfg)
+        registry = self.delegations.equip(tools, sid, agents, header.depth, cfg)
+        return SessionSpec(
+            session_id=sid,
+            model=header.model,
+            system_prompt=header.system_prompt,
+            config=cfg,
+            tools=registry,
+            workspace=_workspace_of(header),
+            api_base=header.api_base,
+            approval=self.approval,
+            overrides=overrides,
+            resume=not session.fresh,
+            agents=agents,
+            parent=parent,
+        )
 
     def _window(self, model: str, cfg: Config) -> int:
         """The model's context window, cached for sessions on the runtime's own model settings."""
@@ -504,11 +681,17 @@ class Runtime:
 
         if cfg.tokens.apply_calibration and not cfg.tokens.exact:
             return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
+        if cfg.tokens is self.config.tokens:  # the runtime's own settings (most sessions): no key to hash
+            counter = self._counters.get(model)
+            if counter is not None:
+                return counter
         key = (model, cfg.tokens)  # every token setting: a session's own must not meet another's counter
         with self._lock:
             counter = self._counters.get(key)
             if counter is None:
                 counter = self._counters[key] = TokenCounter(model, cfg.tokens)
+            if cfg.tokens is self.config.tokens:
+                self._counters[model] = counter
             return counter
 
     def _session(self, session_id: str) -> Session:
@@ -526,6 +709,7 @@ class Runtime:
     def list_sessions(self) -> list[SessionInfo]:
         """Every stored session (running or not), newest first."""
         self._require_started()
+        self.services.writer.flush()  # the sessions started just now too (their headers on their way)
         infos = self.services.directory.list()
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
@@ -544,9 +728,11 @@ class Runtime:
                 self.stop_session(child)
         session = self._session(session_id)
         session.stop()
-        if session.spec.mcp is not None:
-            session.spec.mcp.wait_stopped()
+        if session.mcp is not None:
+            session.mcp.wait_stopped()
         self._sessions.unregister(session_id)
+        if session.fresh:  # never used: its header may still be on its way to the index
+            self.services.writer.flush()
         self.bus.publish(ev.SessionStopped(session_id=session_id))
 
     async def astop_session(self, session_id: str) -> None:
@@ -563,10 +749,10 @@ class Runtime:
                 self.delete_session(child)
         if session_id in self._sessions:
             self.stop_session(session_id)
+        self.services.writer.flush()  # (its header may still be on its way to the index)
         if not self.services.directory.exists(session_id):
             raise SessionNotFound(f"no stored session {session_id!r}")
-        self.services.writer.flush()
-        self.services.directory.delete(session_id)
+        self.services.directory.delete(session_id, append_index=self._append_index)
         self.delegations.forget(session_id)
 
     async def adelete_session(self, session_id: str) -> None:
@@ -603,7 +789,7 @@ class Runtime:
         assert idle_after is not None
         while not self._stopping.wait(min(1.0, max(0.05, idle_after / 4))):
             now = time.monotonic()
-            for session in self._sessions.values():
+            for session in list(self.services.awake):  # (not the million parked ones)
                 if session.running and now - session.last_used >= idle_after:
                     try:
                         session.hibernate_if_idle()
@@ -806,6 +992,17 @@ def check_sendable(messages: Sequence[Message], options: Any) -> None:
         raise ValueError("the last message sent must be a user message or a tool result")
     if options is not None and not isinstance(options, TurnOptions):
         raise TypeError("options must be an actors.protocol.TurnOptions")
+
+
+def _workspace(workspace: str | os.PathLike[str] | None) -> Path | None:
+    root = Path(workspace).expanduser().resolve() if workspace is not None else None
+    if root is not None and not root.is_dir():
+        raise ValueError(f"workspace {root} is not a directory")
+    return root
+
+
+def _workspace_of(header: Any) -> Path | None:
+    return Path(header.workspace) if header.workspace else None
 
 
 def _require_unicode(text: str, what: str) -> None:

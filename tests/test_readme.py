@@ -52,7 +52,7 @@ def test_the_threads_example_runs_as_written(tmp_path: Path) -> None:
     assert re.search(r"^Done\. \d+$", out, re.MULTILINE), out  # the text ends, then the input tokens
     assert re.search(r"^compacted: (True|False) ", out, re.MULTILINE), out
     assert re.search(r"^[\d,]+ of 128,000 tokens; compacts at [\d,]+$", out, re.MULTILINE), out
-    assert list((tmp_path / "threads" / "sessions").glob("*.jsonl"))  # the session is stored where it said
+    assert list((tmp_path / "threads" / "sessions").rglob("*.jsonl"))  # the session is stored where it said
 
 
 @pytest.mark.slow  # runs the README's example in a child process: seconds even on an idle machine

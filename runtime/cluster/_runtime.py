@@ -400,8 +400,28 @@ class ClusterRuntime:
         """:meth:`resume_session` from asyncio, run off the event loop."""
         return await asyncio.to_thread(lambda: self.resume_session(session_id, **kwargs))
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every shard has written what it queued for the disk, as ``Runtime.flush``: every
+        session started before is durable."""
+        import ray
+
+        self._fleet.require_started()
+        with self._fleet.lock:
+            live = [s for s in self._fleet.shards.values() if s.alive]
+        calls = [(shard, shard.actor.flush.remote(timeout)) for shard in live]
+        for shard, call in calls:
+            try:
+                ray.get(call, timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"{shard.name} did not flush within {timeout:g} s") from None
+            except ray.exceptions.RayError as exc:
+                error = self._fleet.failure(exc, shard)
+                if not isinstance(error, ShardDied):  # (a dead shard has nothing left to write)
+                    raise error from None
+
     def list_sessions(self) -> list[Any]:
         """Every stored session (running or not), newest first."""
+        self.flush()  # (sessions started on other shards than the one that lists are written by then)
         infos: list[Any] = self._fleet.any("list_sessions")
         return infos
 

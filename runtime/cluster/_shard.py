@@ -102,6 +102,10 @@ class Shard:
             self._forever = asyncio.Event()
         await self._forever.wait()
 
+    async def flush(self, timeout: float | None = None) -> None:
+        """Everything this shard's runtime queued for the disk is written (``Runtime.flush``)."""
+        await asyncio.to_thread(self.runtime.flush, timeout)
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop every session (logs flushed) and the runtime. Its bus closes: each feed hands out what it
         has queued (``session_stopped`` of every session among it), then polls answer None."""

@@ -4,7 +4,8 @@ thread, the sessions directory (list, delete, lock) and the event transcript.
 The pieces, from the inside out: :mod:`~runtime.store.entries` (what a log line holds),
 :mod:`~runtime.store.tree` (the pure session model and its views), :mod:`~runtime.store.writer` (one
 background thread that batches, writes and fsyncs for every session), :mod:`~runtime.store.log`
-(reading back and crash recovery), :mod:`~runtime.store.sessions` and :mod:`~runtime.store.transcript`.
+(reading back and crash recovery), :mod:`~runtime.store.sessions` (the sharded folders, listing, locks),
+:mod:`~runtime.store.index` (the headers of sessions with no log yet) and :mod:`~runtime.store.transcript`.
 The actor that owns a session's tree and log is :class:`actors.session_store.SessionStore`.
 """
 
@@ -21,6 +22,7 @@ from runtime.store.entries import (
     VisibilityEntry,
     new_header,
 )
+from runtime.store.index import IndexAppender, SessionIndex
 from runtime.store.log import CorruptLogError, RecoveryInfo, SessionLog, load_tree, read_log
 from runtime.store.sessions import (
     SessionDirectory,
@@ -29,6 +31,7 @@ from runtime.store.sessions import (
     SessionLockedError,
     SessionNotFound,
     SessionNotFoundError,
+    shard_of,
 )
 from runtime.store.transcript import TranscriptWriter, read_transcript
 from runtime.store.tree import SessionTree
@@ -42,6 +45,7 @@ __all__ = [
     "Entry",
     "FsyncPolicy",
     "Header",
+    "IndexAppender",
     "LogWriteError",
     "LogWriter",
     "MessageEntry",
@@ -50,6 +54,7 @@ __all__ = [
     "OverlayEntry",
     "RecoveryInfo",
     "SessionDirectory",
+    "SessionIndex",
     "SessionInfo",
     "SessionLock",
     "SessionLockedError",
@@ -64,4 +69,5 @@ __all__ = [
     "new_header",
     "read_log",
     "read_transcript",
+    "shard_of",
 ]

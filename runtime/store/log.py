@@ -37,6 +37,7 @@ __all__ = [
     "load_tree",
     "read_file",
     "read_header",
+    "read_header_line",
     "read_log",
     "replay",
     "truncate",
@@ -106,6 +107,12 @@ def replay(path: StrPath, entries: list[Entry]) -> SessionTree:
 
 def read_header(path: StrPath) -> Header | None:
     """The header of the log at ``path`` (its first line), or ``None`` if there is none yet."""
+    found = read_header_line(path)
+    return found[0] if found is not None else None
+
+
+def read_header_line(path: StrPath) -> tuple[Header, bytes] | None:
+    """The header of the log at ``path`` and its line, or ``None`` if there is no complete first line."""
     with open(path, "rb") as f:
         _require_regular(path, f.fileno())
         first = f.readline()
@@ -117,7 +124,7 @@ def read_header(path: StrPath) -> Header | None:
         raise CorruptLogError(path, 1, f"not a valid entry ({exc})") from None
     if not isinstance(entry, Header):
         raise CorruptLogError(path, 1, f"the first entry must be a header, not {type(entry).__name__}")
-    return entry
+    return entry, first
 
 
 def read_file(path: StrPath) -> bytes:

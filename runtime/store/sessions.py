@@ -2,11 +2,18 @@
 
 Layout under the root (default ``~/.agentcell/sessions``, see ``persistence.sessions_dir``)::
 
-    <id>.jsonl                              the session log (runtime.store.log)
-    <id>.events.jsonl                       the event transcript (runtime.store.transcript)
-    <id>.artifacts/compaction-<n>-*.md      summarizer input and output per compaction
-    <id>.spill/                             tool output too large to keep inline
-    <id>.lock                               held while a runtime has the session open
+    index/<n>.jsonl                         headers of started sessions (runtime.store.index), one
+                                            segment per runtime appending
+    ab/cd/<id>.jsonl                        the session log (runtime.store.log), from its first entry
+    ab/cd/<id>.events.jsonl                 the event transcript (runtime.store.transcript)
+    ab/cd/<id>.artifacts/compaction-<n>-*.md  summarizer input and output per compaction
+    ab/cd/<id>.spill/                       tool output too large to keep inline
+    ab/cd/<id>.lock                         held while a runtime has the session open
+
+``ab/cd`` is :func:`shard_of` the id: two levels of 256 folders by a hash of the id, so a million sessions
+put about 15 in a folder. A session that was started and never used has no file of its own: its header is
+a line of the index. Earlier versions kept every file in the root itself (the flat layout): such sessions
+are still found there, and a runtime moves them into their shard folders when it opens the directory.
 
 Every id goes through :func:`runtime.ids.validate_session_id`, so an id can never name a path.
 
@@ -21,11 +28,13 @@ who holds it. Creating, taking over and releasing locks happen under a short ``f
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -33,10 +42,13 @@ from typing import Any, Final
 import msgspec
 
 from runtime.errors import SessionLockedError, SessionNotFound
-from runtime.ids import validate_session_id
+from runtime.ids import InvalidSessionId, validate_session_id
 from runtime.store.entries import Header, MetadataEntry, decode_entry
-from runtime.store.log import CorruptLogError, read_file, read_header
-from runtime.store.writer import StrPath
+from runtime.store.index import SessionIndex, encode_removed
+from runtime.store.log import CorruptLogError, read_file, read_header_line
+from runtime.store.writer import StrPath, fsync_dir
+
+log = logging.getLogger("agentcell.store")
 
 __all__ = [
     "ARTIFACTS_SUFFIX",
@@ -52,6 +64,7 @@ __all__ = [
     "SessionLockedError",
     "SessionNotFound",
     "SessionNotFoundError",
+    "shard_of",
 ]
 
 
@@ -161,47 +174,69 @@ class SessionLock:
 
 
 class SessionDirectory:
-    """The folder holding every session's files."""
+    """The folder holding every session's files (see the module docstring for the layout).
 
-    def __init__(self, root: StrPath) -> None:
+    ``migrate`` moves sessions of the old flat layout into their shard folders when the directory is first
+    used (a runtime does; ``agentcell sessions`` only reads, and finds them where they are). A flat session
+    whose lock a live process holds is left where it is, and still found there.
+    """
+
+    def __init__(self, root: StrPath, *, migrate: bool = False) -> None:
         self.root = Path(os.path.expanduser(os.fspath(root)))
+        self.migrate = migrate
+        self.index = SessionIndex(self.root)
         # What ``self.root / name`` puts before ``name``: the str paths below equal their Path twins exactly.
         self._prefix = os.fspath(self.root / "_")[:-1]
         self._ensured = False
         self._guard = _Guard(self.root / GUARD_NAME)
+        self._layout_lock = threading.Lock()
+        self._flat: frozenset[str] | None = None  # sessions still in the flat layout (found on first use)
 
     def close(self) -> None:
-        """Release the one descriptor the directory keeps open (its lock guard); using it again reopens it."""
+        """Release the descriptors the directory keeps open (its lock guard, its index claim); using it
+        again reopens them."""
         self._guard.close()
+        self.index.release()
 
     def ensure(self) -> Path:
-        """Create the root folder if needed (checked once; call again after removing it)."""
+        """Create the root folder if needed and look for flat-layout sessions (checked once; call again
+        after removing it)."""
         if not self._ensured:
             self.root.mkdir(parents=True, exist_ok=True)
             self._ensured = True
+            self._flat = None
+        self._flat_ids()
         return self.root
 
     # -- paths ----------------------------------------------------------------------------------------
 
+    def base(self, session_id: str) -> str:
+        """What goes before a session's file names: ``<root>/ab/cd/`` (``<root>/`` for a flat session)."""
+        flat = self._flat if self._flat is not None else self._flat_ids()
+        sid = validate_session_id(session_id)
+        if sid in flat:
+            return self._prefix
+        return self._prefix + shard_of(sid) + os.sep
+
     def log_path(self, session_id: str) -> Path:
-        return self.root / f"{validate_session_id(session_id)}{LOG_SUFFIX}"
+        return Path(self.log_file(session_id))
 
     def transcript_path(self, session_id: str) -> Path:
-        return self.root / f"{validate_session_id(session_id)}{TRANSCRIPT_SUFFIX}"
+        return Path(self.transcript_file(session_id))
 
     def log_file(self, session_id: str) -> str:
-        """:meth:`log_path` as a ``str``: no ``Path`` is built (a few microseconds saved per session start)."""
-        return self._prefix + validate_session_id(session_id) + LOG_SUFFIX
+        """:meth:`log_path` as a ``str``."""
+        return self.base(session_id) + session_id + LOG_SUFFIX
 
     def transcript_file(self, session_id: str) -> str:
         """:meth:`transcript_path` as a ``str``."""
-        return self._prefix + validate_session_id(session_id) + TRANSCRIPT_SUFFIX
+        return self.base(session_id) + session_id + TRANSCRIPT_SUFFIX
 
     def artifacts_dir(self, session_id: str) -> Path:
-        return self.root / f"{validate_session_id(session_id)}{ARTIFACTS_SUFFIX}"
+        return Path(self.base(session_id) + session_id + ARTIFACTS_SUFFIX)
 
     def artifact_path(self, session_id: str, name: str) -> Path:
-        """``<root>/<id>.artifacts/<name>``; ``name`` must be a plain file name."""
+        """``<id>.artifacts/<name>`` beside the log; ``name`` must be a plain file name."""
         if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
             raise ValueError(f"artifact name {name!r} must be a plain file name")
         return self.artifacts_dir(session_id) / name
@@ -223,35 +258,38 @@ class SessionDirectory:
         return max((int(n) for n in numbers if n.isdigit()), default=0)
 
     def spill_dir(self, session_id: str) -> Path:
-        return self.root / f"{validate_session_id(session_id)}{SPILL_SUFFIX}"
+        return Path(self.base(session_id) + session_id + SPILL_SUFFIX)
 
     def lock_path(self, session_id: str) -> Path:
-        return self.root / f"{validate_session_id(session_id)}{LOCK_SUFFIX}"
+        return Path(self.base(session_id) + session_id + LOCK_SUFFIX)
 
     # -- queries --------------------------------------------------------------------------------------
 
-    def exists(self, session_id: str) -> bool:
-        """Whether a log for ``session_id`` exists."""
+    def has_log(self, session_id: str) -> bool:
+        """Whether the session has a log file (it has had something to keep)."""
         return os.path.isfile(self.log_file(session_id))
 
+    def exists(self, session_id: str) -> bool:
+        """Whether a session ``session_id`` is stored: it has a log, or a header in the index."""
+        return self.has_log(session_id) or session_id in self.index
+
     def read_header(self, session_id: str) -> Header | None:
-        """The session's header, or ``None`` when there is no log (or it has no complete first line)."""
+        """The session's header, or ``None`` when it is not stored (or its log has no complete first line)."""
+        found = self.stored_header(session_id)
+        return found[0] if found is not None else None
+
+    def stored_header(self, session_id: str) -> tuple[Header, bytes] | None:
+        """The session's header and its line as stored: the first line of its log, else (no log, or one a
+        crash cut before its first line was whole) its line in the index."""
         try:
-            return read_header(self.log_path(session_id))
+            found = read_header_line(self.log_file(session_id))
         except FileNotFoundError:
-            return None
+            found = None
+        return found if found is not None else self.index.lookup(session_id)
 
     def ids(self) -> list[str]:
         """Ids of the stored sessions, sorted."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        out = []
-        for name in names:
-            if name.endswith(LOG_SUFFIX) and not name.endswith(TRANSCRIPT_SUFFIX):
-                out.append(name[: -len(LOG_SUFFIX)])
-        return sorted(out)
+        return sorted({*self._logs(), *self.index.ids()})
 
     def info(self, session_id: str) -> SessionInfo:
         """A summary of one stored session; raises :class:`~runtime.errors.SessionNotFound` if there is none."""
@@ -260,20 +298,33 @@ class SessionDirectory:
             stat = path.stat()
             data = read_file(path)
         except FileNotFoundError:
-            raise SessionNotFound(f"no stored session {session_id!r} in {self.root}") from None
+            found = self.index.lookup(session_id)
+            if found is None:
+                raise SessionNotFound(f"no stored session {session_id!r} in {self.root}") from None
+            return _unused(found[0])
         except OSError as exc:
             return SessionInfo(session_id, 0.0, 0.0, 0, None, 0, error=str(exc))
         return _summarize(session_id, path, data, stat.st_mtime, stat.st_size)
 
     def list(self) -> list[SessionInfo]:
         """Every stored session, sorted by id. A log that cannot be read is listed with its ``error``."""
-        infos = []
-        for session_id in self.ids():
+        infos = {}
+        for session_id in self._logs():
             try:
-                infos.append(self.info(session_id))
+                infos[session_id] = self.info(session_id)
             except SessionNotFound:
                 continue  # deleted meanwhile
-        return infos
+        for header in self.index.headers():  # (a session whose log appeared since the walk is listed unused)
+            if header.session_id not in infos:
+                infos[header.session_id] = _unused(header)
+        return [infos[sid] for sid in sorted(infos)]
+
+    def _logs(self) -> Iterator[str]:
+        """Ids of the sessions with a log: in the shard folders, and in the root (flat layout)."""
+        yield from _logs_in(self.root)
+        for first in _shard_names(self.root):
+            for second in _shard_names(self.root / first):
+                yield from _logs_in(self.root / first / second)
 
     # -- changes --------------------------------------------------------------------------------------
 
@@ -284,7 +335,7 @@ class SessionDirectory:
         me = LockOwner.me()
         with self._guard.held():
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                fd = _create(path)
             except FileExistsError:
                 owner = _read_owner(path)
                 if owner is not None and (not owner.here or owner.alive()):
@@ -297,21 +348,154 @@ class SessionDirectory:
                 os.close(fd)
         return SessionLock(path, me, self._guard)
 
-    def delete(self, session_id: str) -> None:
-        """Delete the session's log, transcript, artifacts and spill files.
+    def delete(self, session_id: str, *, append_index: Callable[[bytes], None] | None = None) -> None:
+        """Delete the session's log, transcript, artifacts and spill files, and remove it from the index.
 
-        Raises :class:`~runtime.errors.SessionNotFound` when there is nothing to delete and
+        ``append_index`` appends the removal line (a runtime passes its log writer's way, so the line goes
+        in order with the headers it queued); by default it is appended and fsynced here. Raises
+        :class:`~runtime.errors.SessionNotFound` when there is nothing to delete and
         :class:`SessionLockedError` while the session is open somewhere.
         """
         paths = [self.log_path(session_id), self.transcript_path(session_id)]
         folders = [self.artifacts_dir(session_id), self.spill_dir(session_id)]
-        if not any(p.exists() for p in (*paths, *folders)):
+        indexed = self.index.lookup(session_id)
+        if indexed is None and not any(p.exists() for p in (*paths, *folders)):
             raise SessionNotFound(f"no stored session {session_id!r} in {self.root}")
         with self.lock(session_id):
+            if indexed is not None:
+                line = encode_removed(session_id, indexed[0].created_at)
+                (append_index or self.index.append_now)(line)
+                self.index.forget(session_id)
             for path in paths:
                 path.unlink(missing_ok=True)
             for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    # -- the flat layout ------------------------------------------------------------------------------
+
+    def _flat_ids(self) -> frozenset[str]:
+        """Sessions whose files are in the root (the layout before issue 32), moved into their shard
+        folders first when ``migrate`` is set; found once, on first use."""
+        with self._layout_lock:
+            if self._flat is not None:
+                return self._flat
+            found = _flat_sessions(self.root)
+            if found and self.migrate:
+                found = self._migrate(found)
+            self._flat = frozenset(found)
+            return self._flat
+
+    def _migrate(self, flat: set[str]) -> set[str]:
+        """Move flat sessions into their shard folders; returns the ones left where they are."""
+        left: set[str] = set()
+        moved_to: set[str] = set()
+        with self._guard.held():
+            for sid in sorted(flat):
+                lock = self._prefix + sid + LOCK_SUFFIX
+                owner = _read_owner(Path(lock)) if os.path.lexists(lock) else None
+                if owner is not None and (not owner.here or owner.alive()):
+                    left.add(sid)  # open in a live process (an older agentcell): leave it be
+                    continue
+                base = self._prefix + shard_of(sid) + os.sep
+                clash = False
+                for suffix in (TRANSCRIPT_SUFFIX, ARTIFACTS_SUFFIX, SPILL_SUFFIX, LOG_SUFFIX):
+                    source, target = self._prefix + sid + suffix, base + sid + suffix
+                    if not os.path.lexists(source):
+                        continue
+                    if os.path.lexists(target):
+                        clash = True
+                        continue
+                    os.makedirs(base, exist_ok=True)
+                    os.rename(source, target)
+                    moved_to.add(base)
+                if clash:
+                    log.warning(
+                        "session %s has files in both layouts under %s: the flat ones are used",
+                        sid,
+                        self.root,
+                    )
+                    left.add(sid)
+                    continue
+                try:
+                    os.unlink(lock)  # a stale lock of a dead process
+                except FileNotFoundError:
+                    pass
+        for folder in (self._prefix, *moved_to):
+            fsync_dir(folder)
+        if flat - left:
+            log.info("moved %d sessions of %s into shard folders", len(flat - left), self.root)
+        return left
+
+
+def shard_of(session_id: str) -> str:
+    """The folder of a session's files under the root, ``ab/cd``: two levels of 256 by a hash of the id, so
+    no folder holds more than a few thousand entries with tens of millions of sessions stored."""
+    h = zlib.crc32(session_id.encode())
+    return f"{h >> 8 & 0xFF:02x}{os.sep}{h & 0xFF:02x}"
+
+
+def _shard_names(folder: Path) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return [e.name for e in entries if len(e.name) == 2 and _is_hex(e.name) and e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_hex(name: str) -> bool:
+    return all(c in "0123456789abcdef" for c in name)
+
+
+def _logs_in(folder: Path) -> Iterator[str]:
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        if name.endswith(LOG_SUFFIX) and not name.endswith(TRANSCRIPT_SUFFIX):
+            yield name[: -len(LOG_SUFFIX)]
+
+
+def _flat_sessions(root: Path) -> set[str]:
+    """Ids with a file of their own in the root itself."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+    found = set()
+    for name in names:
+        for suffix in (TRANSCRIPT_SUFFIX, LOG_SUFFIX, ARTIFACTS_SUFFIX, SPILL_SUFFIX, LOCK_SUFFIX):
+            if name.endswith(suffix):
+                sid = name[: -len(suffix)]
+                try:
+                    found.add(validate_session_id(sid))
+                except InvalidSessionId:
+                    pass
+                break
+    return found
+
+
+def _create(path: Path) -> int:
+    """Create ``path`` exclusively (and its shard folder if needed)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags, 0o644)
+
+
+def _unused(header: Header) -> SessionInfo:
+    """A session started and never used: its header is in the index, and it has no log yet."""
+    return SessionInfo(
+        header.session_id,
+        header.created_at,
+        header.created_at,
+        0,
+        header.model or None,
+        0,
+        parent_id=header.parent_session_id,
+    )
 
 
 def _summarize(session_id: str, path: Path, data: bytes, mtime: float, size: int) -> SessionInfo:

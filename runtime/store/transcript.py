@@ -4,6 +4,10 @@
 ``<root>/<session>.events.jsonl`` through the shared :class:`~runtime.store.writer.LogWriter`, so the
 publisher never waits on the disk. :func:`read_transcript` reads one back, e.g. to resume a
 Server-Sent-Events stream after a given ``seq``.
+
+A transcript file is created with the first event worth keeping: a million sessions started and never
+used write none (their ``session_started`` and ``session_stopped`` are left out). A resumed session then
+numbers its events from the clock, as after a crash, so no number is ever given twice.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ OnTranscriptError = Callable[[str, str, Exception], None]
 to it fails — once per run of failures: again only after a write to that transcript succeeded."""
 
 _decoder = msgspec.json.Decoder(AnyEvent)
+_IDLE_TYPES = frozenset({"session_started", "session_stopped", "session_hibernated"})
+"""Events not worth a transcript of their own: a session that only starts and stops gets none (its
+resumption, ``session_started`` with ``resumed``, is kept: it goes on numbering a transcript's events)."""
 
 
 class TranscriptWriter:
@@ -68,10 +75,13 @@ class TranscriptWriter:
         self._pending: dict[str, list[bytes]] = {}
 
     def __call__(self, event: Event) -> None:
-        if event.type in self.exclude:
+        kind = event.type
+        if kind in self.exclude:
             return
         target = self._sessions.get(event.session_id)
         if target is None:
+            if kind in _IDLE_TYPES and not getattr(event, "resumed", False):
+                return  # a new session's comings and goings: no transcript until it does something
             target = self._open(event.session_id)
             if target is None:
                 return

@@ -47,6 +47,7 @@ __all__ = [
     "WriterClosedError",
     "WriterStats",
     "default_max_open_files",
+    "fsync_dir",
 ]
 
 
@@ -126,6 +127,7 @@ class LogWriter:
         self._files: OrderedDict[str, int] = OrderedDict()  # path -> fd, least recently used first
         self._unsynced: set[str] = set()  # written since their last fsync
         self._new_names: set[str] = set()  # created, but their directory entry is not fsynced yet
+        self._new_folders: dict[str, list[str]] = {}  # file -> folders made for it, their names not fsynced
         self._failed: dict[str, OSError] = {}  # files with an undone write: refuse until reset()
         self._inflight: dict[str, int] = {}  # operations queued per file and not yet done (under _cond)
         self._cpus = cpus  # where the thread runs (runtime.cpu); None: wherever the OS puts it
@@ -396,7 +398,11 @@ class LogWriter:
         self._unsynced.discard(path)
         if path in self._new_names:
             self._new_names.discard(path)
-            _fsync_dir(os.path.dirname(path) or ".")
+            for folder in self._new_folders.pop(path, ()):  # a shard folder made for it: its name first
+                if folder in self._new_names:
+                    self._new_names.discard(folder)
+                    fsync_dir(os.path.dirname(folder) or ".")
+            fsync_dir(os.path.dirname(path) or ".")
 
     def _write_whole(self, path: str, data: bytes, policy: FsyncPolicy) -> None:
         folder = os.path.dirname(path) or "."
@@ -412,7 +418,7 @@ class LogWriter:
             os.close(fd)
         os.replace(tmp, path)
         if policy != "never":
-            _fsync_dir(folder)
+            fsync_dir(folder)
         self.stats.writes += 1
         self.stats.bytes += len(data)
 
@@ -438,16 +444,20 @@ class LogWriter:
             oldest = next(iter(self._files))
             self._release(oldest)
         try:
-            fd = os.open(path, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE)
+            fd, folders = _create(path)
             created, size = True, 0
         except FileExistsError:
             fd = os.open(path, _OPEN_FLAGS, _FILE_MODE)
             created, size = False, os.fstat(fd).st_size
         self._files[path] = fd
         if created and policy == "always":
-            _fsync_dir(os.path.dirname(path) or ".")  # the new name must survive a crash too
+            for folder in (*folders, path):  # the new names must survive a crash too
+                fsync_dir(os.path.dirname(folder) or ".")
         elif created and policy == "turn":
             self._new_names.add(path)  # made durable with the file's first sync
+            for folder in folders:
+                self._new_names.add(folder)
+                self._new_folders.setdefault(path, []).append(folder)
         return fd, size
 
     def _release(self, path: str) -> None:
@@ -490,6 +500,28 @@ def default_max_open_files() -> int:
     return max(64, min(MAX_OPEN_FILES, soft // 4))
 
 
+def _create(path: str) -> tuple[int, list[str]]:
+    """Create ``path`` exclusively, and the folders missing on its way (a session's shard folders): the
+    descriptor and the folders made, outermost first, whose names the caller makes durable."""
+    try:
+        return os.open(path, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE), []
+    except FileNotFoundError:
+        pass
+    folder = os.path.dirname(path) or "."
+    missing = []
+    while folder and not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    made = []
+    for name in reversed(missing):
+        try:
+            os.mkdir(name)
+            made.append(name)
+        except FileExistsError:
+            pass
+    return os.open(path, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE), made
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -499,7 +531,8 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _fsync_dir(folder: str) -> None:
+def fsync_dir(folder: str) -> None:
+    """Make the names in ``folder`` durable (a no-op where the filesystem refuses it)."""
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:

@@ -21,6 +21,7 @@ import pytest
 from runtime import events as ev
 from runtime.apps.chat import ChatPrinter, context_bar, format_stats, run_chat
 from runtime.context.estimate import ContextStats
+from runtime.store.sessions import SessionDirectory
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
@@ -228,7 +229,7 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     term.expect(r"1\. remember the blue door")
     term.expect(PROMPT)
 
-    transcript = chat.sessions / "resume-me.events.jsonl"
+    transcript = SessionDirectory(chat.sessions).transcript_path("resume-me")
     requests = transcript.read_bytes().count(b'"type":"request_start"')
     term.line("this reply will be slow")
     # Ctrl-C once the request is waiting on the provider (its request_start is in the transcript), not

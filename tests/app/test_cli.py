@@ -15,6 +15,7 @@ import pytest
 from runtime.apps.cli import main
 from runtime.apps.sessions_cli import run_sessions
 from runtime.provider.script import ToolCallSpec, Turn
+from runtime.store.sessions import SessionDirectory
 
 HEAVY = ("litellm", "uvicorn", "rich", "starlette", "tiktoken", "httpx", "pykka")
 
@@ -147,11 +148,11 @@ def test_sessions_errors_and_delete(
     # The running runtime holds the session open: deleting it under its feet is refused.
     assert sessions("delete", "errands", sessions_dir=sessions_dir)[0] == 1
     assert "errands" in capsys.readouterr().err
-    assert (sessions_dir / "errands.jsonl").exists()
+    assert SessionDirectory(sessions_dir).log_path("errands").exists()
     rt.stop()
     code, out = sessions("delete", "errands", sessions_dir=sessions_dir)
     assert (code, out) == (0, "deleted errands\n")
-    assert not any(p.name.startswith("errands") for p in sessions_dir.iterdir())
+    assert not any(p.name.startswith("errands") for p in sessions_dir.rglob("*"))
     assert [
         line.split()[0] for line in sessions("list", sessions_dir=sessions_dir)[1].splitlines()[1:-1]
     ] == ["empty"]

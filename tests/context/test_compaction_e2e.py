@@ -9,6 +9,7 @@ from runtime.context.integrity import check_integrity
 from runtime.context.prompts import TOOL_SUMMARIZER_SYSTEM, TOOL_SUMMARY_PREFIX
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_OUTPUT_CLEARED, KIND_TOOL_SUMMARY
 from runtime.provider.script import Fault, ToolCallSpec, Turn
+from runtime.store.sessions import SessionDirectory
 from tests.conftest import Recorder
 
 _names = itertools.count(1)
@@ -428,5 +429,5 @@ def test_old_tool_outputs_are_cleared_to_a_placeholder(
     sent = [m.get("content") or "" for m in last.messages if m.get("role") == "tool"]
     assert sum("Old tool output cleared" in text for text in sent) == len(cleared)  # what the model read
     assert last.prompt_tokens < (len(kept) + 1) * one_output  # not four whole files
-    log = (sessions_dir / f"{sid}.jsonl").read_text()
+    log = SessionDirectory(sessions_dir).log_path(sid).read_text()
     assert log.count("line 149: w149x0") >= 4  # every output is still in the log

@@ -195,12 +195,13 @@ def order_problems(events: Sequence[Event], *, contiguous: bool = True) -> list[
 
 
 def transcript_problems(directory: SessionDirectory, session_id: str) -> list[str]:
-    """The order problems of the session's event transcript on disk (numbered 1, 2, 3, …)."""
+    """The order problems of the session's event transcript on disk (numbered 1, 2, 3, …; a new session's
+    ``session_started``, seq 1, is left out: a transcript starts with the first event worth a file)."""
     events = read_transcript(directory.transcript_path(session_id))
     if not events:
         return ["the transcript is empty"]
     problems = order_problems(events)
-    if events[0].seq != 1:
+    if events[0].seq not in (1, 2):
         problems.append(f"the transcript starts at seq {events[0].seq}")
     return problems
 

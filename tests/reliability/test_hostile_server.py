@@ -28,6 +28,7 @@ from runtime import Runtime
 from runtime.apps.server import MAX_CURSOR_SESSIONS, ApiServer, ServerPolicy
 from runtime.config import Config
 from runtime.provider.script import Turn
+from runtime.store.sessions import SessionDirectory
 
 TOKEN = "hostile-token-" + "y" * 24
 _names = iter(range(1, 1_000_000))
@@ -246,7 +247,7 @@ def test_a_corrupt_session_log_is_a_409_that_says_how_to_open_it(
     )
     rt.stop_session(sid)
     rt.services.writer.flush()
-    log = sessions_dir / f"{sid}.jsonl"
+    log = SessionDirectory(sessions_dir).log_path(sid)
     lines = log.read_bytes().split(b"\n")
     lines[3] = b"{garbage"
     log.write_bytes(b"\n".join(lines))

@@ -17,6 +17,7 @@ import pytest
 from runtime import CorruptLogError, Runtime
 from runtime.provider.script import Turn
 from runtime.store.log import read_log, replay
+from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import read_transcript
 from tests.conftest import Recorder
 
@@ -54,7 +55,7 @@ def corrupt_line(path: Path, number: int) -> bytes:
 def test_resuming_a_log_with_a_corrupt_line_is_a_clear_error(sessions_dir: Path, provider: Any) -> None:
     """resume_session on a log with a corrupt line raises CorruptLogError naming the file and line."""
     sid = stored_session(sessions_dir, provider)
-    log = sessions_dir / f"{sid}.jsonl"
+    log = SessionDirectory(sessions_dir).log_path(sid)
     corrupt_line(log, 3)
     with Runtime(sessions_dir=sessions_dir) as rt:
         with pytest.raises(CorruptLogError, match="repair='truncate'") as caught:
@@ -67,7 +68,7 @@ def test_resuming_a_log_with_a_corrupt_line_is_a_clear_error(sessions_dir: Path,
 def test_a_corrupt_log_opens_up_to_its_last_good_entry_on_request(sessions_dir: Path, provider: Any) -> None:
     """resume_session(repair="truncate") opens the session up to the bad line and keeps the rest aside."""
     sid = stored_session(sessions_dir, provider)
-    log = sessions_dir / f"{sid}.jsonl"
+    log = SessionDirectory(sessions_dir).log_path(sid)
     entries, _ = read_log(log)
     kept = replay(log, entries[:4]).messages()  # lines 1-4: the header, prompt 0, answer 0, prompt 1
     after = corrupt_line(log, 5)
@@ -88,7 +89,7 @@ def test_a_corrupt_log_opens_up_to_its_last_good_entry_on_request(sessions_dir: 
 def test_a_corrupt_header_cannot_be_repaired(sessions_dir: Path, provider: Any) -> None:
     """A log whose header is corrupt is an error even with repair: there would be nothing to keep."""
     sid = stored_session(sessions_dir, provider, prompts=1)
-    corrupt_line(sessions_dir / f"{sid}.jsonl", 1)
+    corrupt_line(SessionDirectory(sessions_dir).log_path(sid), 1)
     with Runtime(sessions_dir=sessions_dir) as rt, pytest.raises(CorruptLogError, match="line 1"):
         rt.resume_session(sid, repair="truncate")
 
@@ -109,7 +110,7 @@ def crash_transcript(path: Path, keep: int) -> int:
 def test_event_numbers_never_repeat_after_a_crash(sessions_dir: Path, provider: Any) -> None:
     """After a crash, a resumed session's events are numbered after every event it ever published."""
     sid = stored_session(sessions_dir, provider)
-    transcript = sessions_dir / f"{sid}.events.jsonl"
+    transcript = SessionDirectory(sessions_dir).transcript_path(sid)
     highest = crash_transcript(transcript, keep=10)
     with Runtime(sessions_dir=sessions_dir) as rt:
         recorder = Recorder()
@@ -125,7 +126,7 @@ def test_event_numbers_never_repeat_after_a_crash(sessions_dir: Path, provider: 
 def test_a_torn_transcript_line_is_reported(sessions_dir: Path, provider: Any) -> None:
     """A torn last line of the event transcript is cut and reported with log_recovered, like the log's."""
     sid = stored_session(sessions_dir, provider, prompts=1)
-    transcript = sessions_dir / f"{sid}.events.jsonl"
+    transcript = SessionDirectory(sessions_dir).transcript_path(sid)
     size = transcript.stat().st_size
     crash_transcript(transcript, keep=5)
     torn = transcript.stat().st_size - len(b"\n".join(transcript.read_bytes().split(b"\n")[:5])) - 1
@@ -143,7 +144,7 @@ def test_a_torn_transcript_line_is_reported(sessions_dir: Path, provider: Any) -
 def test_numbering_goes_on_without_a_gap_after_a_clean_stop(sessions_dir: Path, provider: Any) -> None:
     """After an orderly stop, a resumed session's numbering goes on from the transcript's last event."""
     sid = stored_session(sessions_dir, provider, prompts=1)
-    last = read_transcript(sessions_dir / f"{sid}.events.jsonl")[-1]
+    last = read_transcript(SessionDirectory(sessions_dir).transcript_path(sid))[-1]
     assert last.type == "session_stopped"
     with Runtime(sessions_dir=sessions_dir) as rt:
         recorder = Recorder()
@@ -165,7 +166,7 @@ def test_hiding_a_huge_message_stores_its_id_not_a_copy(sessions_dir: Path, prov
     with Runtime(sessions_dir=sessions_dir) as rt:
         sid = rt.start_session(model=model, api_base=provider.url, api_key="sk-local")
         assert rt.prompt(sid, huge).result(timeout=60).status == "ok"
-        log = sessions_dir / f"{sid}.jsonl"
+        log = SessionDirectory(sessions_dir).log_path(sid)
         rt.services.writer.flush()
         before = log.stat().st_size
         prompt = rt.messages(sid)[0]

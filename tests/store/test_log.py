@@ -21,7 +21,7 @@ from runtime.ids import InvalidSessionId
 from runtime.messages import user
 from runtime.store.entries import MessageEntry, new_header, scrub_secrets
 from runtime.store.log import CorruptLogError, SessionLog, load_tree, read_log
-from runtime.store.sessions import SessionDirectory
+from runtime.store.sessions import SessionDirectory, shard_of
 from runtime.store.transcript import TranscriptWriter, read_transcript
 from runtime.store.tree import SessionTree
 from runtime.store.writer import LogWriteError, LogWriter, WriterClosedError, default_max_open_files
@@ -34,6 +34,12 @@ def writer() -> object:
     w = LogWriter("turn")
     yield w
     w.close()
+
+
+def made(path: Path) -> Path:
+    """``path``, its folder (a session's shard folder) created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def write_session(path: Path, writer: LogWriter, messages: int = 3) -> SessionTree:
@@ -380,7 +386,8 @@ def test_every_path_rejects_a_bad_session_id(tmp_path: Path, bad: str) -> None:
 
 def test_artifact_names_must_be_plain(tmp_path: Path) -> None:
     directory = SessionDirectory(tmp_path)
-    assert directory.compaction_artifacts("s", 2)[1] == tmp_path / "s.artifacts" / "compaction-2-summary.md"
+    shard = tmp_path / shard_of("s")
+    assert directory.compaction_artifacts("s", 2)[1] == shard / "s.artifacts" / "compaction-2-summary.md"
     for bad in ("../x.md", "a/b.md", "..", ""):
         with pytest.raises(ValueError):
             directory.artifact_path("s", bad)
@@ -393,7 +400,7 @@ def test_list_summarizes_each_session(tmp_path: Path, writer: LogWriter) -> None
     log.append(tree.set_metadata("model", "bigger"))
     write_session(directory.log_path("beta"), writer, messages=1)
     directory.transcript_path("beta").write_text("")  # a transcript is not a session
-    directory.log_path("broken").write_text('{"type":"message"}\n')
+    made(directory.log_path("broken")).write_text('{"type":"message"}\n')
     writer.flush()
     infos = {i.id: i for i in directory.list()}
     assert set(infos) == {"alpha", "beta", "broken"}
@@ -415,7 +422,7 @@ def test_delete_removes_every_file_of_the_session(tmp_path: Path, writer: LogWri
     directory.spill_dir("s").mkdir()
     (directory.spill_dir("s") / "out.txt").write_text("x")
     directory.delete("s")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".agentcell.lock", "other.jsonl"]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [".agentcell.lock", "other.jsonl"]
     assert not directory.exists("s") and directory.exists("other")
     with pytest.raises(SessionNotFound):
         directory.delete("s")
@@ -474,14 +481,14 @@ def test_a_lock_whose_pid_now_belongs_to_another_process_is_stale(tmp_path: Path
     directory = SessionDirectory(tmp_path)
     directory.ensure()
     # Our own pid, but a start time that is not ours: the process that wrote it is gone, the pid reused.
-    directory.lock_path("s").write_text(f"{os.getpid()}\n{socket.gethostname()}\n1\nold-token\n")
+    made(directory.lock_path("s")).write_text(f"{os.getpid()}\n{socket.gethostname()}\n1\nold-token\n")
     with directory.lock("s") as lock:
         assert lock.owner.token != "old-token"
 
 
 def test_a_lock_from_another_host_is_not_taken_over(tmp_path: Path) -> None:
     directory = SessionDirectory(tmp_path)
-    directory.lock_path("s").write_text("4242\nsome-other-machine\n")
+    made(directory.lock_path("s")).write_text("4242\nsome-other-machine\n")
     with pytest.raises(SessionLockedError, match="pid 4242 on some-other-machine"):
         directory.lock("s")
 
@@ -515,7 +522,7 @@ def test_transcript_sink_writes_each_sessions_events_and_reads_them_back(
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
     assert [e.seq for e in read_transcript(directory.transcript_path("a"), after_seq=3)] == [4, 5]
     assert [e.type for e in read_transcript(directory.transcript_path("b"))] == ["agent_start"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.events.jsonl", "b.events.jsonl"]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["a.events.jsonl", "b.events.jsonl"]
 
 
 def test_a_burst_of_events_costs_the_writer_a_few_operations(tmp_path: Path, writer: LogWriter) -> None:
@@ -536,7 +543,7 @@ def test_a_burst_of_events_costs_the_writer_a_few_operations(tmp_path: Path, wri
 
 def test_transcript_recovers_from_a_torn_line(tmp_path: Path, writer: LogWriter) -> None:
     directory = SessionDirectory(tmp_path)
-    path = directory.transcript_path("a")
+    path = made(directory.transcript_path("a"))
     path.write_bytes(ev.encode_event(ev.AgentStart(session_id="a", seq=1, turn_id="t")) + b'\n{"type":"age')
     assert [e.seq for e in read_transcript(path)] == [1]  # a torn last line is skipped when reading
     sink = TranscriptWriter(directory, writer)

@@ -283,6 +283,7 @@ def test_a_log_that_is_not_a_regular_file_is_refused(
     start: Callable[..., Any], directory: SessionDirectory, events: Events
 ) -> None:
     directory.ensure()
+    directory.log_path("s1").parent.mkdir(parents=True)
     directory.log_path("s1").symlink_to("/dev/zero")  # reading it would never end
     ref = start()
     wait_until(lambda: not ref.is_alive())

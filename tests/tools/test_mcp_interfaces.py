@@ -14,6 +14,7 @@ import pytest
 
 from runtime.apps.cli import build_parser
 from runtime.store.entries import decode_entry
+from runtime.store.sessions import SessionDirectory
 from runtime.tools.mcp.servers import WITHHELD
 from tests.tools.mcp_support import SERVER
 
@@ -59,7 +60,7 @@ def test_chat_takes_mcp_servers_from_the_command_line(tmp_path: Path) -> None:
     )
     assert status == 0
     assert "[MCP server t ready: " in out.getvalue()
-    header = decode_entry((tmp_path / "c1.jsonl").read_bytes().splitlines()[0])
+    header = decode_entry(SessionDirectory(tmp_path).log_path("c1").read_bytes().splitlines()[0])
     stored = header.mcp_servers["t"]  # type: ignore[union-attr]
     assert stored["command"] == sys.executable
     assert stored["args"] == [
@@ -140,8 +141,9 @@ def test_a_resumed_session_gets_its_servers_back_from_its_log_without_secrets(
             mcp_servers=servers,
         )
         rt.stop_session("r1")
-        header = decode_entry((tmp_path / "r1.jsonl").read_bytes().splitlines()[0])
-        stored = header.mcp_servers["t"]  # type: ignore[union-attr]
+        header = SessionDirectory(tmp_path).read_header("r1")  # (never used: its header is in the index)
+        assert header is not None
+        stored = header.mcp_servers["t"]
         assert (
             stored["env"] == {"GITHUB_TOKEN": WITHHELD, "MODE": "x"} and stored["command"] == sys.executable
         )

@@ -201,10 +201,12 @@ class SessionBoard:
             model, window, config = row.model, row.window, self.runtime.config
             running, fresh, parent = row.state != "parked", row.seq == 0, None
         else:
-            spec = session.spec
-            model, window, config = session.model, session.context_window, spec.config
+            # (a parked session's spec is not rebuilt for the page: a million of them would stay rebuilt)
+            spec = session.spec if getattr(session, "_spec", True) is not None else None
+            model, window = session.model, session.context_window
+            config = spec.config if spec is not None else self.runtime.config
             running, fresh = session.running, session.fresh
-            parent = spec.parent[0] if getattr(spec, "parent", None) else None
+            parent = spec.parent[0] if spec is not None and getattr(spec, "parent", None) else None
         if row.state is not None and row.state != "parked":
             state = row.state
         elif not running:

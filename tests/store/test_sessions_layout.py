@@ -1,0 +1,217 @@
+"""A runtime's sessions on disk (issue 32): files only once a session has something to keep, durable
+starts, kill -9 before and after the first message, concurrent starts, and hostile shapes (many sessions
+started and deleted at once, a crash in the middle of an index append).
+
+A started session is durable once the log writer has appended its header to the sessions index (and, under
+``fsync = turn`` or ``always``, fsynced it): ``Runtime.flush()`` waits for that.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from runtime import Runtime
+from runtime.config import Config
+from runtime.store.entries import encode_entry, new_header
+from runtime.store.sessions import SessionDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLY = "Noted."
+
+
+def mock_config() -> Config:
+    return Config().with_overrides({"agent.mock_response": REPLY})
+
+
+def files(root: Path) -> list[str]:
+    """Every file under ``root`` but the index's segments and the lock guard, relative to ``root``."""
+    out = []
+    for path in root.rglob("*"):
+        if path.is_file() and path.parent.name != "index" and path.name != ".agentcell.lock":
+            out.append(str(path.relative_to(root)))
+    return sorted(out)
+
+
+def test_a_session_has_files_only_once_it_has_something_to_keep(sessions_dir: Path) -> None:
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        idle = [rt.start_session(model="openai/m") for _ in range(50)]
+        used = rt.start_session(model="openai/m")
+        rt.flush()
+        assert files(sessions_dir) == []  # 51 sessions: one index line each, no file of their own
+        assert [p.name for p in (sessions_dir / "index").iterdir()] == ["0.jsonl"]
+        assert len(rt.list_sessions()) == 51
+        rt.messages(idle[0])  # used, but nothing written: still no file
+        rt.hibernate(idle[0])
+        assert files(sessions_dir) == []
+        assert rt.prompt(used, "hello").result(timeout=60).text == REPLY
+        rt.flush()
+        directory = rt.services.directory
+        log, transcript = directory.log_path(used), directory.transcript_path(used)
+        assert log.exists() and transcript.exists()
+        assert {str(p.relative_to(sessions_dir)) for p in (log, transcript)} <= set(files(sessions_dir))
+    assert all(not p.endswith(".lock") for p in files(sessions_dir))  # stopping let go of every lock
+    assert (
+        len([p for p in files(sessions_dir) if p.endswith(".jsonl")]) == 2
+    )  # idle ones: none at stop either
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        assert {i.id: i.messages for i in rt.list_sessions()} == {**{s: 0 for s in idle}, used: 2}
+        rt.resume_session(idle[1])  # a session never used, from the index: it wakes like any other
+        assert rt.prompt(idle[1], "first words").result(timeout=60).text == REPLY
+        assert [m.text for m in rt.messages(idle[1])] == ["first words", REPLY]
+
+
+CHILD = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from runtime import Runtime
+from runtime.config import Config
+rt = Runtime(Config().with_overrides({"agent.mock_response": "Noted."}), sessions_dir=sys.argv[2]).start()
+durable = [rt.start_session(model="openai/m", system_prompt="be brief") for _ in range(200)]
+rt.flush()
+print(" ".join(durable), flush=True)
+if sys.argv[3] == "message":
+    sid = durable[0]
+    print(rt.prompt(sid, "remember me").result(timeout=60).text, flush=True)
+for _ in range(100_000):  # starts go on until the kill: the last ones may not be written yet
+    rt.start_session(model="openai/m")
+"""
+
+
+@pytest.mark.slow  # a child process per case: seconds even on an idle machine
+@pytest.mark.parametrize("when", ["start", "message"])
+def test_kill_9_keeps_every_durable_start_and_every_answered_message(sessions_dir: Path, when: str) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(ROOT), str(sessions_dir), when], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        durable = child.stdout.readline().split()
+        assert len(durable) == 200
+        if when == "message":
+            assert child.stdout.readline().strip() == REPLY
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        stored = {i.id: i for i in rt.list_sessions()}
+        assert set(durable) <= set(stored)
+        assert all(stored[s].error is None for s in stored)
+        rt.resume_session(durable[-1])  # never used: its header comes from the index
+        header = rt.services.directory.read_header(durable[-1])
+        assert header is not None and header.system_prompt == "be brief"
+        assert rt.prompt(durable[-1], "hello").result(timeout=60).text == REPLY
+        rt.resume_session(durable[0])
+        texts = [m.text for m in rt.messages(durable[0])]
+        assert texts == (["remember me", REPLY] if when == "message" else [])
+
+
+@pytest.mark.slow  # a second runtime in a child process: seconds even on an idle machine
+def test_concurrent_starts_in_two_processes_share_one_directory(sessions_dir: Path) -> None:
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from runtime import Runtime\n"
+        f"with Runtime(sessions_dir={str(sessions_dir)!r}) as rt:\n"
+        "    ids = [rt.start_session(model='openai/m') for _ in range(500)]\n"
+        "print(' '.join(ids))\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        mine: list[str] = []
+        lock = threading.Lock()
+
+        def start() -> None:
+            ids = [rt.start_session(model="openai/m") for _ in range(150)]
+            with lock:
+                mine.extend(ids)
+
+        threads = [threading.Thread(target=start) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out, _ = other.communicate(timeout=300)
+        theirs = out.split()
+        assert other.returncode == 0 and len(theirs) == 500 and len(mine) == 1_200
+        rt.flush()
+        assert {i.id for i in rt.list_sessions()} == set(mine) | set(theirs)
+        assert sorted(p.name for p in (sessions_dir / "index").iterdir()) == ["0.jsonl", "1.jsonl"]
+        rt.resume_session(theirs[7])
+        assert rt.prompt(theirs[7], "hi").result(timeout=60).text == REPLY
+    for segment in (sessions_dir / "index").iterdir():  # whole lines only, none interleaved
+        assert all(line.startswith(b'{"type":"header"') for line in segment.read_bytes().splitlines())
+
+
+def test_many_sessions_started_and_deleted_quickly(sessions_dir: Path) -> None:
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        sids = [rt.start_session(model="openai/m") for _ in range(300)]
+        gone = sids[::2]
+        for sid in gone:  # deleted right after the start: the header may not be written yet
+            rt.delete_session(sid)
+        named = [rt.start_session(f"named-{i}", model="openai/m") for i in range(20)]
+        for sid in named[:10]:
+            rt.delete_session(sid)
+        again = [rt.start_session(f"named-{i}", model="openai/other") for i in range(5)]  # the same ids again
+        kept = set(sids[1::2]) | set(named[10:]) | set(again)
+        assert {i.id for i in rt.list_sessions()} == kept
+        assert rt.prompt(sids[1], "still here?").result(timeout=60).text == REPLY
+        rt.delete_session(sids[1])  # used: its log and transcript go, and its index line is removed
+        kept.discard(sids[1])
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        stored = {i.id: i for i in rt.list_sessions()}
+        assert set(stored) == kept
+        assert stored["named-0"].model == "openai/other"
+    assert files(sessions_dir) == []  # nothing left of the deleted sessions
+
+
+def test_a_crash_during_an_index_append_loses_only_that_line(
+    sessions_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        sids = [rt.start_session(model="openai/m") for _ in range(20)]
+    segment = sessions_dir / "index" / "0.jsonl"
+    torn = encode_entry(new_header("torn-one", model="openai/m"))
+    with segment.open("ab") as f:
+        f.write(torn[: len(torn) // 2])  # the process died in the middle of this write
+    assert {i.id for i in SessionDirectory(sessions_dir).list()} == set(sids)  # (agentcell sessions list)
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        later = rt.start_session(model="openai/m")  # claims the segment: the torn line is cut, and reported
+        rt.flush()
+        assert "torn last line" in caplog.text
+        assert {i.id for i in rt.list_sessions()} == {*sids, later}
+    assert segment.read_bytes().count(b"\n") == 21 and segment.read_bytes().endswith(b"\n")
+
+
+def test_flat_directories_of_earlier_versions_still_open(sessions_dir: Path, tmp_path: Path) -> None:
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session("old-one", model="openai/m")
+        assert rt.prompt(sid, "before the upgrade").result(timeout=60).text == REPLY
+        directory = rt.services.directory
+        log, transcript = directory.log_path(sid), directory.transcript_path(sid)
+    os.rename(log, sessions_dir / log.name)  # the layout of earlier versions: every file in the root
+    os.rename(transcript, sessions_dir / transcript.name)
+    assert [line.split()[0] for line in _sessions_list(sessions_dir)] == ["old-one"]
+    assert (sessions_dir / log.name).exists()  # listing moves nothing
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        assert not (sessions_dir / log.name).exists() and log.exists()  # moved into its shard folder
+        rt.resume_session(sid)
+        assert [m.text for m in rt.messages(sid)] == ["before the upgrade", REPLY]
+        rt.delete_session(sid)
+    assert files(sessions_dir) == []
+
+
+def _sessions_list(root: Path) -> list[str]:
+    import io
+
+    from runtime.apps.sessions_cli import run_sessions
+
+    out = io.StringIO()
+    assert run_sessions("list", None, sessions_dir=str(root), out=out) == 0
+    return out.getvalue().splitlines()[1:-1]
