@@ -71,6 +71,34 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _start_row(
+    kind: str,
+    n: int,
+    hosted: int,
+    seconds: float,
+    cpu_seconds: float,
+    on_disk: float,
+    grown: int,
+    folder: str,
+) -> dict[str, Any]:
+    """What starting ``n`` sessions cost one side: time, CPU, time until on disk, memory and files."""
+    files, widest = _files(folder)
+    return {
+        "kind": kind,
+        "sessions": n,
+        "hosted": hosted,
+        "start_s": seconds,
+        "start_us_per_session": seconds / n * 1e6,
+        "cpu_us_per_session": cpu_seconds / n * 1e6,
+        "on_disk_s": on_disk,
+        "durable_after_last_s": on_disk - seconds,
+        "rss_bytes_per_session": round(grown / n),
+        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+        "files": files,
+        "widest_folder": widest,
+    }
+
+
 def _files(folder: str) -> tuple[int, int]:
     """Files under ``folder``, and the most entries one folder holds."""
     files = widest = 0
@@ -118,26 +146,11 @@ def measure_bare(n: int, folder: str) -> dict[str, Any]:
     os.fsync(fd)
     on_disk = time.perf_counter() - began
     grown = _rss() - rss
-    files, widest = _files(folder)
     stopping = time.perf_counter()
     os.close(fd)
     sessions.clear()
     stop_s = time.perf_counter() - stopping
-    return {
-        "kind": "bare",
-        "sessions": n,
-        "hosted": n,
-        "start_s": seconds,
-        "start_us_per_session": seconds / n * 1e6,
-        "cpu_us_per_session": cpu_seconds / n * 1e6,
-        "on_disk_s": on_disk,
-        "durable_after_last_s": on_disk - seconds,
-        "rss_bytes_per_session": round(grown / n),
-        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
-        "files": files,
-        "widest_folder": widest,
-        "stop_s": stop_s,
-    }
+    return {**_start_row("bare", n, n, seconds, cpu_seconds, on_disk, grown, folder), "stop_s": stop_s}
 
 
 # -- the runtime -------------------------------------------------------------------------------------------
@@ -202,21 +215,7 @@ def measure_runtime(n: int, folder: str, running: int = 0) -> list[dict[str, Any
         on_disk = time.perf_counter() - began
         grown = _rss() - rss
         hosted = len(rt.hosted_sessions())
-        files, widest = _files(folder)
-        row = {
-            "kind": "runtime",
-            "sessions": n,
-            "hosted": hosted,
-            "start_s": seconds,
-            "start_us_per_session": seconds / n * 1e6,
-            "cpu_us_per_session": cpu_seconds / n * 1e6,
-            "on_disk_s": on_disk,
-            "durable_after_last_s": on_disk - seconds,
-            "rss_bytes_per_session": round(grown / n),
-            "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
-            "files": files,
-            "widest_folder": widest,
-        }
+        row = _start_row("runtime", n, hosted, seconds, cpu_seconds, on_disk, grown, folder)
         rows.append(row)
         if running:  # (first: the wakes below would leave some of these sessions running already)
             rows.append(_running(rt, sids[-running:]))
