@@ -473,6 +473,10 @@ def test_a_cancel_that_arrives_as_the_call_connects_is_not_lost(
     handles: list[Any] = []
 
     async def connect_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(5_000):  # the test thread keeps the call's handle once complete() returns
+            if handles:
+                break
+            await asyncio.sleep(0.001)
         connection = await real_connect(*args, **kwargs)
         if handles:
             handles.pop().cancel()  # from the loop thread: the task's cancel is due in the next iteration

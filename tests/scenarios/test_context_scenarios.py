@@ -195,7 +195,8 @@ def test_a_step_that_cannot_fit_however_clipped_ends_the_turn_clearly(
     assert re.search(r"does not fit the model's context of 2,000 tokens", result.error or "")
     assert len(agent_requests(provider, model)) == 1  # the request that made the calls; none after it
     assert len([m for m in rt.messages(sid) if m.role == "tool"]) == 6
-    assert rt.prompt(sid, "Something small now.").result(timeout=60).status == "ok"
+    second = rt.prompt(sid, "Something small now.").result(timeout=60)
+    assert second.status == "ok", (second.error, recorder.types(sid))
 
 
 def test_after_set_model_every_count_uses_the_new_models_tokenizer(
