@@ -13,6 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
@@ -299,6 +300,9 @@ class Compactor(SessionActor):
             count_text=self.counter.count_text,
             force=emergency or trigger == "manual",
             keep_from=keep_from,
+            room=comp.summary_room(
+                effective_limit(self.context_window, self.cfg), self.estimate.fixed_tokens
+            ),
         )
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
@@ -387,6 +391,7 @@ class Compactor(SessionActor):
             count=self.counter.count_message,
             tokens_before=self.estimate.full(job.view.messages),
             limit=effective_limit(self.context_window, self.cfg),
+            kept_at=str(self._artifact_path(job, 1)) if job.number else None,
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = tokens_before >= self.context_window
@@ -404,7 +409,7 @@ class Compactor(SessionActor):
             self._fail(job, trigger, outcome.reason, message, tokens_before, dead=dead)
             return
         summary = outcome.summary
-        self._write_artifact(1, summary.text, job)
+        self._write_artifact(1, outcome.unclipped_summary or summary.text, job)
         # Right after a compaction the estimate is a full count (design §4.2): usage from before it, which
         # may be a provider's inflated report (a silent overflow), no longer describes the context.
         tokens_after = self.estimate.full(outcome.messages)
@@ -514,9 +519,13 @@ class Compactor(SessionActor):
         self._compactions += 1
         return self._compactions
 
+    def _artifact_path(self, job: _Job, which: int) -> Path:
+        """The summarizer input (``which=0``) or the summary (1) of ``job``'s compaction."""
+        return self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
+
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (design §2.3)."""
-        path = self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
+        path = self._artifact_path(job, which)
         job.artifacts.append(str(path))
         publish, session_id = self.publish, self.session_id
 

@@ -87,6 +87,11 @@ WINDOW_MARGIN_FRACTION: Final = 0.03
 FALLBACK_REQUEST_CHARS: Final = 600
 # The request of a turn the cut falls inside is carried into the summary verbatim, up to this many chars.
 OPEN_REQUEST_CHARS: Final = 4_000
+# A summary is never bounded below this many tokens, however little room the context leaves it: below it
+# a summary says nothing, and the request it would go in cannot be sent anyway.
+MIN_SUMMARY_TOKENS: Final = 64
+# Below this many characters a clipped summary body says nothing: the whole summary is clipped instead.
+MIN_SUMMARY_BODY_CHARS: Final = 200
 
 _NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY})
 
@@ -141,6 +146,7 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     file_ops: FileOps
     config: CompactionConfig
     open_request: Message | None = None  # the prompt of a turn the cut falls inside, carried verbatim
+    summary_tokens: int | None = None  # the most the summary may take in the context (None: no bound)
 
     @property
     def summarized(self) -> list[Message]:
@@ -180,6 +186,9 @@ class CompactionResult(msgspec.Struct, frozen=True):
     summarized_count: int
     fallback: bool
     file_ops: FileOps
+    # The summary as written, when it had to be clipped to fit the context (``summary`` holds the clipped
+    # text): it is what the compaction's summary artifact keeps.
+    unclipped_summary: str | None = None
 
     @property
     def messages_after(self) -> int:
@@ -215,6 +224,15 @@ class NothingToCompact(msgspec.Struct, frozen=True):
 
 # ---------------------------------------------------------------------------------------------------
 # Budgets
+
+
+def summary_room(limit: int | None, fixed_tokens: int) -> int | None:
+    """The most tokens a summary and the messages kept after it may take so that the next request still
+    fits ``limit`` (the effective context limit) beside the system prompt and tools (``fixed_tokens``),
+    with the margin the summarizer's requests also keep. ``None`` when the context has no limit."""
+    if limit is None:
+        return None
+    return limit - fixed_tokens - WINDOW_MARGIN_TOKENS - int(limit * WINDOW_MARGIN_FRACTION)
 
 
 def keep_recent_budget(
@@ -411,6 +429,7 @@ def plan_compaction(
     summarizer_window: int | None = None,
     count_text: CountText | None = None,
     keep_from: int | None = None,
+    room: int | None = None,
 ) -> CompactionPlan | NothingToCompact:
     """Plan a compaction of ``messages`` (see the module docstring for the three steps).
 
@@ -423,7 +442,10 @@ def plan_compaction(
     tokenizer as ``count_text`` (the usage tracker's counter does); instructions and clipped blocks are
     measured with ``count_text`` (default: a conservative character-based estimate). ``keep_from`` is the
     start of the working set, never summarized (design §5.13): automatic compactions pass it, in every mode
-    (a ``hard_reset`` then summarizes everything before it).
+    (a ``hard_reset`` then summarizes everything before it). ``room`` (see :func:`summary_room`) bounds the
+    summary: what the kept messages leave of it, at least :data:`MIN_SUMMARY_TOKENS`, caps the summarizer's
+    ``max_tokens``, and :func:`finish_compaction` clips a longer answer to it, so a compaction never makes
+    the next request too large to send.
     """
     mode = mode or config.mode
     msgs = list(messages)
@@ -457,9 +479,15 @@ def plan_compaction(
         previous_file_ops = FileOps.from_metadata(previous.metadata) if previous else FileOps()
     file_ops = previous_file_ops.merge(extract_file_ops(history + prefix))
 
+    summary_tokens = None
+    if room is not None:
+        kept_tokens = sum(count(m) for m in kept if m.agent_visible)
+        summary_tokens = max(MIN_SUMMARY_TOKENS, room - kept_tokens)
     requests: list[SummaryRequest] = []
     if mode != "truncate":
-        builder = _RequestBuilder(config, summarizer_window, count, count_text or approx_tokens, instructions)
+        builder = _RequestBuilder(
+            config, summarizer_window, count, count_text or approx_tokens, instructions, summary_tokens
+        )
         new_history = history[1:] if previous else history
         if new_history:
             kind: RequestKind = "update" if previous else "history"
@@ -479,6 +507,7 @@ def plan_compaction(
         file_ops=file_ops,
         config=config,
         open_request=_open_request(history + prefix, kept),
+        summary_tokens=summary_tokens,
     )
 
 
@@ -514,6 +543,7 @@ class _RequestBuilder:
         count: CountTokens,
         measure: CountText,
         instructions: str | None,
+        summary_tokens: int | None,
     ) -> None:
         self.config = config
         self.window = window
@@ -522,6 +552,8 @@ class _RequestBuilder:
         self.instructions = instructions
         out = config.summary_max_output_tokens
         self.max_tokens = min(out, window // 4) if window else out
+        if summary_tokens is not None:
+            self.max_tokens = min(self.max_tokens, summary_tokens)
         self._label_tokens: dict[str, int] = {}
 
     def build(self, kind: RequestKind, msgs: list[Message], previous: str | None) -> list[SummaryRequest]:
@@ -609,6 +641,7 @@ def finish_compaction(
     count: CountTokens,
     tokens_before: int | None = None,
     limit: int | None = None,
+    kept_at: str | None = None,
 ) -> CompactionResult | CompactionFailure:
     """Turn the summarizer's ``answers`` (one per request, ``None`` when a call failed) into the result.
 
@@ -617,6 +650,10 @@ def finish_compaction(
     caller's estimate of the context (default: the messages' count); the new estimate is that minus the
     summarized messages plus the summary. A result that does not reduce it by ``config.min_reduction`` is a
     ``no_progress`` failure. ``limit`` (the effective context limit) decides ``context_exceeded``.
+
+    Each part is clipped to what its request's ``max_tokens`` allowed, and the whole to the plan's
+    ``summary_tokens`` (its body first, head and tail kept); ``unclipped_summary`` then holds the summary
+    as written, and the clips' markers name ``kept_at``, where the caller saves it.
     """
     if len(answers) != len(plan.requests):
         raise ValueError(f"expected {len(plan.requests)} answers (one per request), got {len(answers)}")
@@ -639,7 +676,10 @@ def finish_compaction(
     by_kind: dict[str, str | None] = {r.kind: a for r, a in zip(plan.requests, answers)}
     allow_fallback = plan.mode == "truncate" or (config.fallback and plan.mode != "hard_reset")
     used_fallback = False
-    parts: list[str] = []
+    where = f"; all of it is in {kept_at}" if kept_at else ""
+    label = f"characters of the summary (cut to fit the context{where})"
+    parts: list[str] = []  # as the summarizer wrote them
+    fitted: list[str] = []  # each clipped to what its request allowed
     for kind, msgs in _parts(plan):
         if kind == "carry":
             assert plan.previous_summary is not None
@@ -652,18 +692,24 @@ def finish_compaction(
                 return fail("summarizer_failed", f"the summarizer gave no summary ({off}).", None)
             used_fallback = used_fallback or plan.mode != "truncate"
             answer = fallback_summary(msgs, plan.previous_summary if kind != "turn_prefix" else None)
-        answer = clip_head_tail(answer, _part_chars(plan, kind))
-        parts.append(f"{SPLIT_TURN_HEADING}\n\n{answer}" if kind == "turn_prefix" else answer)
+        heading = f"{SPLIT_TURN_HEADING}\n\n" if kind == "turn_prefix" else ""
+        parts.append(heading + answer)
+        fitted.append(heading + clip_head_tail(answer, _part_chars(plan, kind), label=label))
 
     request = plan.open_request
     current = clip_head_tail(request.text.strip(), OPEN_REQUEST_CHARS) if request is not None else ""
-    text = summary_message_text("\n\n".join(parts), plan.file_ops.render(), current)
-    summary = Message(
-        role="user",
-        parts=(TextPart(text),),
-        kind=KIND_COMPACTION_SUMMARY,
-        metadata=plan.file_ops.to_metadata(),
-    )
+    body, files = "\n\n".join(fitted), plan.file_ops.render()
+    metadata = plan.file_ops.to_metadata()
+
+    def message(text: str) -> Message:
+        return Message(role="user", parts=(TextPart(text),), kind=KIND_COMPACTION_SUMMARY, metadata=metadata)
+
+    written = summary_message_text("\n\n".join(parts), files, current)
+    text = summary_message_text(body, files, current)
+    if plan.summary_tokens is not None:
+        measure = lambda t: count(message(t))  # noqa: E731
+        text = _fit_summary(body, files, current, plan.summary_tokens, measure, label=label)
+    summary = message(text)
     tokens_after = max(0, tokens_before - removed + count(summary))
     if tokens_after > (1.0 - config.min_reduction) * tokens_before:
         why = (
@@ -683,7 +729,26 @@ def finish_compaction(
         summarized_count=len(summarized),
         fallback=used_fallback,
         file_ops=plan.file_ops,
+        unclipped_summary=written if text != written else None,
     )
+
+
+def _fit_summary(body: str, files: str, current: str, tokens: int, measure: CountText, *, label: str) -> str:
+    """The summary message's text in at most ``tokens`` (as ``measure`` counts it): the body is clipped
+    head and tail first, the file blocks and the current request kept; only when the body has too little
+    left to say anything is the whole text clipped."""
+    full = summary_message_text(body, files, current)
+    text, size = full, measure(full)
+    body_chars, chars = len(body), len(full)
+    while size > tokens and chars > 0:
+        drop = max(1, len(text) - int(len(text) * tokens / size * 0.9))
+        body_chars, chars = body_chars - drop, chars - drop
+        if body_chars >= MIN_SUMMARY_BODY_CHARS:
+            text = summary_message_text(clip_head_tail(body, body_chars, label=label), files, current)
+        else:
+            text = clip_head_tail(full, max(0, chars), label=label)
+        size = measure(text)
+    return text
 
 
 def _parts(plan: CompactionPlan) -> list[tuple[str, list[Message]]]:

@@ -526,6 +526,39 @@ def test_a_huge_answer_is_clipped_not_fatal() -> None:
     assert result.summary_chars < CONFIG.summary_max_output_tokens * 6 + 1_000 + carried
 
 
+@pytest.mark.parametrize("room", [64, 300, 1_000, 5_000])
+@pytest.mark.parametrize("answer_tokens", [10, 2_000, 50_000])
+def test_the_summary_never_takes_more_than_the_room_the_kept_part_leaves(
+    room: int, answer_tokens: int
+) -> None:
+    """With ``room`` (what the context leaves a summary and the kept part), the summarizer is asked for no
+    more than the kept part leaves, a longer answer is clipped to it (head, tail and the file blocks
+    kept), and the answer as written is handed back whole for the artifact."""
+    msgs = [x for i in range(12) for x in turn(f"t{i}", 2, size=300, tag=f"t{i}")]
+    kept = tokens_of(plan_of(msgs, 1_300).kept)
+    plan = plan_of(msgs, 1_300, room=kept + room)
+    assert plan.summary_tokens == max(room, 64)
+    assert all(r.max_tokens <= plan.summary_tokens for r in plan.requests)
+    answer = "## Goal\nHead of it.\n" + words(answer_tokens) + "\nTail of it."
+    result = finish_compaction(plan, [answer], count=count, kept_at="/sessions/x.artifacts/summary.md")
+    assert isinstance(result, CompactionResult)
+    assert count(result.summary) <= plan.summary_tokens
+    if result.unclipped_summary is None:  # it fitted as written
+        assert answer in result.summary.text
+    else:
+        assert answer in result.unclipped_summary
+        assert "all of it is in /sessions/x.artifacts/summary.md" in result.summary.text
+        if plan.summary_tokens >= 200:
+            assert "Head of it." in result.summary.text and "</read-files>" in result.summary.text
+
+
+def test_without_a_room_the_summary_is_bounded_by_its_request_only() -> None:
+    msgs = [x for i in range(12) for x in turn(f"t{i}", 2, size=300, tag=f"t{i}")]
+    plan = plan_of(msgs, 1_300)
+    assert plan.summary_tokens is None
+    assert [r.max_tokens for r in plan.requests] == [CONFIG.summary_max_output_tokens]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Modes (5.8)
 

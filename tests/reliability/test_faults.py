@@ -382,7 +382,7 @@ def test_a_huge_summary_is_clipped(runtime_with_events: tuple[Runtime, EventLog]
     assert result.compacted, result.reason
     (summary,) = [m for m in rt.messages(sid, view="model") if m.kind == "compaction_summary"]
     assert len(summary.text) < 3_000 and "Remember everything." in summary.text
-    assert "chars omitted" in summary.text  # clipped head and tail, and says so
+    assert "characters of the summary (cut to fit the context; all of it is in" in summary.text  # says so
     assert rt.prompt(sid, "go on").result(timeout=30).status == "ok"
 
 

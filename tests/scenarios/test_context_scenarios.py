@@ -199,6 +199,42 @@ def test_a_step_that_cannot_fit_however_clipped_ends_the_turn_clearly(
     assert second.status == "ok", (second.error, recorder.types(sid))
 
 
+def test_a_summary_longer_than_the_room_left_is_clipped_to_fit_and_kept_whole(
+    rt: Any,
+    provider: Any,
+    session: Any,
+    recorder: Recorder,
+    workspace: Path,
+    sessions_dir: Path,
+    script: Any,
+) -> None:
+    """After a step too large for a 2,000-token window, the next prompt compacts it away with a summarizer
+    that ignores ``max_tokens`` and writes ~4,000 tokens: the summary in the context is clipped to the room
+    the window leaves (the turn ends ok, every request fits the window), and the whole summary is in the
+    compaction's artifact, which the clipped one names."""
+    write_modules(workspace, 6, 200)
+    reads = tuple(ToolCallSpec(name="read_file", arguments=f'{{"path": "mod{i}.py"}}') for i in range(6))
+    model = script(Turn(tool_calls=reads), Turn(text="fine"))
+    lines = [f"- step {i}: read module {i} and noted what each of its functions returns" for i in range(300)]
+    summarizer = script(Turn(text="## Goal\nRead the modules.\n\n## Progress\n" + "\n".join(lines)))
+    windows = {model: 2_000, summarizer: 32_000}
+    sid = session(
+        model, config={"models.context_windows": windows, "compaction.summarizer_model": summarizer}
+    )
+    assert rt.prompt(sid, "Read the six modules.").result(timeout=60).status == "error"
+    second = rt.prompt(sid, "Something small now.").result(timeout=60)
+    assert (second.status, second.text) == ("ok", "fine"), second.error
+    (end,) = recorder.of("compaction_end", sid)
+    assert end.tokens_after <= 1_000 < end.tokens_before
+    summary = next(m for m in rt.messages(sid, view="model") if m.kind == "compaction_summary")
+    kept = SessionDirectory(sessions_dir).compaction_artifacts(sid, 1)[1]
+    assert f"characters of the summary (cut to fit the context; all of it is in {kept})" in summary.text
+    assert "step 0:" in summary.text and "mod5.py" in summary.text  # its head, and the files read
+    rt.flush()
+    assert "\n".join(lines) in kept.read_text()
+    assert all(r.prompt_tokens <= 2_000 and r.outcome == "ok" for r in agent_requests(provider, model))
+
+
 def test_after_set_model_every_count_uses_the_new_models_tokenizer(
     rt: Any, provider: Any, session: Any, recorder: Recorder, script: Any
 ) -> None:
