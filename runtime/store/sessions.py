@@ -296,14 +296,17 @@ class SessionDirectory:
         path = self.log_path(session_id)
         try:
             stat = path.stat()
-            data = read_file(path)
+            data: bytes | None = read_file(path)
         except FileNotFoundError:
-            found = self.index.lookup(session_id)
-            if found is None:
-                raise SessionNotFound(f"no stored session {session_id!r} in {self.root}") from None
-            return _unused(found[0])
+            data = None
         except OSError as exc:
             return SessionInfo(session_id, 0.0, 0.0, 0, None, 0, error=str(exc))
+        if data is None or b"\n" not in data:  # no log yet, or its first line still on its way
+            found = self.index.lookup(session_id)
+            if found is not None:
+                return _unused(found[0])
+            if data is None:
+                raise SessionNotFound(f"no stored session {session_id!r} in {self.root}")
         return _summarize(session_id, path, data, stat.st_mtime, stat.st_size)
 
     def list(self) -> list[SessionInfo]:

@@ -43,6 +43,20 @@ def test_headers_in_the_index_are_sessions(tmp_path: Path) -> None:
         directory.info("c")
 
 
+def test_a_log_whose_first_line_is_still_on_its_way_is_listed_from_the_index(tmp_path: Path) -> None:
+    """A session's log is created by its first write: read in between (empty, or a torn first line), the
+    session is listed as the index has it, not as a log without a header."""
+    directory = SessionDirectory(tmp_path)
+    directory.index.append_now(header_line("a", "the-model"))
+    log = directory.log_path("a")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for partial in (b"", header_line("a", "the-model")[:20]):
+        log.write_bytes(partial)
+        (info,) = directory.list()
+        assert (info.id, info.model, info.error) == ("a", "the-model", None)
+        assert directory.info("a") == info
+
+
 def test_a_torn_last_line_is_skipped_by_readers_and_cut_by_the_next_owner(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
