@@ -69,6 +69,7 @@ __all__ = [
     "is_turn_start",
     "keep_recent_budget",
     "plan_compaction",
+    "summary_room",
 ]
 
 
