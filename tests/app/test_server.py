@@ -4,12 +4,7 @@ server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +16,7 @@ import pytest
 from runtime.apps.server import ApiServer, ServerPolicy, parse_cursor
 from runtime.provider.script import Fault, Turn
 from tests.conftest import Recorder
+from tests.serve import serve_process
 
 TOKEN = "test-token-123"
 
@@ -333,36 +329,10 @@ def test_last_event_id_resumes_from_the_transcript(client: httpx.Client, provide
 
 @pytest.mark.slow  # an agentcell serve process: seconds even on an idle machine
 def test_serve_command_binds_localhost_and_generates_a_token(tmp_path: Path) -> None:
-    env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
-    env.pop("AGENTCELL_SERVER__TOKEN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.apps.cli", "serve", "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stderr is not None
-        lines: list[str] = []
-        timer = threading.Timer(60, proc.kill)
-        timer.start()
-        while not any("listening on" in line for line in lines):
-            line = proc.stderr.readline()
-            assert line, f"serve exited early: {lines}"
-            lines.append(line)
-        timer.cancel()
-        text = "".join(lines)
-        token = re.search(r"generated bearer token: (\S+)", text)
-        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
-        assert token and url, text
-        assert httpx.get(f"{url.group(1)}/sessions", timeout=10).status_code == 401
-        ok = httpx.get(
-            f"{url.group(1)}/sessions", headers={"Authorization": f"Bearer {token.group(1)}"}, timeout=10
-        )
+    with serve_process(tmp_path / "sessions") as served:
+        token = re.search(r"generated bearer token: (\S+)", served.banner)
+        assert token, served.banner
+        assert httpx.get(f"{served.url}/sessions", timeout=10).status_code == 401
+        headers = {"Authorization": f"Bearer {token.group(1)}"}
+        ok = httpx.get(f"{served.url}/sessions", headers=headers, timeout=10)
         assert ok.status_code == 200 and ok.json() == {"sessions": []}
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

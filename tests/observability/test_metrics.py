@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.apps.server import ApiServer
 from runtime.provider.script import Fault, ToolCallSpec, Turn
 from tests.observability.conftest import Seen
+from tests.serve import serve_process
 
 TOKEN = "metrics-test-token"
 
@@ -286,43 +287,8 @@ def test_the_serve_command_takes_metrics_public() -> None:
 
 @pytest.mark.slow  # ~30 s here: the server process imports litellm and waits for it to stop
 def test_serve_with_metrics_public_lets_a_scraper_in_without_the_token(tmp_path: Any) -> None:
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
-    command = [
-        sys.executable,
-        "-m",
-        "runtime.apps.cli",
-        "serve",
-        "--port",
-        "0",
-        "--token",
-        TOKEN,
-        "--metrics-public",
-    ]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stderr is not None
-        timer = threading.Timer(60, proc.kill)
-        timer.start()
-        line = ""
-        while "listening on" not in line:
-            line = proc.stderr.readline()
-            assert line, "serve exited early"
-        timer.cancel()
-        assert "/metrics public" in line
-        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        assert url, line
-        samples = scrape(url.group(1), token=None)
+    with serve_process(tmp_path / "sessions", "--token", TOKEN, "--metrics-public") as served:
+        assert "/metrics public" in served.banner.splitlines()[-1]
+        samples = scrape(served.url, token=None)
         assert value(samples, "agentcell_sessions_hosted") == 0
-        assert httpx.get(f"{url.group(1)}/sessions", timeout=10).status_code == 401
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert httpx.get(f"{served.url}/sessions", timeout=10).status_code == 401

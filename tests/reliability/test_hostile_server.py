@@ -10,11 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +25,7 @@ from runtime.apps.server import MAX_CURSOR_SESSIONS, ApiServer, ServerPolicy
 from runtime.config import Config
 from runtime.provider.script import Turn
 from runtime.store.sessions import SessionDirectory
+from tests.serve import serve_process
 
 TOKEN = "hostile-token-" + "y" * 24
 _names = iter(range(1, 1_000_000))
@@ -357,38 +354,12 @@ def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
     """`agentcell serve --token-file F` reads the token from a file (it never shows in `ps`)."""
     token_file = tmp_path / "token"
     token_file.write_text("from-a-file-" + "z" * 20 + "\n")
-    env = {**os.environ, "AGENTCELL_PERSISTENCE__SESSIONS_DIR": str(tmp_path / "sessions")}
-    env.pop("AGENTCELL_SERVER__TOKEN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.apps.cli", "serve", "--port", "0", "--token-file", str(token_file)],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stderr is not None
-        lines: list[str] = []
-        timer = threading.Timer(60, proc.kill)
-        timer.start()
-        while not any("listening on" in line for line in lines):
-            line = proc.stderr.readline()
-            assert line, f"serve exited early: {lines}"
-            lines.append(line)
-        timer.cancel()
-        text = "".join(lines)
-        assert "generated bearer token" not in text
-        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
-        assert url, text
-        assert httpx.get(f"{url.group(1)}/sessions", timeout=10).status_code == 401
+    with serve_process(tmp_path / "sessions", "--token-file", str(token_file)) as served:
+        assert "generated bearer token" not in served.banner
+        assert httpx.get(f"{served.url}/sessions", timeout=10).status_code == 401
         headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-        assert httpx.get(f"{url.group(1)}/sessions", headers=headers, timeout=10).status_code == 200
-        assert str(token_file.read_text().strip()) not in " ".join(proc.args)  # type: ignore[arg-type]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert httpx.get(f"{served.url}/sessions", headers=headers, timeout=10).status_code == 200
+        assert token_file.read_text().strip() not in " ".join(served.process.args)  # type: ignore[arg-type]
 
 
 def test_an_empty_prompt_is_refused_with_the_python_apis_words(client: httpx.Client, provider: Any) -> None:
