@@ -58,6 +58,35 @@ _LOCKS = tuple(threading.RLock() for _ in range(64))  # shared by sessions: a lo
 _NO_REFS = SessionRefs()  # the refs of every session whose actors are not running (never written to)
 
 
+class ParkedSession(msgspec.Struct, frozen=True, gc=False):
+    """A plain session never used yet: its header line (``recipe``) and what its :class:`Session` is made
+    from on first use (the runtime swaps one for the other then).
+
+    The cyclic garbage collector never tracks it (``gc=False``: it holds bytes, a flag and a model state
+    shared by many sessions, so it is in no reference cycle). A million idle sessions then add nothing to
+    the collector's full passes, each of which used to walk a million Session objects (and their ``wake``
+    methods), a cost per start that grew with the number of sessions hosted (issue 32).
+    """
+
+    recipe: bytes
+    state: SetModel  # the model, window and counter it starts with
+    builtin_tools: bool = False
+
+    running = False  # (what a Session answers too, for code that reads either)
+    fresh = True
+    _spec = None
+
+    @property
+    def model(self) -> str:
+        return self.state.model
+
+    @property
+    def context_window(self) -> int:
+        window = self.state.context_window
+        assert window is not None  # the runtime's model states always carry the window
+        return window
+
+
 class Session:
     """A session's handle inside the runtime: lazily started, supervised, able to hibernate.
 

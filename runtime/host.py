@@ -35,7 +35,7 @@ from actors.protocol import (
     SetModel,
     TurnOptions,
 )
-from actors.session import Session, header_for
+from actors.session import ParkedSession, Session, header_for
 from actors.wiring import Services, SessionSpec
 from runtime import events as ev
 from runtime.actor import Dispatcher
@@ -101,7 +101,8 @@ class Runtime:
         """The sub-agent profiles every session can delegate to (``[agents.NAME]`` and ``agents=``)."""
         self.delegations = Delegations(self)
         self._lock = threading.RLock()
-        self._sessions: SessionRegistry[Session] = SessionRegistry()  # replaced by each start()
+        # replaced by each start(); a plain session never used is a ParkedSession until its first use
+        self._sessions: SessionRegistry[Session | ParkedSession] = SessionRegistry()
         self._started = False
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
@@ -339,6 +340,7 @@ class Runtime:
             and not mcp_servers  # (MCP servers are objects of the spec's, started with the session)
             and not cfg.mcp.servers
         )
+        session: Session | ParkedSession
         if plain:
             session = self._host_plain(
                 sid,
@@ -583,8 +585,9 @@ class Runtime:
         overrides: dict[str, Any],
         api_base: str | None,
         profiles: dict[str, Any],
-    ) -> Session:
-        """Host a new plain session: its header line and a small object; no spec until it is used."""
+    ) -> ParkedSession:
+        """Host a new plain session: its header line in a record the garbage collector does not track;
+        its :class:`Session` is made on first use (:meth:`_session`)."""
         import msgspec
 
         root = _workspace(workspace)
@@ -598,18 +601,7 @@ class Runtime:
             config=overrides,
             agents={name: msgspec.to_builtins(profile) for name, profile in profiles.items()},
         )
-        session = Session(
-            None,
-            self.services,
-            self._model_state(model, cfg),
-            parent=self.root,
-            recipe=encode_entry(header),
-            wake=self._wake,
-            session_id=sid,
-            plain=True,
-            builtin_tools=tools is not None,
-            fresh=True,
-        )
+        session = ParkedSession(encode_entry(header), self._model_state(model, cfg), tools is not None)
         self._sessions.register(sid, session)
         return session
 
@@ -695,12 +687,36 @@ class Runtime:
             return counter
 
     def _session(self, session_id: str) -> Session:
+        """The hosted session ``session_id`` (made from its parked record on its first use)."""
+        entry = self._hosted(session_id)
+        if type(entry) is ParkedSession:
+            made = Session(
+                None,
+                self.services,
+                entry.state,
+                parent=self.root,
+                recipe=entry.recipe,
+                wake=self._wake,
+                session_id=session_id,
+                plain=True,
+                builtin_tools=entry.builtin_tools,
+                fresh=True,
+            )
+            now = self._sessions.swap(session_id, entry, made)  # (another thread may have made it first)
+            if now is None:
+                raise SessionNotFound(f"no running session {session_id!r} (resume_session it first)")
+            entry = now
+        assert isinstance(entry, Session)
+        return entry
+
+    def _hosted(self, session_id: str) -> Session | ParkedSession:
+        """The hosted session or its parked record, as it is (read-only uses: its model, window, state)."""
         self._require_started()
-        session = self._sessions.get(session_id)
-        if session is None:
+        entry = self._sessions.get(session_id)
+        if entry is None:
             validate_session_id(session_id)
             raise SessionNotFound(f"no running session {session_id!r} (resume_session it first)")
-        return session
+        return entry
 
     def _require_started(self) -> None:
         if not self._started:
@@ -726,10 +742,11 @@ class Runtime:
         for child in self.delegations.children(session_id):
             if child in self._sessions:
                 self.stop_session(child)
-        session = self._session(session_id)
-        session.stop()
-        if session.mcp is not None:
-            session.mcp.wait_stopped()
+        session = self._hosted(session_id)
+        if isinstance(session, Session):  # (a parked one has nothing running)
+            session.stop()
+            if session.mcp is not None:
+                session.mcp.wait_stopped()
         self._sessions.unregister(session_id)
         if session.fresh:  # never used: its header may still be on its way to the index
             self.services.writer.flush()
@@ -764,7 +781,8 @@ class Runtime:
         sub-agents are parked with it.
 
         Returns False when the session was not running or is busy with a turn."""
-        parked = bool(self._session(session_id).hibernate_if_idle())
+        session = self._hosted(session_id)
+        parked = isinstance(session, Session) and session.hibernate_if_idle()
         if parked:
             for child in self.delegations.children(session_id):
                 if child in self._sessions:

@@ -36,6 +36,15 @@ class SessionRegistry(Generic[T]):
                 raise AlreadyRegistered(session_id)
             self._entries[session_id] = entry
 
+    def swap(self, session_id: str, old: T, new: T) -> T | None:
+        """Replace ``old`` with ``new`` if ``old`` is still the entry, and return the entry now: ``new``,
+        or what another thread put there first (None: the id was unregistered meanwhile)."""
+        with self._lock:
+            current = self._entries.get(session_id)
+            if current is old:
+                self._entries[session_id] = current = new
+            return current
+
     def lookup(self, session_id: str) -> T | None:
         """The entry for ``session_id``, or None."""
         return self._entries.get(session_id)

@@ -85,7 +85,7 @@ class LocalServed:
         return header
 
     def session_summary(self, session_id: str) -> SessionSummary:
-        session = self.runtime._session(session_id)
+        session = self.runtime._hosted(session_id)  # (a parked session stays parked)
         return SessionSummary(
             id=session_id,
             model=session.model,

@@ -289,7 +289,7 @@ def _open_session(
 
 
 def _session_model(rt: Any, sid: str) -> str:
-    return str(rt._session(sid).model)
+    return str(rt._hosted(sid).model)
 
 
 class _Repl:

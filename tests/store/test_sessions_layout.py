@@ -8,6 +8,7 @@ A started session is durable once the log writer has appended its header to the 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -169,6 +170,38 @@ def test_many_sessions_started_and_deleted_quickly(sessions_dir: Path) -> None:
         assert set(stored) == kept
         assert stored["named-0"].model == "openai/other"
     assert files(sessions_dir) == []  # nothing left of the deleted sessions
+
+
+def test_idle_sessions_give_the_garbage_collector_nothing_to_walk(sessions_dir: Path) -> None:
+    """Each full collection walks every object the cyclic collector tracks: were idle sessions among them,
+    each start would pay for walks over all the sessions started before it (issue 32)."""
+    from runtime.gateway import load_litellm
+
+    load_litellm()  # (its import, which the runtime starts in the background, would be counted)
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        rt.start_session(model="openai/m")
+        gc.collect()
+        before = len(gc.get_objects())
+        sids = [rt.start_session(model="openai/m", system_prompt=f"You are number {i}.") for i in range(2_000)]
+        gc.collect()
+        assert len(gc.get_objects()) - before < 200  # none per session (the runtime's own come and go)
+        # A first use from many threads at once still makes one session of it: every prompt is answered.
+        barrier = threading.Barrier(8)
+        answers: list[str] = []
+
+        def use() -> None:
+            barrier.wait()
+            answers.append(rt.prompt(sids[7], "Still there?").result(timeout=60).text)
+
+        threads = [threading.Thread(target=use) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == [REPLY] * 8
+        assert [m.text for m in rt.messages(sids[7])] == ["Still there?", REPLY] * 8
+        assert rt.usage(sids[8]).input_tokens == 0  # another one, used from one thread
+        assert len(rt.hosted_sessions()) == 2_001
 
 
 def test_a_crash_during_an_index_append_loses_only_that_line(
