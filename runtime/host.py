@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from msgspec.structs import replace
+
 from actors.protocol import (
     Abort,
     Branch,
@@ -53,7 +55,7 @@ from runtime.models import model_info, validate_model_name
 from runtime.observability import tracing_for
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.registry import SessionRegistry
-from runtime.store.entries import encode_entry, new_header, scrub_secrets
+from runtime.store.entries import Header, decode_entry, encode_entry, new_header, scrub_secrets
 from runtime.store.index import IndexAppender
 from runtime.store.log import CorruptLogError, cut_log, load_tree
 from runtime.store.sessions import SessionDirectory, SessionInfo
@@ -149,8 +151,12 @@ class Runtime:
             cpus=cpus,
         )
         directory = SessionDirectory(self.sessions_path, migrate=True)
+        self._transcripts: TranscriptWriter | None = None
         if cfg.persistence.transcript:
-            self.bus.add_sink(TranscriptWriter(directory, writer, on_error=self._transcript_failed))
+            self._transcripts = TranscriptWriter(
+                directory, writer, on_error=self._transcript_failed, left_out=self._left_out
+            )
+            self.bus.add_sink(self._transcripts)
         self.services = Services(
             dispatcher=self.dispatcher,
             bus=self.bus,
@@ -342,7 +348,7 @@ class Runtime:
         )
         session: Session | ParkedSession
         if plain:
-            session = self._host_plain(
+            session, header = self._host_plain(
                 sid,
                 model or cfg.agent.model,
                 system_prompt,
@@ -372,13 +378,19 @@ class Runtime:
                 parent=_parent,
                 mcp_servers=parse_servers(mcp_servers),
             )
-            line = encode_entry(header_for(spec))
+            header = header_for(spec)
+            line = encode_entry(header)
             session = self._host(spec, line, plain=False, builtin_tools=tools is not None)
         self._index.add(sid, line)
         if _parent is not None:
             self.delegations.adopt(sid, _parent[0], _parent[1])
-        self.bus.publish(
-            ev.SessionStarted(session_id=sid, model=session.model, context_window=session.context_window)
+        self.bus.publish(  # (at its header's time: the same event is rebuilt from the header by _left_out)
+            ev.SessionStarted(
+                session_id=sid,
+                ts=header.created_at,
+                model=session.model,
+                context_window=session.context_window,
+            )
         )
         return sid
 
@@ -585,7 +597,7 @@ class Runtime:
         overrides: dict[str, Any],
         api_base: str | None,
         profiles: dict[str, Any],
-    ) -> ParkedSession:
+    ) -> tuple[ParkedSession, Header]:
         """Host a new plain session: its header line in a record the garbage collector does not track;
         its :class:`Session` is made on first use (:meth:`_session`)."""
         import msgspec
@@ -603,7 +615,30 @@ class Runtime:
         )
         session = ParkedSession(encode_entry(header), self._model_state(model, cfg), tools is not None)
         self._sessions.register(sid, session)
-        return session
+        return session, header
+
+    def _left_out(self, session_id: str) -> list[ev.Event]:
+        """The events the transcript left out of a session started here while it had nothing to keep: its
+        ``session_started`` (seq 1), rebuilt from its header as the bus stamped it (a resumed session's
+        is kept: it opens the transcript itself)."""
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            return []
+        header = decode_entry(entry.recipe)
+        if not isinstance(header, Header):  # pragma: no cover - a recipe is always a header line
+            return []
+        cfg = self.config.with_overrides(dict(header.config)) if header.config else self.config
+        started = ev.SessionStarted(
+            session_id=session_id,
+            seq=1,
+            ts=header.created_at,
+            model=header.model,
+            context_window=self._window(header.model, cfg),
+        )
+        parent = self.bus.parent_of(session_id)
+        if parent is not None:
+            started = replace(started, parent_session_id=parent[0], parent_call_id=parent[1])
+        return [started]
 
     def _model_state(self, model: str, cfg: Config) -> SetModel:
         """A session's first model, window and counter: one value shared by the sessions on the runtime's
@@ -771,6 +806,10 @@ class Runtime:
             raise SessionNotFound(f"no stored session {session_id!r}")
         self.services.directory.delete(session_id, append_index=self._append_index)
         self.delegations.forget(session_id)
+        # the id may be started again: as a new session, its events number from 1 in a new transcript
+        self.bus.forget_session(session_id)
+        if self._transcripts is not None:
+            self._transcripts.forget(session_id)
 
     async def adelete_session(self, session_id: str) -> None:
         """:meth:`delete_session` from asyncio, run off the event loop."""

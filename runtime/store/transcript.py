@@ -6,8 +6,10 @@ publisher never waits on the disk. :func:`read_transcript` reads one back, e.g. 
 Server-Sent-Events stream after a given ``seq``.
 
 A transcript file is created with the first event worth keeping: a million sessions started and never
-used write none (their ``session_started`` and ``session_stopped`` are left out). A resumed session then
-numbers its events from the clock, as after a crash, so no number is ever given twice.
+used write none (their ``session_started`` and ``session_stopped`` are left out). When a session started in
+this process first has something to keep, its ``session_started`` (seq 1), rebuilt by ``left_out``, is
+written first, so its transcript holds every event from the start. A resumed session then numbers its
+events from the clock, as after a crash, so no number is ever given twice.
 """
 
 from __future__ import annotations
@@ -29,10 +31,21 @@ from runtime.store.log import CorruptLogError, read_file, truncate_torn_tail
 from runtime.store.sessions import SessionDirectory
 from runtime.store.writer import FsyncPolicy, LogWriter, StrPath, WriterClosedError
 
-__all__ = ["OnTranscriptError", "TranscriptEnd", "TranscriptWriter", "read_transcript", "transcript_end"]
+__all__ = [
+    "LeftOut",
+    "OnTranscriptError",
+    "TranscriptEnd",
+    "TranscriptWriter",
+    "read_transcript",
+    "transcript_end",
+]
 
 
 log = logging.getLogger("agentcell.store")
+
+LeftOut = Callable[[str], Iterable[Event]]
+"""Given a session id, the events published before its transcript was opened and left out of it (its
+``session_started``), as the bus stamped them; written first when its transcript is opened."""
 
 OnTranscriptError = Callable[[str, str, Exception], None]
 """Called (on the writer thread) with the session id, the transcript's path and the error when a write
@@ -48,7 +61,8 @@ class TranscriptWriter:
     """Appends every event it is given to its session's transcript. Use it as a bus sink: ``sink(event)``.
 
     ``exclude`` names event types to leave out (e.g. ``{"text_delta"}`` for a leaner record; by default
-    every event is kept). The first event of a session in this process first cuts a torn line a crash
+    every event is kept). ``left_out`` rebuilds what a session's transcript lacks when it is opened by an
+    event other than a ``session_started`` (see :data:`LeftOut`). The first event of a session in this process first cuts a torn line a crash
     may have left at the end of its transcript, so appends always start on a clean line.
     """
 
@@ -60,8 +74,10 @@ class TranscriptWriter:
         exclude: Iterable[str] = (),
         on_error: OnTranscriptError | None = None,
         fsync: FsyncPolicy | None = None,
+        left_out: LeftOut | None = None,
     ) -> None:
         self.directory = directory
+        self.left_out = left_out
         self.writer = writer
         self.exclude = frozenset(exclude)
         self.on_error = on_error
@@ -78,22 +94,25 @@ class TranscriptWriter:
         kind = event.type
         if kind in self.exclude:
             return
-        target = self._sessions.get(event.session_id)
+        sid = event.session_id
+        target = self._sessions.get(sid)
+        lines = [encode_event(event) + b"\n"]
         if target is None:
             if kind in _IDLE_TYPES and not getattr(event, "resumed", False):
                 return  # a new session's comings and goings: no transcript until it does something
-            target = self._open(event.session_id)
+            target = self._open(sid)
             if target is None:
                 return
+            if kind != "session_started" and self.left_out is not None:
+                earlier = [e for e in self.left_out(sid) if e.seq < event.seq and e.type not in self.exclude]
+                lines[:0] = [encode_event(e) + b"\n" for e in earlier]
         path, on_done = target
-        sid = event.session_id
-        line = encode_event(event) + b"\n"
         with self._lock:
             waiting = self._pending.get(sid)
             if waiting is not None:  # an operation is queued and has not taken its lines yet: join them
-                waiting.append(line)
+                waiting.extend(lines)
                 return
-            self._pending[sid] = [line]
+            self._pending[sid] = lines
         try:
             self.writer.append_from(
                 path, functools.partial(self._take, sid), on_done, fsync=self.fsync, lazy=True

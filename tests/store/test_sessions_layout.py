@@ -22,6 +22,7 @@ from runtime import Runtime
 from runtime.config import Config
 from runtime.store.entries import encode_entry, new_header
 from runtime.store.sessions import SessionDirectory
+from runtime.store.transcript import read_transcript
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLY = "Noted."
@@ -50,6 +51,7 @@ def test_a_session_has_files_only_once_it_has_something_to_keep(sessions_dir: Pa
         assert len(rt.list_sessions()) == 51
         rt.messages(idle[0])  # used, but nothing written: still no file
         rt.hibernate(idle[0])
+        rt.flush()  # (its store lets go of its lock file once its last writes are done)
         assert files(sessions_dir) == []
         assert rt.prompt(used, "hello").result(timeout=60).text == REPLY
         rt.flush()
@@ -182,7 +184,9 @@ def test_idle_sessions_give_the_garbage_collector_nothing_to_walk(sessions_dir: 
         rt.start_session(model="openai/m")
         gc.collect()
         before = len(gc.get_objects())
-        sids = [rt.start_session(model="openai/m", system_prompt=f"You are number {i}.") for i in range(2_000)]
+        sids = [
+            rt.start_session(model="openai/m", system_prompt=f"You are number {i}.") for i in range(2_000)
+        ]
         gc.collect()
         assert len(gc.get_objects()) - before < 200  # none per session (the runtime's own come and go)
         # A first use from many threads at once still makes one session of it: every prompt is answered.
@@ -202,6 +206,34 @@ def test_idle_sessions_give_the_garbage_collector_nothing_to_walk(sessions_dir: 
         assert [m.text for m in rt.messages(sids[7])] == ["Still there?", REPLY] * 8
         assert rt.usage(sids[8]).input_tokens == 0  # another one, used from one thread
         assert len(rt.hosted_sessions()) == 2_001
+
+
+def test_a_transcript_holds_every_event_from_the_session_started_on(sessions_dir: Path) -> None:
+    """A new session's transcript is opened by its first event worth keeping; its ``session_started``
+    (seq 1), left out while the session had nothing to keep, is written first, as subscribers got it."""
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        sub = rt.subscribe()
+        sids = [rt.start_session(model="openai/m") for _ in range(3)]
+        windowed = rt.start_session(model="openai/m", config={"models.context_windows": {"openai/m": 50_000}})
+        rt.start_session("named", model="openai/m")
+        for sid in (sids[1], windowed, "named"):
+            assert rt.prompt(sid, "hello").result(timeout=60).text == REPLY
+        rt.delete_session("named")
+        rt.start_session("named", model="openai/other")  # the same id again: a new session, a new record
+        assert rt.prompt("named", "again").result(timeout=60).text == REPLY
+        rt.flush()
+        live = sub.drain()
+        directory = rt.services.directory
+        for sid in (sids[1], windowed, "named"):
+            written = read_transcript(directory.transcript_path(sid))
+            assert [e.seq for e in written] == list(range(1, len(written) + 1))
+            theirs = [e for e in live if e.session_id == sid]
+            last_start = max(i for i, e in enumerate(theirs) if e.type == "session_started")
+            assert written == theirs[last_start:][: len(written)]
+            assert written[0].type == "session_started" and written[-1].type == "agent_end"
+        started = {sid: read_transcript(directory.transcript_path(sid))[0] for sid in (windowed, "named")}
+        assert started[windowed].context_window == 50_000 and started["named"].model == "openai/other"
+        assert not directory.transcript_path(sids[0]).exists()  # an idle one: still nothing
 
 
 def test_a_crash_during_an_index_append_loses_only_that_line(
