@@ -236,9 +236,8 @@ class Runtime:
                 self._reaper.join()
             for session in list(self.services.awake):  # the running ones; a parked one has nothing to stop
                 session.stop(timeout=timeout)
-            publish = self.bus.publish
-            for sid in self._sessions:  # (a snapshot; a million idle sessions cost a loop and an event)
-                publish(ev.SessionStopped(session_id=sid))
+            # to whoever gets it: a session nobody follows (no subscriber, no transcript) makes no event
+            self.bus.publish_each(self._sessions, "session_stopped", _stopped)
             self.root.stop(timeout=timeout)
             if self.services.mcp is not None:  # no MCP server process outlives the runtime
                 self.services.mcp.stop_all(timeout=timeout + 5.0)
@@ -1034,6 +1033,10 @@ class Runtime:
         return self.bus.subscribe(
             sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
         )
+
+
+def _stopped(session_id: str) -> ev.SessionStopped:
+    return ev.SessionStopped(session_id=session_id)
 
 
 def check_sendable(messages: Sequence[Message], options: Any) -> None:

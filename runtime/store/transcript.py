@@ -96,16 +96,18 @@ class TranscriptWriter:
             return
         sid = event.session_id
         target = self._sessions.get(sid)
-        lines = [encode_event(event) + b"\n"]
         if target is None:
             if kind in _IDLE_TYPES and not getattr(event, "resumed", False):
                 return  # a new session's comings and goings: no transcript until it does something
             target = self._open(sid)
             if target is None:
                 return
+            lines = [encode_event(event) + b"\n"]
             if kind != "session_started" and self.left_out is not None:
                 earlier = [e for e in self.left_out(sid) if e.seq < event.seq and e.type not in self.exclude]
                 lines[:0] = [encode_event(e) + b"\n" for e in earlier]
+        else:
+            lines = [encode_event(event) + b"\n"]
         path, on_done = target
         with self._lock:
             waiting = self._pending.get(sid)
@@ -121,6 +123,13 @@ class TranscriptWriter:
             with self._lock:
                 self._pending.pop(sid, None)
             self._done(sid, exc)
+
+    def wants(self, session_id: str, kind: str) -> bool:
+        """Whether an event of type ``kind`` of the session would be written (the bus skips the others
+        when it publishes to many sessions at once: see :meth:`EventBus.publish_each`)."""
+        if kind in self.exclude:
+            return False
+        return session_id in self._sessions or kind not in _IDLE_TYPES
 
     def _take(self, session_id: str, _path: str) -> bytes:
         """The session's waiting lines, in order (on the writer thread)."""

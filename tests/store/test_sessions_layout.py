@@ -236,6 +236,38 @@ def test_a_transcript_holds_every_event_from_the_session_started_on(sessions_dir
         assert not directory.transcript_path(sids[0]).exists()  # an idle one: still nothing
 
 
+def test_stop_tells_every_follower_and_makes_no_event_for_sessions_nobody_follows(sessions_dir: Path) -> None:
+    """``stop`` ends every session; its ``session_stopped`` reaches each subscriber and transcript (a clean
+    end: numbering goes on after it), and a sink that declines a session's events is not called for it."""
+    got: list[tuple[str, str]] = []
+
+    class Sink:
+        def __call__(self, event: object) -> None:
+            got.append((getattr(event, "type", ""), getattr(event, "session_id", "")))
+
+        def wants(self, session_id: str, kind: str) -> bool:
+            return session_id == sids[7]
+
+    rt = Runtime(mock_config(), sessions_dir=sessions_dir).start()
+    sids = [rt.start_session(model="openai/m") for _ in range(300)]
+    one = rt.subscribe(sids[3])
+    assert rt.prompt(sids[5], "hello").result(timeout=60).text == REPLY  # it has a transcript
+    rt.flush()
+    rt.bus.add_sink(Sink())
+    everyone = Runtime(mock_config(), sessions_dir=sessions_dir.parent / "other").start()
+    theirs = [everyone.start_session(model="openai/m") for _ in range(50)]
+    every = everyone.subscribe()
+    rt.stop()
+    everyone.stop()
+    assert [e.type for e in one.drain()] == ["session_stopped"]
+    ended = read_transcript(rt.services.directory.transcript_path(sids[5]))[-1]
+    assert ended.type == "session_stopped"
+    assert sorted(sid for kind, sid in got if kind == "session_stopped") == sorted(
+        [sids[3], sids[5], sids[7]]
+    )
+    assert sorted(e.session_id for e in every.drain() if e.type == "session_stopped") == sorted(theirs)
+
+
 def test_a_crash_during_an_index_append_loses_only_that_line(
     sessions_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
