@@ -90,10 +90,11 @@ class ParkedSession(msgspec.Struct, frozen=True, gc=False):
 class Session:
     """A session's handle inside the runtime: lazily started, supervised, able to hibernate.
 
-    While its actors are not running (never used yet, or hibernated) a session is this object and its
-    header line (``recipe``): the spec is rebuilt from the header by ``wake`` when the session is used,
-    unless it holds what a header cannot (an API key, an approval callback, tools of the caller's own, MCP
-    servers): then ``plain`` is False and the spec stays in memory.
+    While its actors are not running (hibernated, or never used yet unless it is still a
+    :class:`ParkedSession`) a session is this object and its header line (``recipe``): the spec is rebuilt
+    from the header by ``wake`` when the session is used, unless it holds what a header cannot (an API key,
+    an approval callback, tools of the caller's own, MCP servers): then ``plain`` is False and the spec
+    stays in memory.
     """
 
     __slots__ = (
