@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.cluster._channel import TurnChannel, connect
 from runtime.cluster._connect import accepts
 from runtime.cluster._errors import ClusterError, ClusterUnavailable, ShardDied, cause, first_line
 from runtime.cluster._events import Relay
@@ -55,6 +56,10 @@ class ShardRef:
     info: ShardInfo
     alive: bool = True
     placing: bool = True  # in the placement: False while it is being removed
+    channel: TurnChannel | None = None  # its turn channel; None: turn calls go as Ray calls
+    verdict: asyncio.Future[BaseException] | None = (
+        None  # why its channel broke, once asked (see the runtime)
+    )
 
 
 class Gate:
@@ -157,14 +162,30 @@ class Fleet:
             for actor in actors.values():
                 ray.kill(actor)
             raise ClusterError(f"a shard failed to start: {cause(exc)}") from None
+        channels = self.open_channels(actors)
         started = []
         for (name, actor), info in zip(actors.items(), infos):
-            shard = ShardRef(name, actor, info)
+            shard = ShardRef(name, actor, info, channel=channels.get(name))
             with self.lock:
                 self.shards[name] = shard
             started.append(shard)
             self.submit(self.watch(shard))
         return started
+
+    def open_channels(self, actors: dict[str, Any]) -> dict[str, TurnChannel]:
+        """Connect to each new shard's turn channel; a shard whose channel cannot be reached (a port its
+        network does not let through) gets its turn calls as Ray calls, which only cost more CPU."""
+        import ray
+
+        channels: dict[str, TurnChannel] = {}
+        refs = {name: actor.open_channel.remote() for name, actor in actors.items()}
+        for name, ref in refs.items():
+            try:
+                address = ray.get(ref, timeout=self.start_timeout)
+                channels[name] = self.submit(connect(name, address)).result(self.start_timeout)
+            except Exception as exc:
+                log.warning("%s: no turn channel (%s); its turns go as Ray calls", name, first_line(exc))
+        return channels
 
     def placing(self) -> list[str]:
         with self.lock:
@@ -251,6 +272,8 @@ class Fleet:
             if shard is None or not shard.alive or not self.started:
                 return
             shard.alive = False
+            if shard.channel is not None:
+                shard.channel.close()
             orphans = [(sid, e) for sid, e in self.sessions.items() if e.shard == name]
             for _, entry in orphans:
                 entry.gate.close()
@@ -396,7 +419,10 @@ class Fleet:
         import ray
 
         for attempt in range(2):
-            _, shard = self.ready(session_id, timeout)
+            entry, shard = self.ready(session_id, timeout)
+            channel = shard.channel
+            if channel is not None and entry.inflight:  # its turn calls sent before start first
+                channel.sync(timeout)
             ref = getattr(shard.actor, method).remote(session_id, *args)
             try:
                 return ray.get(ref, timeout=timeout + 5.0)

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from runtime import events as ev
 from runtime.cluster import _wire
+from runtime.cluster._channel import LOST
 from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
 from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied, first_line
 from runtime.cluster._events import Relay, check_types
@@ -50,7 +51,7 @@ from runtime.cluster._placement import owner
 from runtime.cluster._shard import Shard, ShardInfo
 from runtime.config import Config, load_config
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
-from runtime.host import SessionNotFound, _require_unicode, check_sendable
+from runtime.host import RuntimeStopped, SessionNotFound, _require_unicode, check_sendable
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
@@ -204,6 +205,15 @@ class ClusterRuntime:
             metrics.close()
         with contextlib.suppress(Exception):
             ray.get([s.actor.stop.remote(timeout) for s in shards], timeout=timeout + 10)
+        # Each shard closed its turn channel after writing the answers of the turns its stop ended.
+        channels = [s.channel for s in shards if s.channel is not None]
+        if channels:
+
+            async def ended() -> None:
+                await asyncio.gather(*(channel.ended(5.0) for channel in channels))
+
+            with contextlib.suppress(Exception):
+                self._fleet.submit(ended()).result(10)
         # The feeds end once each shard's bus has closed and they have passed on what it queued.
         deadline = time.monotonic() + 5.0
         for relay in relays:
@@ -533,6 +543,11 @@ class ClusterRuntime:
             return
         with self._fleet.lock:
             entry.inflight += 1
+        channel = shard.channel
+        if channel is not None:
+            reply = partial(self._channel_answered, entry, shard, handle, method)
+            if channel.call(method, session_id, args, reply):
+                return
         ref = getattr(shard.actor, method).remote(session_id, *args)
         ref.future().add_done_callback(partial(self._answered, entry, shard, handle, method))
 
@@ -544,12 +559,73 @@ class ClusterRuntime:
         method: str,
         future: concurrent.futures.Future[Any],
     ) -> None:
-        with self._fleet.lock:
-            entry.inflight -= 1
+        """The answer of a turn call sent as a Ray call."""
         try:
             value = future.result()
         except BaseException as exc:
-            error = self._fleet.failure(exc, shard)
+            self._resolve(entry, handle, method, None, self._fleet.failure(exc, shard), shard)
+            return
+        self._resolve(entry, handle, method, value, None, shard)
+
+    def _channel_answered(
+        self,
+        entry: Hosted,
+        shard: ShardRef,
+        handle: Handle[Any],
+        method: str,
+        value: Any,
+        error: BaseException | None,
+    ) -> None:
+        """The answer of a turn call sent on the shard's channel (on the front's loop). A call its broken
+        channel answered with ``LOST`` waits for Ray to say whether the shard died."""
+        if error is LOST:
+            if self._fleet.started:
+                self._fleet.submit(self._lost_on_channel(entry, shard, handle, method))
+            else:
+                self._resolve(
+                    entry, handle, method, None, RuntimeStopped("stopped before the answer came"), shard
+                )
+            return
+        if value is not None and method != "abort":
+            value = tuple(value)  # (msgpack gives a list)
+        self._resolve(entry, handle, method, value, error, shard)
+
+    async def _lost_on_channel(
+        self, entry: Hosted, shard: ShardRef, handle: Handle[Any], method: str
+    ) -> None:
+        """A turn call whose channel broke: a dead shard resolves it as Ray calls are (``shard_lost``); a live
+        one, with an error (its outcome is unknown), and the shard's turn calls go as Ray calls from now on."""
+        if shard.verdict is None:
+            shard.verdict = asyncio.ensure_future(self._why_broken(shard))
+        self._resolve(entry, handle, method, None, await shard.verdict, shard)
+
+    async def _why_broken(self, shard: ShardRef) -> BaseException:
+        import ray
+
+        shard.channel = None
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(shard.actor.hosted_sessions.remote().future()), 60)
+        except ray.exceptions.RayError as exc:
+            return self._fleet.failure(exc, shard)
+        except TimeoutError:
+            pass
+        log.warning("the turn channel to %s broke; its turns go as Ray calls", shard.name)
+        return ClusterError(
+            f"the turn channel to {shard.name} broke while this call was running on it: its outcome is unknown"
+        )
+
+    def _resolve(
+        self,
+        entry: Hosted,
+        handle: Handle[Any],
+        method: str,
+        value: Any,
+        error: BaseException | None,
+        shard: ShardRef,
+    ) -> None:
+        with self._fleet.lock:
+            entry.inflight -= 1
+        if error is not None:
             if not isinstance(error, ShardDied):
                 handle.set_exception(error)
                 return

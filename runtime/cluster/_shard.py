@@ -3,7 +3,9 @@
 :class:`Shard` is a plain class; the cluster runtime wraps it with ``ray.remote`` when it starts, so that
 importing this module does not import Ray. It is an async actor: every method runs on the actor's event
 loop, and whatever blocks (reading a log, asking a session's actors) runs on a worker thread, so one slow
-call never holds up the others. Turns and events travel as msgpack bytes (:mod:`runtime.cluster._wire`).
+call never holds up the others. Turns and events travel as msgpack bytes (:mod:`runtime.cluster._wire`);
+the turn calls (prompt, send, abort, compact) come on the shard's turn channel
+(:mod:`runtime.cluster._channel`), or as Ray calls from a front that cannot reach it.
 
 Events leave a shard by long polling: the front subscribes once per cluster subscription
 (:meth:`Shard.subscribe`) and then calls :meth:`Shard.poll`, which answers as soon as events are queued
@@ -25,6 +27,7 @@ from typing import Any
 import msgspec
 
 from runtime.cluster import _wire
+from runtime.cluster._channel import Address, Server
 from runtime.config import Config
 from runtime.served import LocalServed, SessionSummary
 
@@ -79,6 +82,8 @@ class Shard:
             _place_process(self.runtime.cpus)
         self._feeds: dict[str, _Feed] = {}
         self._forever: asyncio.Event | None = None
+        self._channel = Server(self._start, self._answer)
+        self._channel_address: Address | None = None
 
     # -- the shard itself ---------------------------------------------------------------------------------
     async def info(self) -> ShardInfo:
@@ -110,6 +115,7 @@ class Shard:
         """Stop every session (logs flushed) and the runtime. Its bus closes: each feed hands out what it
         has queued (``session_stopped`` of every session among it), then polls answer None."""
         await asyncio.to_thread(self.runtime.stop, timeout)
+        await self._channel.close()  # after the answers of the turns the stop ended
 
     # -- sessions -----------------------------------------------------------------------------------------
     async def start_session(self, session_id: str | None, options: dict[str, Any]) -> SessionSummary:
@@ -151,36 +157,56 @@ class Shard:
         return await asyncio.to_thread(self.runtime.hibernate, session_id)
 
     # -- turns --------------------------------------------------------------------------------------------
+    # Each is a Ray method and a call of the turn channel (:mod:`runtime.cluster._channel`): started by
+    # :meth:`_start`, answered by :meth:`_answer`.
     async def prompt(
         self, session_id: str, text: str, images: Sequence[str], steer: bool, prompt_id: str
     ) -> tuple[bytes, dict[str, int]]:
         """Run a prompt; its result, and where each feed of the session stood when it resolved."""
-        handle = self.runtime.prompt(session_id, text, images=images, steer=steer, prompt_id=prompt_id)
-        result = await handle
-        return _wire.encode(result), self._positions(session_id)
+        handle = self._start("prompt", session_id, [text, images, steer, prompt_id])
+        return self._answer("prompt", session_id, await handle)  # type: ignore[no-any-return]
 
     async def send(
         self, session_id: str, messages: bytes, options: bytes, prompt_id: str
     ) -> tuple[bytes, dict[str, int]]:
         """Run a turn on messages (see ``Runtime.send``); like :meth:`prompt`."""
-        handle = self.runtime.send(
-            session_id,
-            _wire.decode_messages(messages),
-            options=_wire.decode_turn_options(options),
-            prompt_id=prompt_id,
-        )
-        result = await handle
-        return _wire.encode(result), self._positions(session_id)
+        handle = self._start("send", session_id, [messages, options, prompt_id])
+        return self._answer("send", session_id, await handle)  # type: ignore[no-any-return]
 
     async def abort(self, session_id: str) -> bool:
-        return await self.runtime.abort(session_id)
+        return bool(await self._start("abort", session_id, []))
 
     async def compact(
         self, session_id: str, keep_recent_tokens: int | None, instructions: str | None
     ) -> tuple[bytes, dict[str, int]]:
-        handle = self.runtime.compact(session_id, keep_recent_tokens, instructions)
-        result = await handle
-        return _wire.encode(result), self._positions(session_id)
+        handle = self._start("compact", session_id, [keep_recent_tokens, instructions])
+        return self._answer("compact", session_id, await handle)  # type: ignore[no-any-return]
+
+    def _start(self, method: str, session_id: str, arguments: list[Any]) -> Any:
+        """Start a turn call on the runtime (without waiting); its handle."""
+        if method == "prompt":
+            text, images, steer, prompt_id = arguments
+            return self.runtime.prompt(session_id, text, images=images, steer=steer, prompt_id=prompt_id)
+        if method == "send":
+            messages, options, prompt_id = arguments
+            return self.runtime.send(
+                session_id,
+                _wire.decode_messages(messages),
+                options=_wire.decode_turn_options(options),
+                prompt_id=prompt_id,
+            )
+        if method == "compact":
+            keep_recent_tokens, instructions = arguments
+            return self.runtime.compact(session_id, keep_recent_tokens, instructions)
+        if method == "abort":
+            return self.runtime.abort(session_id)
+        raise ValueError(f"no turn call {method!r}")
+
+    def _answer(self, method: str, session_id: str, value: Any) -> Any:
+        """What crosses back once a turn call's handle resolved (on the actor's event loop)."""
+        if method == "abort":
+            return bool(value)
+        return _wire.encode(value), self._positions(session_id)
 
     def _positions(self, session_id: str) -> dict[str, int]:
         """For each feed of the session: how many items it will have handed out once everything queued
@@ -191,6 +217,15 @@ class Shard:
             for feed_id, feed in self._feeds.items()
             if feed.covers(session_id)
         }
+
+    async def open_channel(self) -> Address:
+        """Start listening for fronts' turn channels (once); where, and the token they must bring."""
+        import ray
+
+        if self._channel_address is None:
+            node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # unannotated in ray
+            self._channel_address = await self._channel.open(node_ip)
+        return self._channel_address
 
     async def approve(self, session_id: str, call_id: str, approved: bool, reason: str | None) -> bool:
         return self.runtime.approve(session_id, call_id, approved, reason)

@@ -1,6 +1,6 @@
 """The cluster runtime on a local Ray cluster with 2 CPUs (design §10): sessions on two shards, events from
-both, the same API as ``Runtime``, shards joining and leaving, a shard SIGKILLed mid-turn, the HTTP server
-in front of it, and bad addresses.
+both, the same API as ``Runtime``, shards joining and leaving, the turn channel (its token, a broken
+connection), a shard SIGKILLed mid-turn, the HTTP server in front of it, and bad addresses.
 
 One cluster runtime with two shards serves the whole module (the tests run in file order: the one that
 kills a shard comes last).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import os
 import signal
 import socket
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from runtime import events as ev
 from runtime.apps.server import ApiServer
-from runtime.cluster import SHARD_LOST, ClusterRuntime, ClusterUnavailable, owner
+from runtime.cluster import SHARD_LOST, ClusterError, ClusterRuntime, ClusterUnavailable, owner
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
 from tests.conftest import Recorder
@@ -289,6 +291,70 @@ def test_shards_joining_and_leaving_move_only_the_sessions_that_must(
     for sid in moved:
         assert cluster.prompt(sid, "home again").result(timeout=60).status == "ok"
     sub.close()
+
+
+def test_a_call_right_after_a_prompt_reaches_the_session_after_it(
+    cluster: ClusterRuntime, provider: Any
+) -> None:
+    sid = start(cluster, provider, "ordered")
+    # The front's loop is held a moment: the prompt waits there to be written to the shard's turn channel,
+    # while stop_session (a Ray call) could overtake it.
+    loop = cluster._fleet.loop
+    assert loop is not None
+    loop.loop.call_soon_threadsafe(time.sleep, 0.5)
+    first = cluster.prompt(sid, "cut short")
+    cluster.stop_session(sid)
+    result = first.result(timeout=60)  # as on one Runtime: stopped after it started, not before
+    assert (result.status, result.error) == ("aborted", "session stopped")
+
+
+def test_a_shards_turn_channel_drops_a_connection_without_its_token(
+    cluster: ClusterRuntime, provider: Any, ray_cluster: Any
+) -> None:
+    sid = start(cluster, provider, "channel-token")
+    assert cluster.prompt(sid, "first").result(timeout=60).status == "ok"
+    shard = cluster._fleet.shards[cluster.shard_of(sid)]
+    address = ray_cluster.get(shard.actor.open_channel.remote())  # where the front connected (from Ray)
+    assert address.path and address.port
+    request = msgspec.msgpack.encode([0, "prompt", sid, "smuggled in", [], False, "p-smuggled"])
+    for family, where in ((socket.AF_UNIX, address.path), (socket.AF_INET, (address.ip, address.port))):
+        with socket.socket(family) as conn:
+            conn.settimeout(10)
+            conn.connect(where)
+            conn.sendall(frame(b"not the token") + frame(request))
+            try:
+                answer = conn.recv(100)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""  # dropped, nothing answered
+    assert [m.text for m in cluster.messages(sid) if m.role == "user"] == ["first"]  # nothing ran
+    assert cluster.prompt(sid, "second").result(timeout=60).status == "ok"  # the front's channel goes on
+
+
+def frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def test_a_broken_turn_channel_fails_its_turn_clearly_and_the_next_go_as_ray_calls(
+    cluster: ClusterRuntime, provider: Any, script: Any
+) -> None:
+    new = cluster.add_shard()  # a shard of its own, whose channel breaks (as a network dropping it would)
+    try:
+        sid = next(f"broken-{n}" for n in itertools.count() if cluster.placement(f"broken-{n}") == new)
+        start(cluster, provider, sid)
+        shard = cluster._fleet.shards[new]
+        assert shard.channel is not None
+        cluster.set_model(sid, script(Turn(text="answered to nobody", latency=2)))
+        in_flight = cluster.prompt(sid, "in flight when the channel breaks")
+        shard.channel.close()
+        with pytest.raises(ClusterError, match=f"turn channel to {new} broke"):
+            in_flight.result(timeout=60)
+        cluster.set_model(sid, "openai/agentcell-local")
+        after = cluster.prompt(sid, "after the break").result(timeout=60)  # a Ray call now
+        assert after.status == "ok" and shard.channel is None and new in cluster.shards
+        assert [m.text for m in cluster.messages(sid) if m.role == "user"][-1] == "after the break"
+    finally:
+        cluster.remove_shard(new)
 
 
 def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
