@@ -57,9 +57,8 @@ class ShardRef:
     alive: bool = True
     placing: bool = True  # in the placement: False while it is being removed
     channel: TurnChannel | None = None  # its turn channel; None: turn calls go as Ray calls
-    verdict: asyncio.Future[BaseException] | None = (
-        None  # why its channel broke, once asked (see the runtime)
-    )
+    # Why its channel broke (the shard died, or only the connection did), once the runtime asked Ray.
+    verdict: asyncio.Future[BaseException] | None = None
 
 
 class Gate:
