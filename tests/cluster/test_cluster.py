@@ -294,15 +294,15 @@ def test_shards_joining_and_leaving_move_only_the_sessions_that_must(
 
 
 def test_a_call_right_after_a_prompt_reaches_the_session_after_it(
-    cluster: ClusterRuntime, provider: Any
+    cluster: ClusterRuntime, provider: Any, script: Any
 ) -> None:
-    sid = start(cluster, provider, "ordered")
+    sid = start(cluster, provider, "ordered", model=script(Turn(text="cut short", latency=10)))
     # The front's loop is held a moment: the prompt waits there to be written to the shard's turn channel,
     # while stop_session (a Ray call) could overtake it.
     loop = cluster._fleet.loop
     assert loop is not None
     loop.loop.call_soon_threadsafe(time.sleep, 0.5)
-    first = cluster.prompt(sid, "cut short")
+    first = cluster.prompt(sid, "a long turn")
     cluster.stop_session(sid)
     result = first.result(timeout=60)  # as on one Runtime: stopped after it started, not before
     assert (result.status, result.error) == ("aborted", "session stopped")
