@@ -134,9 +134,10 @@ def test_a_torn_transcript_line_is_reported(sessions_dir: Path, provider: Any) -
         recorder = Recorder()
         rt.subscribe(sid, callback=recorder)
         rt.resume_session(sid, api_key="sk-local")
+        rt.services.writer.flush()  # the transcript is opened, and its tail cut, on the writer's thread
+        recorder.wait_for(lambda events: any(e.type == "log_recovered" for e in events))
         reports = [e for e in recorder.of("log_recovered") if e.path == str(transcript)]
         assert [e.torn_bytes for e in reports] == [torn]
-        rt.services.writer.flush()
     assert transcript.stat().st_size < size
     read_transcript(transcript)  # whole lines only
 
