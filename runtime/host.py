@@ -15,15 +15,10 @@ be waited on (``handle.result(timeout)``) or awaited (``await handle``); the blo
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
-
-from msgspec.structs import replace
 
 from actors.protocol import (
     Abort,
@@ -37,43 +32,27 @@ from actors.protocol import (
     SetModel,
     TurnOptions,
 )
-from actors.session import ParkedSession, Session, header_for
-from actors.wiring import Services, SessionSpec
+from actors.session import ParkedSession, Session
 from runtime import events as ev
-from runtime.actor import Dispatcher
-from runtime.affinity import allowed_cpus, place_runtime
-from runtime.approval import ApprovalBroker
-from runtime.bus import EventBus, Subscription
+from runtime._hosting import Hosting, workspace_of
+from runtime._machinery import Machinery
+from runtime._resume import check_log, continue_numbering, resumed_servers
+from runtime.affinity import place_runtime
+from runtime.bus import Subscription
 from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
 from runtime.errors import RuntimeStopped, SessionNotFound
-from runtime.gateway import Gateway, IoLoop
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, Usage, new_id, user
 from runtime.models import model_info, validate_model_name
-from runtime.observability import tracing_for
 from runtime.observability.metrics import RuntimeMetrics
-from runtime.registry import SessionRegistry
-from runtime.store.entries import Header, decode_entry, encode_entry, new_header, scrub_secrets
-from runtime.store.index import IndexAppender
-from runtime.store.log import CorruptLogError, cut_log, load_tree
-from runtime.store.sessions import SessionDirectory, SessionInfo
-from runtime.store.transcript import TranscriptWriter, transcript_end
-from runtime.store.writer import LogWriter, WriterClosedError
+from runtime.store.sessions import SessionInfo
 from runtime.subagents import Delegations, UsageReport, parse_profiles
-from runtime.supervisor import Supervisor
-from runtime.tokens import TokenCounter
-from runtime.tools.builtin import builtin_registry
-from runtime.tools.executor import ToolExecutor
-from runtime.tools.mcp import McpHub, parse_servers
-from runtime.tools.mcp.servers import restored, withheld
-from runtime.tools.registry import ToolRegistry
+from runtime.tools.mcp import parse_servers
 
 __all__ = ["Runtime", "RuntimeStopped", "SessionNotFound", "ToolsArg", "check_sendable"]
 
-
-log = logging.getLogger("agentcell.runtime")
 
 ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None
 
@@ -103,19 +82,12 @@ class Runtime:
         """The sub-agent profiles every session can delegate to (``[agents.NAME]`` and ``agents=``)."""
         self.delegations = Delegations(self)
         self._lock = threading.RLock()
-        # replaced by each start(); a plain session never used is a ParkedSession until its first use
-        self._sessions: SessionRegistry[Session | ParkedSession] = SessionRegistry()
+        self._hosting = Hosting(self)  # the sessions hosted (replaced by each start) and what they share
         self._started = False
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
-        self._counters: dict[
-            tuple[str, Any] | str, TokenCounter
-        ] = {}  # by (model, tokens config); by model: defaults
-        self._windows: dict[str, int] = {}
         self._tracer_provider = tracer_provider
         self._metrics: RuntimeMetrics | None = None
-        self._names: dict[tuple[str | None, bool, bool], list[str]] = {}
-        self._states: dict[str, SetModel] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -126,101 +98,21 @@ class Runtime:
                 return self
             self._placement = place_runtime(self.config.runtime.cpu)  # first: a bad CPU makes nothing
             try:
-                self._start(self.config, self._placement.cpus)
+                m = self._machinery = Machinery(
+                    self.config,
+                    self._placement.cpus,
+                    tracer_provider=self._tracer_provider,
+                    left_out=self._hosting.left_out,
+                )
             except BaseException:
                 self._placement.release()
                 raise
+            self.sessions_path, self.services, self.root = m.sessions_path, m.services, m.root
+            self.dispatcher, self.bus, self.io = m.dispatcher, m.bus, m.io
+            self._hosting.attach(m)
             self.cpus = self._placement.cpus
             self._started = True
             return self
-
-    def _start(self, cfg: Config, cpus: frozenset[int] | None) -> None:
-
-        self.sessions_path = cfg.sessions_path
-        self.sessions_path.mkdir(parents=True, exist_ok=True)
-        # Where tools and the processes they start run when the runtime keeps its own threads on one CPU.
-        self._process_cpus = allowed_cpus() if cpus is not None else None
-        self.dispatcher = Dispatcher(
-            threads=cfg.runtime.dispatcher_threads, batch_size=cfg.runtime.batch_size, cpus=cpus
-        )
-        self.bus = EventBus(queue_size=cfg.bus.subscriber_queue)
-        self.io = IoLoop(cpus=cpus)
-        writer = LogWriter(
-            lazy_delay=cfg.persistence.transcript_delay,
-            max_open_files=cfg.persistence.max_open_files,
-            cpus=cpus,
-        )
-        directory = SessionDirectory(self.sessions_path, migrate=True)
-        self._transcripts: TranscriptWriter | None = None
-        if cfg.persistence.transcript:
-            self._transcripts = TranscriptWriter(
-                directory, writer, on_error=self._transcript_failed, left_out=self._left_out
-            )
-            self.bus.add_sink(self._transcripts)
-        self.services = Services(
-            dispatcher=self.dispatcher,
-            bus=self.bus,
-            gateway=Gateway(self.io, cfg.retry, max_connections=cfg.gateway.max_connections),
-            executor=ToolExecutor(workers=cfg.runtime.tool_workers, cpus=self._process_cpus),
-            writer=writer,
-            directory=directory,
-            approvals=ApprovalBroker(self.bus.publish),
-            tracing=tracing_for(cfg.telemetry, self._tracer_provider),
-            mcp=(hub := McpHub()),
-        )
-        if self.services.tracing is not None:
-            self.services.tracing.parent_of = self.bus.parent_of  # a sub-agent's turn: under its tool call
-        self.io.add_closer(hub.aclose)  # (a safety net: stop() stops every MCP server first)
-        self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
-        self._sessions = SessionRegistry()
-        self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
-        self.services.directory.ensure()  # (sessions of the flat layout move into their shard folders)
-        self._index = IndexAppender(
-            directory.index,
-            writer,
-            fsync="never" if cfg.persistence.fsync == "never" else "always",
-            on_error=self._index_failed,
-        )
-        self._reaper: threading.Thread | None = None
-        self._stopping = threading.Event()
-        if cfg.persistence.hibernate_after is not None:
-            self._reaper = threading.Thread(target=self._reap, name="agentcell-hibernate", daemon=True)
-            self._reaper.start()
-
-    def _transcript_failed(self, session_id: str, path: str, error: Exception) -> None:
-        """A transcript write failed (e.g. a full disk): say so to subscribers (design §9), not just the log."""
-
-        if isinstance(error, WriterClosedError):  # an event after stop(): nobody is left to tell
-            return
-        log.error("event transcript of session %s: %s", session_id, error)
-        self.bus.publish(
-            ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error))
-        )
-
-    def _index_failed(self, session_ids: list[str], error: Exception) -> None:
-        """Headers of new sessions could not be written to the index (e.g. a full disk): say so for each.
-        They are hosted still, and their first message writes the header to their own log."""
-        path = self.services.directory.index.claim()
-        log.error("sessions index %s: %d new sessions not written: %s", path, len(session_ids), error)
-        for sid in session_ids:
-            self.bus.publish(
-                ev.PersistenceFailed(session_id=sid, ts=time.time(), path=path, error=str(error))
-            )
-
-    def _append_index(self, data: bytes) -> None:
-        """Append lines to this runtime's index segment through the log writer and wait for them."""
-        done = threading.Event()
-        failed: list[Exception | None] = [None]
-
-        def told(error: Exception | None) -> None:
-            failed[0] = error
-            done.set()
-
-        writer = self.services.writer
-        writer.append(self.services.directory.index.claim(), data, told, fsync=self._index.fsync)
-        done.wait()
-        if failed[0] is not None:
-            raise failed[0]
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every session (agents first, stores last), flush the logs, stop the machinery."""
@@ -228,25 +120,10 @@ class Runtime:
             if not self._started:
                 return
             self._started = False
-            self._stopping.set()
             if self._metrics is not None:
                 self._metrics.close()
                 self._metrics = None
-            if self._reaper is not None:
-                self._reaper.join()
-            for session in list(self.services.awake):  # the running ones; a parked one has nothing to stop
-                session.stop(timeout=timeout)
-            # to whoever gets it: a session nobody follows (no subscriber, no transcript) makes no event
-            self.bus.publish_each(self._sessions, "session_stopped", _stopped)
-            self.root.stop(timeout=timeout)
-            if self.services.mcp is not None:  # no MCP server process outlives the runtime
-                self.services.mcp.stop_all(timeout=timeout + 5.0)
-            self.services.executor.shutdown()
-            self.io.stop()
-            self.services.writer.close()
-            self.services.directory.close()
-            self.bus.close()
-            self.dispatcher.shutdown()
+            self._machinery.stop(self._hosting.sessions, timeout)
             self._placement.release()
 
     def flush(self, timeout: float | None = None) -> None:
@@ -322,68 +199,36 @@ class Runtime:
             sid = new_id()
         else:
             sid = validate_session_id(session_id)
-            if sid in self._sessions or self.services.directory.exists(sid):
+            if sid in self._hosting.sessions or self.services.directory.exists(sid):
                 raise ValueError(f"session {sid!r} already exists; use resume_session to continue it")
         cfg = self.config.for_session(config)
-        if model is not None and model not in self._windows:  # (a model in use was checked already)
-            validate_model_name(model)
+        if model is not None:
+            self._hosting.check_model(model)
         overrides = dict(config or {})
         # a sub-agent delegates only with the profiles its parent passes on; others with the runtime's
         profiles = (
             parse_profiles(agents) if _parent is not None else {**self.agents, **parse_profiles(agents)}
         )
-        # The header goes to the sessions index, and the actors start on first use: a session that is never
-        # used costs its header line in memory and in the index, and no file of its own (issue 32). A
-        # plain session (nothing a header cannot hold) keeps only that line until it is used.
-        plain = (
-            api_key is None
-            and approval is None
-            and not require_approval
-            and _parent is None
-            and (tools is None or (isinstance(tools, str) and tools == "builtin"))
-            and scrub_secrets(overrides) == overrides
-            and not mcp_servers  # (MCP servers are objects of the spec's, started with the session)
-            and not cfg.mcp.servers
+        session, header, line = self._hosting.new(
+            sid,
+            model=model or cfg.agent.model,
+            system_prompt=system_prompt,
+            tools=tools,
+            workspace=workspace,
+            cfg=cfg,
+            overrides=overrides,
+            api_base=api_base,
+            api_key=api_key,
+            approval=approval,
+            require_approval=require_approval,
+            profiles=profiles,
+            parent=_parent,
+            mcp_servers=mcp_servers,
         )
-        session: Session | ParkedSession
-        if plain:
-            session, header = self._host_plain(
-                sid,
-                model or cfg.agent.model,
-                system_prompt,
-                tools,
-                workspace,
-                cfg,
-                overrides,
-                api_base,
-                profiles,
-            )
-            line = session.recipe
-        else:
-            spec = self._spec(
-                sid,
-                model=model or cfg.agent.model,
-                system_prompt=system_prompt,
-                tools=tools,
-                workspace=workspace,
-                cfg=cfg,
-                overrides=overrides,
-                api_base=api_base,
-                api_key=api_key,
-                approval=approval,
-                require_approval=require_approval,
-                resume=False,
-                agents=profiles,
-                parent=_parent,
-                mcp_servers=parse_servers(mcp_servers),
-            )
-            header = header_for(spec)
-            line = encode_entry(header)
-            session = self._host(spec, line, plain=False, builtin_tools=tools is not None)
-        self._index.add(sid, line)
+        self._machinery.index.add(sid, line)
         if _parent is not None:
             self.delegations.adopt(sid, _parent[0], _parent[1])
-        self.bus.publish(  # (at its header's time: the same event is rebuilt from the header by _left_out)
+        self.bus.publish(  # (at its header's time: the same event is rebuilt from the header by left_out)
             ev.SessionStarted(
                 session_id=sid,
                 ts=header.created_at,
@@ -423,7 +268,7 @@ class Runtime:
         sid = validate_session_id(session_id)
         if repair not in (None, "truncate"):
             raise ValueError(f"repair must be None or 'truncate', not {repair!r}")
-        if sid in self._sessions:
+        if sid in self._hosting.sessions:
             return sid
 
         explicit = parse_servers(mcp_servers)  # (bad input fails here, before anything is touched)
@@ -437,10 +282,11 @@ class Runtime:
         self.services.writer.flush()
         with self.services.directory.lock(sid):
             if self.services.directory.has_log(sid):  # (a session never used has its header in the index)
-                self._check_log(sid, repair)  # a corrupt log is an error here, not a session that dies later
+                # a corrupt log is an error here, not a session that dies later
+                check_log(self.services.directory, self.bus, sid, repair)
         overrides = dict(header.config or {})
         cfg = self.config.with_overrides(overrides)
-        spec = self._spec(
+        spec = self._hosting.spec(
             sid,
             model=header.model,
             system_prompt=header.system_prompt,
@@ -459,14 +305,16 @@ class Runtime:
             parent=(header.parent_session_id, header.parent_call_id or "", header.depth)
             if header.parent_session_id
             else None,
-            mcp_servers=_resumed_servers(header.mcp_servers, explicit, cfg),
+            mcp_servers=resumed_servers(header.mcp_servers, explicit, cfg),
         )
-        self._continue_numbering(sid)
+        continue_numbering(
+            self.services.directory, self.bus, sid, transcript=self.config.persistence.transcript
+        )
         plain = api_key is None and approval is None and not require_approval and tools is None
         plain = plain and spec.mcp is None
-        plain = plain and (workspace is None or spec.workspace == _workspace_of(header))
+        plain = plain and (workspace is None or spec.workspace == workspace_of(header))
         plain = plain and (api_base is None or api_base == header.api_base)
-        session = self._host(spec, line, plain=plain, builtin_tools=bool(header.tools), fresh=False)
+        session = self._hosting.host(spec, line, plain=plain, builtin_tools=bool(header.tools), fresh=False)
         if header.parent_session_id:  # a sub-agent: its events carry its parent again
             self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
         session.ensure_running()
@@ -481,276 +329,15 @@ class Runtime:
         """:meth:`resume_session` from asyncio (the same arguments), run off the event loop."""
         return await asyncio.to_thread(self.resume_session, session_id, **kwargs)
 
-    def _check_log(self, sid: str, repair: str | None) -> None:
-        """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
-        it before its first bad line instead (what is cut is kept in the session's artifacts)."""
-
-        directory = self.services.directory
-        path = directory.log_path(sid)
-        try:
-            load_tree(path, repair=False)  # (a torn last line is left for the store to cut and report)
-        except CorruptLogError as exc:
-            if repair != "truncate" or exc.line < 2:
-                hint = (
-                    "; resume_session(..., repair='truncate') opens the session up to the last good entry"
-                    if exc.line >= 2
-                    else ""
-                )
-                raise CorruptLogError(exc.path, exc.line, exc.reason + hint) from None
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            keep = directory.artifact_path(sid, f"log-cut-{stamp}-line-{exc.line}.jsonl")
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            cut = cut_log(path, exc.line, keep)
-            log.warning(
-                "session %s: cut its log at line %d (%s); kept in %s", sid, exc.line, exc.reason, keep
-            )
-            self.bus.publish(
-                ev.LogRecovered(
-                    session_id=sid, path=str(path), torn_bytes=cut, line=exc.line, kept_in=str(keep)
-                )
-            )
-            load_tree(path, repair=False)  # what is left must replay (an error now is not a line we can cut)
-
-    def _continue_numbering(self, sid: str) -> None:
-        """Make the resumed session's event numbers go on after every number it was ever given.
-
-        A transcript that ends with an orderly stop holds every event: numbering goes on after its last.
-        Otherwise (a crash, a torn line, no transcript) events may have reached subscribers without reaching
-        the disk, and nobody knows how far their numbers went: numbering jumps to the clock, in microseconds
-        since 1970, which no session reaches by counting (it would take a million events a second). A torn
-        transcript line is reported with ``log_recovered``, like a torn log line.
-        """
-
-        if self.bus.last_seq(sid):  # numbered in this process already: from a floor above all before it
-            return
-        path = self.services.directory.transcript_path(sid)
-        end = transcript_end(path) if self.config.persistence.transcript else None
-        floor = end.last_seq if end is not None else 0
-        if end is None or not end.clean:
-            floor = max(floor, time.time_ns() // 1_000)
-        self.bus.set_last_seq(sid, floor)
-        if end is not None and end.torn_bytes:
-            self.bus.publish(ev.LogRecovered(session_id=sid, path=str(path), torn_bytes=end.torn_bytes))
-
-    def _spec(self, sid: str, *, tools: ToolsArg, workspace: Any, cfg: Config, **kw: Any) -> SessionSpec:
-
-        root = _workspace(workspace)
-        kw["approval"] = kw.get("approval") or self.approval
-        parent = kw.pop("parent", None)
-        agents = kw.pop("agents", None) or {}
-        depth = parent[2] if parent is not None else 0
-        registry = self.delegations.equip(_registry(tools, cfg), sid, agents, depth, cfg)
-        spec = SessionSpec(
-            session_id=sid,
-            config=cfg,
-            tools=registry,
-            workspace=root,
-            agents=agents,
-            parent=parent,
-            **kw,
-        )
-        # A sub-agent gets MCP tools from its parent ("inherit"), not servers of its own.
-        servers = {**(cfg.mcp.servers if parent is None else {}), **spec.mcp_servers}
-        if servers:
-            from runtime.tools.mcp import McpServers
-
-            spec.mcp = McpServers(
-                sid,
-                servers,
-                cfg.mcp,
-                io=self.io,
-                publish=self.bus.publish,
-                base=registry,
-                workspace=root,
-                logs_dir=self.services.directory.spill_dir(sid),
-                hub=self.services.mcp,
-                cpus=self._process_cpus,
-            )
-        return spec
-
-    def _host(
-        self, spec: SessionSpec, recipe: bytes, *, plain: bool, builtin_tools: bool, fresh: bool | None = None
-    ) -> Session:
-        session = Session(
-            spec,
-            self.services,
-            self._model_state(spec.model, spec.config),
-            parent=self.root,
-            recipe=recipe,
-            wake=self._wake,
-            plain=plain,
-            builtin_tools=builtin_tools,
-            fresh=fresh,
-        )
-        self._sessions.register(spec.session_id, session)
-        return session
-
-    def _host_plain(
-        self,
-        sid: str,
-        model: str,
-        system_prompt: str,
-        tools: str | None,
-        workspace: str | os.PathLike[str] | None,
-        cfg: Config,
-        overrides: dict[str, Any],
-        api_base: str | None,
-        profiles: dict[str, Any],
-    ) -> tuple[ParkedSession, Header]:
-        """Host a new plain session: its header line in a record the garbage collector does not track;
-        its :class:`Session` is made on first use (:meth:`_session`)."""
-        import msgspec
-
-        root = _workspace(workspace)
-        header = new_header(
-            sid,
-            model=model,
-            system_prompt=system_prompt,
-            workspace=str(root) if root is not None else None,
-            api_base=api_base,
-            tools=self._tool_names(tools, cfg, bool(profiles)),
-            config=overrides,
-            agents={name: msgspec.to_builtins(profile) for name, profile in profiles.items()},
-        )
-        session = ParkedSession(encode_entry(header), self._model_state(model, cfg), tools is not None)
-        self._sessions.register(sid, session)
-        return session, header
-
-    def _left_out(self, session_id: str) -> list[ev.Event]:
-        """The events the transcript left out of a session started here while it had nothing to keep: its
-        ``session_started`` (seq 1), rebuilt from its header as the bus stamped it (a resumed session's
-        is kept: it opens the transcript itself)."""
-        entry = self._sessions.get(session_id)
-        if entry is None:
-            return []
-        header = decode_entry(entry.recipe)
-        if not isinstance(header, Header):  # pragma: no cover - a recipe is always a header line
-            return []
-        cfg = self.config.with_overrides(dict(header.config)) if header.config else self.config
-        started = ev.SessionStarted(
-            session_id=session_id,
-            seq=1,
-            ts=header.created_at,
-            model=header.model,
-            context_window=self._window(header.model, cfg),
-        )
-        parent = self.bus.parent_of(session_id)
-        if parent is not None:
-            started = replace(started, parent_session_id=parent[0], parent_call_id=parent[1])
-        return [started]
-
-    def _model_state(self, model: str, cfg: Config) -> SetModel:
-        """A session's first model, window and counter: one value shared by the sessions on the runtime's
-        own settings (a million idle sessions hold a reference each, not a copy)."""
-        if cfg is not self.config or (cfg.tokens.apply_calibration and not cfg.tokens.exact):
-            return SetModel(model, self._window(model, cfg), self._counter(model, cfg))
-        state = self._states.get(model)
-        if state is None:
-            state = self._states[model] = SetModel(model, self._window(model, cfg), self._counter(model, cfg))
-        return state
-
-    def _tool_names(self, tools: str | None, cfg: Config, delegates: bool) -> list[str]:
-        """The names of a plain session's tools (as its header lists them), the same for every session
-        of the same choice: worked out once."""
-        key = (tools, cfg.agent.shell_enabled, delegates and cfg.subagents.max_depth > 0)
-        names = self._names.get(key)
-        if names is None:
-            from runtime.subagents import DELEGATION_TOOL
-
-            names = list(_registry(tools, cfg).names)
-            if key[2]:
-                names = [n for n in names if n != DELEGATION_TOOL] + [DELEGATION_TOOL]
-            self._names[key] = names
-        return names
-
-    def _wake(self, session: Session) -> SessionSpec:
-        """The spec of a parked session, rebuilt from its header (what ``start_session`` or
-        ``resume_session`` made of the same header, without the checks done then)."""
-        header = session.header()
-        sid = header.session_id
-        overrides = dict(header.config)
-        cfg = self.config.with_overrides(overrides)
-        parent = (
-            (header.parent_session_id, header.parent_call_id or "", header.depth)
-            if header.parent_session_id
-            else None
-        )
-        agents = parse_profiles(header.agents) if parent else {**self.agents, **parse_profiles(header.agents)}
-        tools = _registry("builtin" if session.builtin_tools else None, cfg)
-        registry = self.delegations.equip(tools, sid, agents, header.depth, cfg)
-        return SessionSpec(
-            session_id=sid,
-            model=header.model,
-            system_prompt=header.system_prompt,
-            config=cfg,
-            tools=registry,
-            workspace=_workspace_of(header),
-            api_base=header.api_base,
-            approval=self.approval,
-            overrides=overrides,
-            resume=not session.fresh,
-            agents=agents,
-            parent=parent,
-        )
-
-    def _window(self, model: str, cfg: Config) -> int:
-        """The model's context window, cached for sessions on the runtime's own model settings."""
-
-        if cfg.models is not self.config.models:  # per-session overrides: look it up each time
-            return model_info(model, cfg.models).context_window
-        window = self._windows.get(model)
-        if window is None:
-            window = self._windows[model] = model_info(model, cfg.models).context_window
-        return window
-
-    def _counter(self, model: str, cfg: Config) -> TokenCounter:
-
-        if cfg.tokens.apply_calibration and not cfg.tokens.exact:
-            return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
-        if cfg.tokens is self.config.tokens:  # the runtime's own settings (most sessions): no key to hash
-            counter = self._counters.get(model)
-            if counter is not None:
-                return counter
-        key = (model, cfg.tokens)  # every token setting: a session's own must not meet another's counter
-        with self._lock:
-            counter = self._counters.get(key)
-            if counter is None:
-                counter = self._counters[key] = TokenCounter(model, cfg.tokens)
-            if cfg.tokens is self.config.tokens:
-                self._counters[model] = counter
-            return counter
-
     def _session(self, session_id: str) -> Session:
         """The hosted session ``session_id`` (made from its parked record on its first use)."""
-        entry = self._hosted(session_id)
-        if type(entry) is ParkedSession:
-            made = Session(
-                None,
-                self.services,
-                entry.state,
-                parent=self.root,
-                recipe=entry.recipe,
-                wake=self._wake,
-                session_id=session_id,
-                plain=True,
-                builtin_tools=entry.builtin_tools,
-                fresh=True,
-            )
-            now = self._sessions.swap(session_id, entry, made)  # (another thread may have made it first)
-            if now is None:
-                raise SessionNotFound(f"no running session {session_id!r} (resume_session it first)")
-            entry = now
-        assert isinstance(entry, Session)
-        return entry
+        self._require_started()
+        return self._hosting.session(session_id)
 
     def _hosted(self, session_id: str) -> Session | ParkedSession:
         """The hosted session or its parked record, as it is (read-only uses: its model, window, state)."""
         self._require_started()
-        entry = self._sessions.get(session_id)
-        if entry is None:
-            validate_session_id(session_id)
-            raise SessionNotFound(f"no running session {session_id!r} (resume_session it first)")
-        return entry
+        return self._hosting.hosted(session_id)
 
     def _require_started(self) -> None:
         if not self._started:
@@ -769,19 +356,19 @@ class Runtime:
 
     def hosted_sessions(self) -> list[str]:
         """Ids of the sessions this runtime currently hosts."""
-        return list(self._sessions.keys())
+        return list(self._hosting.sessions.keys())
 
     def stop_session(self, session_id: str) -> None:
         """Stop a hosted session (its log stays): its sub-agents hosted here are stopped first."""
         for child in self.delegations.children(session_id):
-            if child in self._sessions:
+            if child in self._hosting.sessions:
                 self.stop_session(child)
         session = self._hosted(session_id)
         if isinstance(session, Session):  # (a parked one has nothing running)
             session.stop()
             if session.mcp is not None:
                 session.mcp.wait_stopped()
-        self._sessions.unregister(session_id)
+        self._hosting.sessions.unregister(session_id)
         if session.fresh:  # never used: its header may still be on its way to the index
             self.services.writer.flush()
         self.bus.publish(ev.SessionStopped(session_id=session_id))
@@ -796,19 +383,19 @@ class Runtime:
         self._require_started()
         validate_session_id(session_id)
         for child in self.delegations.children(session_id):
-            if child in self._sessions or self.services.directory.exists(child):
+            if child in self._hosting.sessions or self.services.directory.exists(child):
                 self.delete_session(child)
-        if session_id in self._sessions:
+        if session_id in self._hosting.sessions:
             self.stop_session(session_id)
         self.services.writer.flush()  # (its header may still be on its way to the index)
         if not self.services.directory.exists(session_id):
             raise SessionNotFound(f"no stored session {session_id!r}")
-        self.services.directory.delete(session_id, append_index=self._append_index)
+        self.services.directory.delete(session_id, append_index=self._machinery.append_index)
         self.delegations.forget(session_id)
         # the id may be started again: as a new session, its events number from 1 in a new transcript
         self.bus.forget_session(session_id)
-        if self._transcripts is not None:
-            self._transcripts.forget(session_id)
+        if self._machinery.transcripts is not None:
+            self._machinery.transcripts.forget(session_id)
 
     async def adelete_session(self, session_id: str) -> None:
         """:meth:`delete_session` from asyncio, run off the event loop."""
@@ -823,7 +410,7 @@ class Runtime:
         parked = isinstance(session, Session) and session.hibernate_if_idle()
         if parked:
             for child in self.delegations.children(session_id):
-                if child in self._sessions:
+                if child in self._hosting.sessions:
                     self.hibernate(child)
         return parked
 
@@ -838,19 +425,6 @@ class Runtime:
         known = self.delegations.children(session_id)
         stored = [i.id for i in self.services.directory.list() if i.parent_id == session_id]
         return known + [c for c in stored if c not in known]
-
-    def _reap(self) -> None:
-        """Hibernate sessions idle for ``persistence.hibernate_after`` seconds."""
-        idle_after = self.config.persistence.hibernate_after
-        assert idle_after is not None
-        while not self._stopping.wait(min(1.0, max(0.05, idle_after / 4))):
-            now = time.monotonic()
-            for session in list(self.services.awake):  # (not the million parked ones)
-                if session.running and now - session.last_used >= idle_after:
-                    try:
-                        session.hibernate_if_idle()
-                    except Exception:  # a session that cannot park now is tried again later
-                        log.exception("hibernating %s failed", session.session_id)
 
     # -- turns ----------------------------------------------------------------------------------------
     def prompt(
@@ -972,7 +546,7 @@ class Runtime:
             return own
         children = {}
         for child in self.children(session_id):
-            if child not in self._sessions:
+            if child not in self._hosting.sessions:
                 self.resume_session(child)
             report = self.usage(child, timeout, include_children=True)
             assert isinstance(report, UsageReport)
@@ -988,7 +562,7 @@ class Runtime:
         next turn if the context no longer fits."""
         session = self._session(session_id)
         window = model_info(validate_model_name(model), session.spec.config.models).context_window
-        counter = self._counter(model, session.spec.config)  # the new model's tokenizer, loaded here
+        counter = self._hosting.counter(model, session.spec.config)  # the new model's tokenizer, loaded here
         session.tell(SetModel(model, window, counter))  # the session hands it to each of its actors
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
         return window
@@ -1035,10 +609,6 @@ class Runtime:
         )
 
 
-def _stopped(session_id: str) -> ev.SessionStopped:
-    return ev.SessionStopped(session_id=session_id)
-
-
 def check_sendable(messages: Sequence[Message], options: Any) -> None:
     """Raise ``ValueError`` (``TypeError``) unless :meth:`Runtime.send` can take ``messages`` and ``options``."""
 
@@ -1054,17 +624,6 @@ def check_sendable(messages: Sequence[Message], options: Any) -> None:
         raise TypeError("options must be an actors.protocol.TurnOptions")
 
 
-def _workspace(workspace: str | os.PathLike[str] | None) -> Path | None:
-    root = Path(workspace).expanduser().resolve() if workspace is not None else None
-    if root is not None and not root.is_dir():
-        raise ValueError(f"workspace {root} is not a directory")
-    return root
-
-
-def _workspace_of(header: Any) -> Path | None:
-    return Path(header.workspace) if header.workspace else None
-
-
 def _require_unicode(text: str, what: str) -> None:
     """Refuse text that cannot be stored as UTF-8 (a lone surrogate, e.g. from ``surrogateescape``)."""
     try:
@@ -1074,33 +633,3 @@ def _require_unicode(text: str, what: str) -> None:
             f"{what} is not valid Unicode: a lone surrogate at position {exc.start} "
             "(decode bytes with errors='replace')"
         ) from None
-
-
-def _resumed_servers(stored: Mapping[str, Any], explicit: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
-    """A resumed session's own MCP servers: those of its log (one whose log withheld a secret gives way
-    to the runtime's server of that name), then ``explicit`` ones."""
-    out = {
-        name: server
-        for name, server in restored(stored).items()
-        if not (withheld(server) and name in cfg.mcp.servers)
-    }
-    out.update(explicit)
-    return out
-
-
-def _registry(tools: ToolsArg, cfg: Config) -> ToolRegistry:
-
-    if tools is None:
-        return ToolRegistry()
-    if isinstance(tools, ToolRegistry):
-        return tools
-    if tools == "builtin":
-        return builtin_registry(shell=cfg.agent.shell_enabled)
-    registry = ToolRegistry()
-    for item in tools:
-        if item == "builtin":
-            for t in builtin_registry(shell=cfg.agent.shell_enabled).tools():
-                registry.register(t)
-        else:
-            registry.register(item)
-    return registry

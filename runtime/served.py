@@ -74,7 +74,9 @@ class LocalServed:
         self.runtime = runtime
 
     def is_hosted(self, session_id: str) -> bool:
-        sessions = self.runtime._sessions  # O(1), unlike `in runtime.hosted_sessions()` (a list of them all)
+        sessions = (
+            self.runtime._hosting.sessions
+        )  # O(1), unlike `in runtime.hosted_sessions()` (a list of them all)
         return sessions is not None and sessions.get(session_id) is not None
 
     def is_stored(self, session_id: str) -> bool:

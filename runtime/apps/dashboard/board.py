@@ -173,9 +173,10 @@ class SessionBoard:
         ``created`` time until its header is read (once, here: call it off the event loop).
         """
         self._subscribe()
-        table = getattr(self.runtime, "_sessions", None)  # a local Runtime's: model, window, config, parked
-        if table is not None:
-            hosted: list[tuple[str, Any]] = list(table.items())
+        # a local Runtime's session table: model, window, config, parked
+        hosting = getattr(self.runtime, "_hosting", None)
+        if hosting is not None:
+            hosted: list[tuple[str, Any]] = list(hosting.sessions.items())
         else:
             hosted = [(sid, None) for sid in self.runtime.hosted_sessions()]
         out = []
