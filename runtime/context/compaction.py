@@ -706,8 +706,9 @@ def finish_compaction(
         return Message(role="user", parts=(TextPart(text),), kind=KIND_COMPACTION_SUMMARY, metadata=metadata)
 
     written = summary_message_text("\n\n".join(parts), files, current)
-    text = summary_message_text(body, files, current)
-    if plan.summary_tokens is not None:
+    if plan.summary_tokens is None:
+        text = summary_message_text(body, files, current)
+    else:
         measure = lambda t: count(message(t))  # noqa: E731
         text = _fit_summary(body, files, current, plan.summary_tokens, measure, label=label)
     summary = message(text)
