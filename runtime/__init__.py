@@ -42,6 +42,7 @@ from runtime.config import (  # noqa: E402
     load_config,
 )
 from runtime.errors import (  # noqa: E402
+    AddressRefused,
     AgentcellError,
     AlreadyRegistered,
     ClusterError,
@@ -221,6 +222,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "EVENT_TYPES",
     "ActorRestarted",
+    "AddressRefused",
     "AgentAbort",
     "AgentConfig",
     "AgentEnd",

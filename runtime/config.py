@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from runtime.errors import ConfigError
+from runtime.outbound import check_allowed_urls
 
 __all__ = [
     "ENV_PREFIX",
@@ -202,6 +203,16 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     metrics_public: bool = False  # GET /metrics without the bearer token (a scraper on a trusted network)
 
     allow_mcp_commands: bool = False  # a client's session may start stdio MCP servers (commands) only if set
+    # The MCP server URLs a client's session may name (runtime.outbound.match_url): URLs (same scheme, host and
+    # port, a path under the entry's), or "*" for any URL at a public address. Empty: none. A host named here
+    # is reached whatever its addresses; otherwise loopback, private and link-local addresses are refused.
+    mcp_allowed_urls: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        try:
+            check_allowed_urls(self.mcp_allowed_urls)
+        except ValueError as exc:
+            raise ValueError(f"mcp_allowed_urls: {exc}") from None
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
@@ -267,8 +278,14 @@ class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
 
     Over stdio give ``command`` (and ``args``, ``env``, ``cwd``: default the session's workspace); over
     streamable HTTP give ``url`` (and ``headers``). Values of ``env`` and ``headers`` may name variables
-    of the runtime's environment as ``${NAME}``, expanded when the server starts (and stored as written).
-    ``timeout`` bounds each call (default ``agent.tool_timeout``); ``tools`` keeps only the named tools.
+    of the runtime's environment as ``${NAME}``, expanded when the server starts (and stored as written)
+    if ``expand_env``. ``timeout`` bounds each call (default ``agent.tool_timeout``); ``tools`` keeps only
+    the named tools.
+
+    A server a client of ``agentcell serve`` gives is the client's, not the host's: the server sets
+    ``expand_env`` off (the host's environment is never sent on a client's say-so) and ``public_only`` on
+    unless ``server.mcp_allowed_urls`` names its host (its url is then reached only at public addresses,
+    checked at every connection), whatever the client wrote.
     """
 
     command: str | None = None
@@ -282,6 +299,8 @@ class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     require_approval: bool = False
     tools: list[str] | None = None
     enabled: bool = True
+    expand_env: bool = True
+    public_only: bool = False
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):

@@ -32,6 +32,8 @@ Each keeps the built-in base it always had, so code that catches ``KeyError``, `
      ├─ TransportError                            the native transport's own errors, each mapped to a
      │   ├─ HTTPTransportError ...                ProviderError before it leaves the gateway
      │   └─ ProviderHTTPError ...                 (runtime.gateway.transports)
+     ├─ AddressRefused              OSError       a client's URL at an address the server does not connect
+     │                                            to for clients (loopback, private, link-local...)
      └─ the applications' errors (runtime.apps): HttpError, ApiError, InputError (ValueError)
 
 A provider's failure is not an exception here: a turn that fails ends with ``TurnResult.status == "error"``
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from runtime.store.sessions import LockOwner
 
 __all__ = [
+    "AddressRefused",
     "AgentcellError",
     "AlreadyRegistered",
     "ClusterError",
@@ -194,6 +197,11 @@ class RestartIntensityExceeded(RuntimeStateError):
 
 
 # -- the cluster ------------------------------------------------------------------------------------------
+
+
+class AddressRefused(AgentcellError, OSError):
+    """A connection for a client (to a URL it gave) that the server does not make: the address is loopback,
+    private, link-local... or the name does not resolve (``runtime.outbound``)."""
 
 
 class ClusterError(AgentcellError, RuntimeError):

@@ -12,8 +12,10 @@ workspace), a session may turn the shell tool on only when ``server.allow_shell`
 ``config`` holds per-session keys only (see :data:`runtime.config.SESSION_KEYS`), and a session may name an
 ``api_base`` only with an ``api_key`` of its own, unless ``server.allow_api_base`` is set (else the
 server's own provider keys would go to the client's URL), and may start MCP servers over stdio (commands)
-only when ``server.allow_mcp_commands`` is set. A stored session is resumed only if its workspace, config,
-endpoint and MCP servers pass the same policy.
+only when ``server.allow_mcp_commands`` is set, and at URLs only where ``server.mcp_allowed_urls`` allows
+(never with ``${VAR}`` from the server's environment, never at an internal address the list does not name:
+:mod:`runtime.apps.client_mcp`). A stored session is resumed only if its workspace, config, endpoint and
+MCP servers pass the same policy.
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
                                           "workspace", "config", "api_base", "api_key",
@@ -96,13 +98,16 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     litellm (and the native transport, which reads keys where litellm does) sends the provider key from the
     server's environment to that URL: allow it only when every token holder may have that key.
     ``allow_mcp_commands``: a session may start MCP servers over stdio, i.e. run a command of its choosing on
-    the server's machine (MCP servers at a URL are always allowed; the runtime's own ``[mcp.servers]`` too).
+    the server's machine (the runtime's own ``[mcp.servers]`` are always allowed).
+    ``mcp_allowed_urls``: the URLs a session's MCP servers may have (see :mod:`runtime.apps.client_mcp`:
+    never ``${NAME}`` from the server's environment, never an internal address the list does not name).
     """
 
     workspace_root: str | None = None
     allow_shell: bool = False
     allow_api_base: bool = False
     allow_mcp_commands: bool = False
+    mcp_allowed_urls: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerPolicy:
@@ -117,6 +122,7 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             allow_shell=server.allow_shell,
             allow_api_base=server.allow_api_base,
             allow_mcp_commands=server.allow_mcp_commands,
+            mcp_allowed_urls=tuple(server.mcp_allowed_urls),
         )
 
     def workspace(self, requested: str | None) -> str | None:
@@ -146,18 +152,29 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 "(its operator can allow it with server.allow_shell or --allow-shell)",
             )
 
-    def check_mcp(self, servers: Mapping[str, McpServerConfig], runtime: Config) -> None:
-        """403 when a session would start an MCP server over stdio (a command) the policy does not allow;
-        the runtime's own servers (``[mcp.servers]``) are the operator's and always allowed."""
-        if self.allow_mcp_commands:
-            return
+    def check_mcp(
+        self, servers: Mapping[str, McpServerConfig], runtime: Config
+    ) -> dict[str, McpServerConfig]:
+        """A client's MCP servers as its session gets them (``${NAME}`` never expanded, internal addresses
+        refused: :func:`runtime.apps.client_mcp.client_server`); 403 for one the policy does not allow. The
+        runtime's own servers (``[mcp.servers]``) are the operator's and always allowed. Blocking (DNS)."""
+        from runtime.apps.client_mcp import client_server
+        from runtime.outbound import resolve
+
+        out: dict[str, McpServerConfig] = {}
         for name, server in servers.items():
-            if server.command is not None and runtime.mcp.servers.get(name) != server:
-                raise HttpError(
-                    403,
-                    f"mcp_servers.{name}: this server does not let sessions run commands (MCP servers over "
-                    "stdio); give a url, or its operator can allow commands with server.allow_mcp_commands",
-                )
+            vetted = client_server(
+                name,
+                server,
+                own=runtime.mcp.servers,
+                allowed=self.mcp_allowed_urls,
+                allow_commands=self.allow_mcp_commands,
+                resolve=resolve,
+            )
+            if isinstance(vetted, str):
+                raise HttpError(403, vetted)
+            out[name] = vetted
+        return out
 
     def check_api_base(
         self, api_base: str | None, api_key: str | None, session_id: str | None = None
@@ -194,7 +211,11 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             raise SessionNotFound(f"no session {session_id!r}")
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
         self.check_api_base(api_base if api_base is not None else header.api_base, api_key, session_id)
-        self.check_mcp(restored(header.mcp_servers), runtime.config)
+        # a client's server (expand_env off) is checked as if given now; the host's own for commands only
+        stored = restored(header.mcp_servers)
+        self.check_mcp(
+            {k: v for k, v in stored.items() if not v.expand_env or v.command is not None}, runtime.config
+        )
         if workspace is not None:
             return self.workspace(workspace)
         if header.workspace is not None:
@@ -446,8 +467,9 @@ def create_app(
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         policy.check_api_base(body.api_base, body.api_key)
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
-        mcp_servers = parse_servers(body.mcp_servers)
-        policy.check_mcp(mcp_servers, runtime.config)
+        mcp_servers = await asyncio.to_thread(
+            policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
+        )
         for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
             policy.check_config(
                 runtime.config.for_session({**(body.config or {}), **profile.config}), runtime.config
@@ -496,8 +518,9 @@ def create_app(
         body: ResumeBody = _decode(await request.body(), ResumeBody)
         if _is_hosted(runtime, session_id):
             raise HttpError(409, f"session {session_id!r} is already running")
-        mcp_servers = parse_servers(body.mcp_servers)
-        policy.check_mcp(mcp_servers, runtime.config)
+        mcp_servers = await asyncio.to_thread(
+            policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
+        )
         workspace = await asyncio.to_thread(
             policy.check_stored,
             runtime,

@@ -89,7 +89,9 @@ def test_the_http_api_takes_mcp_servers_in_the_session_body(tmp_path: Path, prov
 
     stdio = {"command": sys.executable, "args": [str(SERVER)]}
     for allow in (False, True):
-        config = Config().with_overrides({"server": {"allow_mcp_commands": allow}})
+        config = Config().with_overrides(
+            {"server": {"allow_mcp_commands": allow, "mcp_allowed_urls": ["http://127.0.0.1:9/"]}}
+        )
         with (
             Runtime(config, sessions_dir=tmp_path / str(allow)) as rt,
             TestClient(create_app(rt, "t0k")) as client,

@@ -23,13 +23,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
+import httpcore2
 import httpx2
 import pydantic
 from mcp import types
@@ -40,7 +42,8 @@ from mcp.shared.exceptions import MCPError
 
 from runtime.affinity import place_thread
 from runtime.config import McpConfig, McpServerConfig
-from runtime.errors import ToolError
+from runtime.errors import AddressRefused, ToolError
+from runtime.outbound import check_public
 from runtime.tools.mcp.servers import describe, expand, scrub, secret_values, withheld
 
 log = logging.getLogger("agentcell.mcp")
@@ -176,14 +179,17 @@ class Connection:
                 f"its {', '.join(missing)} looked like a secret and was not stored with the session: give the "
                 "server again (resume_session(mcp_servers=...)) or write the value as ${VARIABLE}"
             )
-        try:
-            env = {k: expand(v, os.environ) for k, v in config.env.items()}
-            headers = {k: expand(v, os.environ) for k, v in config.headers.items()}
-        except KeyError as exc:
-            raise McpUnavailable(f"the environment variable {exc.args[0]} it refers to is not set") from None
+        env, headers = dict(config.env), dict(config.headers)
+        if config.expand_env:  # ${NAME}: the host's environment, for the host's own servers only
+            try:
+                env = {k: expand(v, os.environ) for k, v in env.items()}
+                headers = {k: expand(v, os.environ) for k, v in headers.items()}
+            except KeyError as exc:
+                raise McpUnavailable(
+                    f"the environment variable {exc.args[0]} it refers to is not set"
+                ) from None
         if config.url is not None:
-            client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
-            return _http(client, config.url)
+            return _http(_http_client(headers, public_only=config.public_only), config.url)
         assert config.command is not None
         cwd = Path(config.cwd).expanduser() if config.cwd else self.cwd
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,6 +265,53 @@ def _spawning_on(cpus: frozenset[int] | None) -> Iterator[None]:
             place_thread(frozenset(_saved_cpus))
 
 
+def _http_client(headers: Mapping[str, str], *, public_only: bool) -> httpx2.AsyncClient:
+    """The HTTP client of a server at a URL. ``public_only`` (a client's server): no proxy from the
+    environment, and every connection made to a public address only (:class:`_PublicOnly`)."""
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    if not public_only:
+        return httpx2.AsyncClient(headers=dict(headers), timeout=timeout)
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    pool = transport._pool  # (httpcore's pool: its network backend is where connections are made)
+    pool._network_backend = _PublicOnly(pool._network_backend)
+    return httpx2.AsyncClient(headers=dict(headers), timeout=timeout, transport=transport, trust_env=False)
+
+
+class _PublicOnly(httpcore2.AsyncNetworkBackend):
+    """A network backend over ``inner`` that connects to public addresses only: the host is resolved, every
+    address it has checked (runtime.outbound), and the connection made to a checked one. So a name that
+    resolved to a public address when the session was made and resolves inside now reaches nothing."""
+
+    def __init__(self, inner: httpcore2.AsyncNetworkBackend) -> None:
+        self._inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        try:
+            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise AddressRefused(f"cannot resolve {host}: {exc}") from None
+        addresses = sorted({str(info[4][0]) for info in infos})
+        check_public(host, addresses)
+        return await self._inner.connect_tcp(
+            addresses[0], port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore2.AsyncNetworkStream:
+        raise AddressRefused("a client's MCP server is never reached over a Unix socket")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
 @contextlib.asynccontextmanager
 async def _http(client: httpx2.AsyncClient, url: str) -> Any:
     async with client, streamable_http_client(url, http_client=client) as streams:
@@ -319,7 +372,7 @@ class ServerClient:
         self.settings = settings
         self.cwd = cwd
         self.logs_dir = logs_dir
-        self._secrets = secret_values(config, os.environ)
+        self._secrets = secret_values(config, os.environ if config.expand_env else {})
         self._report = report
         self.started = started
         self.conn: Connection | None = None

@@ -243,6 +243,11 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+def has_reference(value: str) -> bool:
+    """Whether ``value`` names a variable of the runtime's environment (``${NAME}``)."""
+    return _REFERENCE.search(value) is not None
+
+
 def expand(value: str, environ: Mapping[str, str]) -> str:
     """``value`` with each ``${NAME}`` replaced by the runtime's environment variable; a ``KeyError``
     names a variable that is not set."""
