@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR, format_table, write_results
+from benchmarks._common import RESULTS_ENV, format_table, results_dir, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -480,7 +480,7 @@ def _run(bench: Bench, quick: bool) -> tuple[int, float]:
 
 
 def _read(name: str, since: float) -> dict[str, Any] | None:
-    path = RESULTS_DIR / f"{name}.json"
+    path = results_dir() / f"{name}.json"
     try:
         if path.stat().st_mtime < since:
             return None  # left from an earlier run: this one wrote nothing
@@ -518,7 +518,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--report", action="store_true", help="run nothing: summarize the results already in results/"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="the folder results are written to and read from (default: benchmarks/results of this checkout)",
+    )
     args = parser.parse_args(argv)
+    if args.results is not None:
+        os.environ[RESULTS_ENV] = str(args.results.resolve())  # the benchmarks it runs inherit it
     if args.list:
         for bench in BENCHES:
             print(f"{bench.name:12} {bench.about}")
@@ -568,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quick": args.quick,
         "seconds": round(elapsed, 1),
         "runs": runs,
-        "chart": None if chart is None else str(chart.relative_to(ROOT)),
+        "chart": None if chart is None else str(chart),
         "command": "python -m benchmarks" + (" --quick" if args.quick else ""),
     }
     write_results("summary", summary, meta)

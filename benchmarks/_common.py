@@ -18,9 +18,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS_DIR", "format_table", "machine_info", "thread_handover", "write_results"]
+__all__ = ["RESULTS_DIR", "format_table", "machine_info", "results_dir", "thread_handover", "write_results"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_ENV = "AGENTCELL_BENCH_RESULTS"
+
+
+def results_dir() -> Path:
+    """Where results are written and read: ``$AGENTCELL_BENCH_RESULTS`` (``python -m benchmarks --results
+    DIR`` sets it for the benchmarks it runs), else ``benchmarks/results`` of this checkout."""
+    chosen = os.environ.get(RESULTS_ENV)
+    return Path(chosen).resolve() if chosen else RESULTS_DIR
 
 
 def machine_info() -> dict[str, Any]:
@@ -156,7 +164,7 @@ def write_results(
     facts, to ``<name>.json``."""
     if table:
         print(format_table(rows))
-    out_dir = directory if directory is not None else RESULTS_DIR
+    out_dir = directory if directory is not None else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     document = {

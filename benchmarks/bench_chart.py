@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR
+from benchmarks._common import results_dir
 
 CHART = "scale.png"
 _STYLES: dict[tuple[str, str], tuple[str, str, str]] = {
@@ -34,7 +34,7 @@ def _load(name: str, directory: Path) -> dict[str, Any] | None:
 
 def draw(directory: Path | None = None) -> Path | None:
     """Draw the chart from the results in ``directory``; returns its path, or None without data."""
-    folder = directory if directory is not None else RESULTS_DIR
+    folder = directory if directory is not None else results_dir()
     throughput, sessions = _load("throughput", folder), _load("sessions", folder)
     if throughput is None and sessions is None:
         return None

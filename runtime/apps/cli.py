@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -73,17 +74,20 @@ def _run_provider(argv: list[str]) -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    try:
-        from benchmarks.__main__ import main as bench_main
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks", "benchmarks.__main__"):
-            raise
+    """The benchmark runner of the agentcell checkout in the working directory: the benchmarks live in the
+    repository, not in the installed package."""
+    here = Path.cwd()
+    if not (here / "benchmarks" / "__main__.py").is_file():
         print(
-            "agentcell bench: the benchmark runner is not available here; "
-            "run a benchmark directly, e.g. python -m benchmarks.bench_tokens",
+            "agentcell bench: the benchmarks are in agentcell's repository, not in the installed package; "
+            "run this command from a checkout (the folder that holds benchmarks/)",
             file=sys.stderr,
         )
         return 2
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    from benchmarks.__main__ import main as bench_main
+
     return int(bench_main(argv) or 0)
 
 

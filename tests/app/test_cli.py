@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,44 @@ def test_sessions_errors_and_delete(
     ] == ["empty"]
     empty_dir = sessions_dir / "nothing-here"
     assert sessions("list", sessions_dir=empty_dir) == (0, f"no sessions in {empty_dir}\n")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_outside_a_checkout_says_where_the_benchmarks_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--list"]) == 2
+    assert "run this command from a checkout" in capsys.readouterr().err
+
+
+def test_bench_writes_its_results_where_it_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("AGENTCELL_BENCH_RESULTS", raising=False)
+    checkout_summary = ROOT / "benchmarks" / "results" / "summary.json"
+    before = checkout_summary.stat().st_mtime if checkout_summary.exists() else None
+    out = tmp_path / "figures"
+    assert main(["bench", "--report", "--only", "tokens", "--no-chart", "--results", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["meta"]["report_only"] is True
+    after = checkout_summary.stat().st_mtime if checkout_summary.exists() else None
+    assert after == before  # nothing written into the checkout's own results
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_no_benchmarks_package(tmp_path: Path) -> None:
+    """``benchmarks/`` is part of the repository, not of what ``pip install`` puts into site-packages (a
+    top-level ``benchmarks`` there would hide a user's own, and results would be written into it)."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("agentcell-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {"runtime", "actors"} <= tops
+    assert "benchmarks" not in tops
