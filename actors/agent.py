@@ -30,7 +30,7 @@ from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel, Turn
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import working_set as ws
-from runtime.context.estimate import effective_limit
+from runtime.context.estimate import answer_cap, effective_limit
 from runtime.context.integrity import (
     CLIENT_CALLS_KEY,
     awaiting_client,
@@ -567,7 +567,7 @@ class Agent(SessionActor):
             tools=[*tools, *options.client_tools] if options.client_tools else tools,
             api_base=spec.api_base,
             api_key=spec.api_key,
-            max_tokens=cfg.agent.max_output_tokens,
+            max_tokens=self._answer_cap(estimate),
             timeout=cfg.retry.request_timeout,
             include_reasoning=cfg.agent.send_reasoning,
             mock_response=cfg.agent.mock_response,
@@ -697,9 +697,41 @@ class Agent(SessionActor):
                 return
         self._run_tools(calls)
 
+    def _answer_cap(self, estimate: int) -> int | None:
+        """The request's ``max_tokens``: the room the window leaves (when the window is known: the model's,
+        a configured one, or one learned from the provider), within the output limits (design §4.5)."""
+        from runtime.models import model_info
+
+        models = self.spec.config.models
+        info = model_info(self.model, models)
+        known = info.source != "fallback" or self.context_window != models.fallback_context_window
+        return answer_cap(
+            window=self.context_window if known else None,
+            prompt_tokens=estimate,
+            configured=self.spec.config.agent.max_output_tokens,
+            model_max=info.max_output_tokens,
+        )
+
+    def _learn_window(self, window: int, source: str) -> None:
+        """Take the window the provider stated, for this session (its actors, and their restarts) and for
+        its endpoint (sessions started later on it), and say so (``window_learned``)."""
+        old = self.context_window
+        if window == old:
+            return
+        self.context_window = window
+        self.refs.learned_window = window
+        update = SetModel(self.model, window)
+        for ref in (self.refs.overflow_ref, self.refs.usage_ref, self.refs.compactor_ref):
+            if ref is not None:
+                ref.tell(update)
+        self.services.gateway.windows.learn(self.spec.api_base, self.model, window)
+        self.emit(ev.WindowLearned, old=old, new=window, source=source, model=self.model)
+
     def _on_error_verdict(self, verdict: p.Verdict) -> None:
         run = self.run
         assert run is not None
+        if verdict.learned_window is not None:
+            self._learn_window(verdict.learned_window, "overflow")
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
             self.call(

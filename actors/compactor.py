@@ -145,7 +145,10 @@ class Compactor(SessionActor):
         from runtime.models import model_info
 
         self.summarizer_model = self.cfg.summarizer_model or self.model
-        self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
+        if self.summarizer_model == self.model:  # the session's own window: a learned one included
+            self.summarizer_window = self.context_window
+        else:
+            self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:

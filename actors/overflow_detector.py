@@ -12,7 +12,7 @@ from typing import Any
 from actors._base import Publish, Reply, SessionActor
 from actors.protocol import CheckUsage, ClassifyError, SetModel, UsageOverflowed, Verdict
 from runtime import events as ev
-from runtime.context.overflow import is_context_overflow, is_usage_overflow
+from runtime.context.overflow import is_context_overflow, is_usage_overflow, stated_window
 from runtime.context.recovery import decide_overflow
 
 RETRYABLE_KINDS = frozenset({"rate_limit", "transient", "timeout"})
@@ -58,6 +58,15 @@ class OverflowDetector(SessionActor):
         overflow = error.kind == "overflow" or is_context_overflow(
             message=error.message, status_code=error.status_code, code=error.code
         )
+        # A smaller window the error states is learned (design §6.3); it also makes an overflow of an error
+        # that blamed max_tokens alone: that cap was worked out from the wrong window.
+        stated = error.window or stated_window(
+            message=error.message, status_code=error.status_code, code=error.code
+        )
+        learned = stated if stated is not None and stated < self.context_window else None
+        if learned is not None:
+            overflow = True
+            self.context_window = learned
         if not overflow:
             kind = error.kind
             where = f" (HTTP {error.status_code})" if error.status_code else ""
@@ -74,8 +83,11 @@ class OverflowDetector(SessionActor):
             has_store=self.has_store,
             context_window=self.context_window,
             estimated_tokens=request.estimated_tokens,
+            window_learned=learned is not None,
         )
-        return Verdict(decision.action, decision.message, code=decision.code, overflow=True)
+        return Verdict(
+            decision.action, decision.message, code=decision.code, overflow=True, learned_window=learned
+        )
 
     def check_usage(self, input_tokens: int) -> bool:
         if not is_usage_overflow(input_tokens, self.context_window):

@@ -362,6 +362,7 @@ class Verdict(msgspec.Struct, frozen=True):
     code: str = "provider_error"
     overflow: bool = False
     retryable: bool = False
+    learned_window: int | None = None  # the smaller window the error stated (the detector took it already)
 
 
 class ClassifyError(Ask[Verdict], frozen=True):

@@ -193,6 +193,10 @@ class Session:
 
     @property
     def context_window(self) -> int:
+        """The model's window, or the one its provider stated since (:attr:`SessionRefs.learned_window`)."""
+        learned = self.refs.learned_window
+        if learned is not None:
+            return learned
         window = self._model.context_window
         assert window is not None  # the session's own SetModel always carries the window
         return window
@@ -221,6 +225,7 @@ class Session:
                 refs.compactor.tell(message)
             case SetModel():
                 self._model = message  # first: an actor (re)starting from now on starts with it
+                refs.learned_window = None  # what the old model's provider stated is not the new one's
                 for ref in refs.running():
                     try:
                         ref.tell(message)
@@ -275,7 +280,11 @@ class Session:
         with self._lock:
             self.last_used = time.monotonic()
             if self.supervisor is None:
-                self.refs = SessionRefs()
+                # a window an overflow at this endpoint stated (design §6.3) wins over the one it started with
+                spec = self.spec
+                learned = self.services.gateway.windows.get(spec.api_base, self.model)
+                told = learned.window if learned is not None and learned.source == "overflow" else None
+                self.refs = SessionRefs(learned_window=told)
                 self.supervisor = self._start_supervisor()
                 self.fresh = False
                 self.services.awake.add(self)
@@ -389,7 +398,7 @@ class Session:
             spec.config,
             self.services.bus.publish,
             counter=model.counter,
-            context_window=model.context_window,
+            context_window=self.context_window,
             dispatcher=self.services.dispatcher,
         )
         return ref

@@ -83,6 +83,7 @@ class SessionRefs:
     compactor_ref: ActorRef[Compactor] | None = None
     agent_ref: ActorRef[Agent] | None = None
     handover: Handover | None = None  # a crashed agent's run, for its successor to take up
+    learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
 
     @property
     def store(self) -> ActorRef[SessionStore]:

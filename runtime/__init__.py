@@ -119,6 +119,7 @@ if TYPE_CHECKING:
         TurnEnd,
         UsageOverflow,
         UsageUpdate,
+        WindowLearned,
         decode_event,
         encode_event,
     )
@@ -217,6 +218,7 @@ _LAZY: dict[str, str] = {
     "TurnEnd": "runtime.events",
     "UsageOverflow": "runtime.events",
     "UsageUpdate": "runtime.events",
+    "WindowLearned": "runtime.events",
 }
 
 __all__ = [
@@ -317,6 +319,7 @@ __all__ = [
     "UsageOverflow",
     "UsageReport",
     "UsageUpdate",
+    "WindowLearned",
     "WorkspaceError",
     "WriterClosedError",
     "__version__",

@@ -28,7 +28,7 @@ from runtime import events as ev
 from runtime.config import Config
 from runtime.errors import SessionNotFound
 from runtime.ids import validate_session_id
-from runtime.models import model_info, validate_model_name
+from runtime.models import ModelInfo, model_info, validate_model_name
 from runtime.registry import SessionRegistry
 from runtime.store.entries import Header, decode_entry, encode_entry, new_header, scrub_secrets
 from runtime.subagents import DELEGATION_TOOL, parse_profiles
@@ -59,9 +59,9 @@ class Hosting:
         self._counters: dict[
             tuple[str, Any] | str, TokenCounter
         ] = {}  # by (model, tokens config); by model: defaults
-        self._windows: dict[str, int] = {}
+        self._windows: dict[str, ModelInfo] = {}
         self._names: dict[tuple[str | None, bool, bool], list[str]] = {}
-        self._states: dict[str, SetModel] = {}
+        self._states: dict[tuple[str, int], SetModel] = {}
 
     def attach(self, machinery: Machinery) -> None:
         """Host the sessions of a new start on ``machinery``, none yet."""
@@ -166,7 +166,7 @@ class Hosting:
         session = Session(
             spec,
             self._machinery.services,
-            self.model_state(spec.model, spec.config),
+            self.model_state(spec.model, spec.config, spec.api_base, spec.api_key),
             parent=self._machinery.root,
             recipe=recipe,
             wake=self.wake,
@@ -202,7 +202,9 @@ class Hosting:
             config=overrides,
             agents={name: msgspec.to_builtins(profile) for name, profile in profiles.items()},
         )
-        session = ParkedSession(encode_entry(header), self.model_state(model, cfg), tools is not None)
+        session = ParkedSession(
+            encode_entry(header), self.model_state(model, cfg, api_base), tools is not None
+        )
         self.sessions.register(sid, session)
         return session, header
 
@@ -223,7 +225,7 @@ class Hosting:
             seq=1,
             ts=header.created_at,
             model=header.model,
-            context_window=self.window(header.model, cfg),
+            context_window=self.window(header.model, cfg, header.api_base),
         )
         parent = self._machinery.bus.parent_of(session_id)
         if parent is not None:
@@ -305,14 +307,17 @@ class Hosting:
         if model not in self._windows:
             validate_model_name(model)
 
-    def model_state(self, model: str, cfg: Config) -> SetModel:
+    def model_state(
+        self, model: str, cfg: Config, api_base: str | None = None, api_key: str | None = None
+    ) -> SetModel:
         """A session's first model, window and counter: one value shared by the sessions on the runtime's
-        own settings (a million idle sessions hold a reference each, not a copy)."""
+        own settings and endpoint (a million idle sessions hold a reference each, not a copy)."""
+        window = self.window(model, cfg, api_base, api_key)
         if cfg is not self._rt.config or (cfg.tokens.apply_calibration and not cfg.tokens.exact):
-            return SetModel(model, self.window(model, cfg), self.counter(model, cfg))
-        state = self._states.get(model)
+            return SetModel(model, window, self.counter(model, cfg))
+        state = self._states.get((model, window))
         if state is None:
-            state = self._states[model] = SetModel(model, self.window(model, cfg), self.counter(model, cfg))
+            state = self._states[(model, window)] = SetModel(model, window, self.counter(model, cfg))
         return state
 
     def _tool_names(self, tools: str | None, cfg: Config, delegates: bool) -> list[str]:
@@ -327,15 +332,23 @@ class Hosting:
             self._names[key] = names
         return names
 
-    def window(self, model: str, cfg: Config) -> int:
-        """The model's context window, cached for sessions on the runtime's own model settings."""
-
+    def window(self, model: str, cfg: Config, api_base: str | None = None, api_key: str | None = None) -> int:
+        """The model's context window (cached for sessions on the runtime's own model settings); for a model
+        nobody's table knows, at an ``api_base``, what its server said or an overflow there stated (design
+        §4.5: asked once per endpoint and model, for at most ``models.discovery_timeout`` seconds)."""
         if cfg.models is not self._rt.config.models:  # per-session overrides: look it up each time
-            return model_info(model, cfg.models).context_window
-        window = self._windows.get(model)
-        if window is None:
-            window = self._windows[model] = model_info(model, cfg.models).context_window
-        return window
+            info = model_info(model, cfg.models)
+        else:
+            cached = self._windows.get(model)
+            info = cached if cached is not None else model_info(model, cfg.models)
+            self._windows[model] = info
+        if info.source != "fallback" or api_base is None:
+            return info.context_window
+        book = self._machinery.services.gateway.windows
+        found = book.get(api_base, model)
+        if found is None and cfg.models.discover_windows:
+            found = book.discover(api_base, model, timeout=cfg.models.discovery_timeout, api_key=api_key)
+        return found.window if found is not None else info.context_window
 
     def counter(self, model: str, cfg: Config) -> TokenCounter:
         """The model's token counter under ``cfg``'s token settings: one per model and settings, shared by

@@ -148,6 +148,9 @@ class ModelsConfig(_Section, frozen=True, forbid_unknown_fields=True):
     fallback_context_window: PosInt = 128_000
     context_windows: dict[str, PosInt] = msgspec.field(default_factory=dict)
     max_output_tokens: dict[str, PosInt] = msgspec.field(default_factory=dict)
+    # A model nobody's table knows, at an api_base: ask the server its window (once per endpoint and model)
+    discover_windows: bool = True
+    discovery_timeout: Seconds = 1.5
 
 
 class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):

@@ -60,6 +60,7 @@ __all__ = [
     "TurnEnd",
     "UsageOverflow",
     "UsageUpdate",
+    "WindowLearned",
     "decode_event",
     "encode_event",
     "event_to_builtins",
@@ -274,6 +275,16 @@ class UsageOverflow(Event, frozen=True, tag="usage_overflow"):
     context_window: int
 
 
+class WindowLearned(Event, frozen=True, tag="window_learned"):
+    """The session's context window changed to what the provider stated (design §4.5): ``source`` is
+    ``overflow`` (an error that named the limit) or ``server`` (the server's own model info)."""
+
+    old: int
+    new: int
+    source: str
+    model: str = ""
+
+
 # --- compaction (design §5.10) --------------------------------------------------------------------------
 
 
@@ -402,6 +413,7 @@ AnyEvent = (
     | UsageUpdate
     | Calibration
     | UsageOverflow
+    | WindowLearned
     | CompactionStart
     | CompactionEnd
     | CompactionFailed

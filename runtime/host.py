@@ -45,7 +45,7 @@ from runtime.errors import RuntimeStopped, SessionNotFound
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, Usage, new_id, user
-from runtime.models import model_info, validate_model_name
+from runtime.models import validate_model_name
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.store.sessions import SessionInfo
 from runtime.subagents import Delegations, UsageReport, parse_profiles
@@ -561,7 +561,8 @@ class Runtime:
         """Switch the session's model; returns the new context window. A smaller window compacts on the
         next turn if the context no longer fits."""
         session = self._session(session_id)
-        window = model_info(validate_model_name(model), session.spec.config.models).context_window
+        spec = session.spec
+        window = self._hosting.window(validate_model_name(model), spec.config, spec.api_base, spec.api_key)
         counter = self._hosting.counter(model, session.spec.config)  # the new model's tokenizer, loaded here
         session.tell(SetModel(model, window, counter))  # the session hands it to each of its actors
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))

@@ -31,9 +31,11 @@ __all__ = [
     "BASIS_LAST_RESPONSE",
     "CONFIGURED",
     "ESTIMATED",
+    "MIN_ANSWER_TOKENS",
     "UNTRUSTED_STOP_REASONS",
     "ContextEstimate",
     "ContextStats",
+    "answer_cap",
     "compaction_threshold",
     "context_stats",
     "effective_limit",
@@ -139,6 +141,25 @@ def reserve_tokens(window: int, config: CompactionConfig) -> int:
     """The output buffer kept free below the window: ``reserve_tokens``, at most half the window (so a
     small model still has room for a conversation)."""
     return min(config.reserve_tokens, window // 2)
+
+
+MIN_ANSWER_TOKENS: Final = 32
+"""The smallest answer a request asks for: a prompt that leaves less is the overflow path's business."""
+
+
+def answer_cap(
+    *, window: int | None, prompt_tokens: int, configured: int | None = None, model_max: int | None = None
+) -> int | None:
+    """The ``max_tokens`` of a request (design §4.5): the configured or the model's output limit, and never
+    more than the room the window leaves after the prompt, so a model stops with ``length`` instead of
+    running into the end of its context. The room keeps a margin of a sixteenth of the window (at least
+    16 tokens) for the estimate's error: a server's tokenizer need not be the one counted with. ``window``
+    None (unknown): only the output limits. None: ask for nothing (the provider's default)."""
+    limits = [n for n in (configured, model_max) if n is not None and n > 0]
+    if window is not None and window > 0:
+        room = window - max(0, prompt_tokens) - max(16, window // 16)
+        limits.append(max(MIN_ANSWER_TOKENS, room))
+    return min(limits) if limits else None
 
 
 def effective_limit(window: int | None, config: CompactionConfig) -> int | None:

@@ -50,6 +50,7 @@ __all__ = [
     "is_context_overflow",
     "is_usage_overflow",
     "overflow_reason",
+    "stated_window",
 ]
 
 
@@ -166,10 +167,13 @@ OVERFLOW_PATTERNS: Final[Mapping[str, tuple[str, ...]]] = {
     # has 40000 input tokens. Please reduce the length of the input messages." and, for prompt + max_tokens,
     # "'max_tokens' or 'max_completion_tokens' is too large: X. This model's maximum context length is N
     # tokens and your request has M input tokens (X > N - M)." (rule 3).
+    # The V1 engine's processor: "The prompt (total length 5000) is too long to fit into the model (context
+    # length 4096). Make sure that `max_model_len` is no smaller than the number of text tokens plus …"
     "vllm": (
         "reduce the length of the input",
         "input tokens. please reduce",
         "longer than the maximum model length",
+        "too long to fit into the model",
     ),
     # "The input (N tokens) is longer than the model's context length (M tokens)."; with max_new_tokens:
     # "Requested token count exceeds the model's maximum context length of M tokens. You requested a total of
@@ -348,6 +352,48 @@ OUTPUT_BUDGET_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
 )
 """Messages that state both the window and the output the request asked for (rule 3)."""
 
+WINDOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
+    # llama.cpp: "request (1431 tokens) exceeds the available context size (1024 tokens)"; older "input (N
+    # tokens) is larger than the max context size (M tokens)"
+    re.compile(rf"(?:available|max) context size \({_WIN} tokens?\)"),
+    # vLLM V1: "The prompt (total length N) is too long to fit into the model (context length M)"
+    re.compile(rf"too long to fit into the model \(context length {_WIN}\)"),
+    # OpenAI (old), vLLM, DeepSeek, OpenRouter ("this endpoint's …"), NIM: "maximum context length is N tokens";
+    # SGLang "maximum context length of N tokens"; Ollama (MLX) "maximum context length (N tokens)"
+    re.compile(rf"maximum context length (?:is|of|\() ?{_WIN} tokens"),
+    # vLLM ≤ 0.9 engine: "is longer than the maximum model length of N"
+    re.compile(rf"longer than the maximum model length of {_WIN}"),
+    # Anthropic: "prompt is too long: 208310 tokens > 200000 maximum"
+    re.compile(rf"{_NUM} tokens? > {_WIN} maximum"),
+    # SGLang: "is longer than the model's context length (N tokens)"
+    re.compile(rf"model's context length \({_WIN} tokens?\)"),
+    # Mistral: "too large for model with 32768 maximum context length"
+    re.compile(rf"too large for model with {_WIN} maximum context length"),
+    # Gemini: "exceeds the maximum number of tokens allowed (1048575)"
+    re.compile(rf"maximum number of tokens allowed \({_WIN}\)"),
+    # Vertex: "but model only supports up to 1048576"
+    re.compile(rf"model only supports up to {_WIN}"),
+    # xAI: "maximum prompt length is 131072"
+    re.compile(rf"maximum prompt length is {_WIN}"),
+    # Bedrock Mantle: "exceed model maximum (200000)"; Cerebras: "current length is N while limit is M"
+    re.compile(rf"exceed model maximum \({_WIN}\)"),
+    re.compile(rf"current length is {_NUM} while limit is {_WIN}"),
+    # Cohere: "total number of tokens in the prompt cannot exceed 4081"
+    re.compile(rf"tokens in the prompt cannot exceed {_WIN}"),
+    # TGI: "`inputs` must have less than 4096 tokens"; "`inputs` tokens + `max_new_tokens` must be <= 4096"
+    re.compile(rf"`inputs` must have less than {_WIN} tokens"),
+    re.compile(rf"`max_new_tokens` must be <= {_WIN}"),
+    # LM Studio: "the model is loaded with context length of only 4096 tokens"
+    re.compile(rf"context length of only {_WIN} tokens"),
+    # Poolside: "exceeds the maximum allowed input length of N tokens"
+    re.compile(rf"maximum allowed input length of {_WIN} tokens"),
+)
+"""Overflow messages that state the window (the first match wins; see :func:`stated_window`)."""
+
+# A stated window outside these bounds is a misreading, not a model.
+_MIN_WINDOW = 16
+_MAX_WINDOW = 100_000_000
+
 # Bounds that keep the classifier fast and safe on hostile input (a 100 MB body, a recursive dict).
 _MAX_TEXT = 64 * 1024
 _MAX_DEPTH = 8
@@ -406,6 +452,49 @@ def is_usage_overflow(input_tokens: int, context_window: int) -> bool:
     return context_window > 0 and input_tokens > context_window
 
 
+def stated_window(
+    error: BaseException | None = None,
+    *,
+    message: str | None = None,
+    status_code: int | None = None,
+    code: str | None = None,
+    body: object = None,
+) -> int | None:
+    """The context window an overflow error states, or None when it states none (or is no overflow).
+
+    llama.cpp's JSON ``n_ctx`` first (the *slot's* context: ``--ctx-size`` divided by ``--parallel``), then
+    the number in the first of :data:`WINDOW_REGEXES` that matches, then the window of a request whose
+    prompt plus output did not fit (rule 3, even when the output alone was too large: a cap computed from a
+    wrong window is exactly that). Never raises.
+    """
+    try:
+        facts = _Facts()
+        facts.add_text(message)
+        facts.add_status(status_code)
+        facts.add_code(code)
+        facts.add_body(body, 0)
+        if error is not None:
+            facts.add_exception(error)
+        text = "\n".join(facts.texts)
+        budget = _output_budget(text)
+        if facts.verdict() is None and budget is None:
+            return None
+        candidates: list[int] = list(facts.n_ctx)
+        for regex in WINDOW_REGEXES:
+            match = regex.search(text)
+            if match is not None:
+                candidates.append(int(match["window"].replace(",", "")))
+                break
+        if budget is not None:
+            candidates.append(budget[1])
+        for window in candidates:
+            if _MIN_WINDOW <= window <= _MAX_WINDOW:
+                return window
+        return None
+    except Exception:  # like the classifier: never turn one error into two
+        return None
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -417,6 +506,7 @@ class _Facts:
         self.codes: set[str] = set()
         self.statuses: set[int] = set()
         self.context_window_error = False
+        self.n_ctx: list[int] = []  # llama.cpp's error body states the slot's context as n_ctx
         self._size = 0
         self._seen: set[int] = set()
 
@@ -460,6 +550,8 @@ class _Facts:
                     self.add_code(value)
                 elif name in ("status_code", "statuscode", "http_status"):
                     self.add_status(value)
+                elif name == "n_ctx" and isinstance(value, int) and not isinstance(value, bool):
+                    self.n_ctx.append(value)
                 self.add_body(value, depth + 1)
         elif isinstance(body, (list, tuple)):
             for item in _bounded(body):

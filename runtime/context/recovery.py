@@ -35,8 +35,13 @@ def decide_overflow(
     has_store: bool,
     context_window: int,
     estimated_tokens: int | None = None,
+    window_learned: bool = False,
 ) -> OverflowDecision:
-    """One emergency compaction and one retry per turn; anything else is a clear error, never a loop."""
+    """One emergency compaction and one retry per turn; anything else is a clear error, never a loop.
+
+    An overflow that taught the session a smaller window (``window_learned``) gets its compaction and
+    retry even after one this turn: the earlier one aimed at a window that was wrong, and a window only
+    ever shrinks when learned, so this cannot loop."""
     size = f" (about {estimated_tokens:,} tokens)" if estimated_tokens else ""
     if not has_store:
         return OverflowDecision(
@@ -51,7 +56,7 @@ def decide_overflow(
             "Automatic compaction is disabled for this session: run compact() (or /compact) and retry, "
             "or enable compaction.auto.",
         )
-    if recoveries_this_turn >= 1:
+    if recoveries_this_turn >= 1 and not window_learned:
         return OverflowDecision(
             "fail",
             f"The request still exceeded the model's context window of {context_window:,} tokens{size} "

@@ -22,6 +22,7 @@ Layout, one concern a module::
     _convert.py     our messages in the OpenAI chat format
     _routing.py     which transport serves a call, where it goes, how its request is shaped
     _gateway.py     Gateway, CallHandle, complete_sync: routing, retries, cancel, stall watch, delivery
+    _windows.py     WindowBook: the context windows of endpoints litellm does not know, asked or learned
     transports/     base.py (the interface), litellm.py, openai_compat.py (+ _http.py, its HTTP/1.1 client)
 """
 
@@ -43,6 +44,7 @@ from runtime.gateway._retry import MAX_HONOURED_RETRY_AFTER, backoff_delay
 from runtime.gateway._routing import DIALECTS, Dialect, Route
 from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
 from runtime.gateway._usage import normalize_usage
+from runtime.gateway._windows import Discovered, WindowBook
 from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "CompletionResult",
     "Delta",
     "Dialect",
+    "Discovered",
     "ErrorKind",
     "Gateway",
     "IoLoop",
@@ -62,6 +65,7 @@ __all__ = [
     "Route",
     "StreamAssembler",
     "TransportMode",
+    "WindowBook",
     "accepts_reasoning",
     "backoff_delay",
     "build_call_kwargs",

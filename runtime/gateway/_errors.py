@@ -43,7 +43,7 @@ _INVALID: Final = frozenset(
 
 def classify_error(exc: BaseException, *, provider: str | None = None) -> ProviderError:
     """Classify a provider exception (litellm's, the OpenAI client's, httpx's, asyncio's, a transport's)."""
-    from runtime.context.overflow import is_context_overflow
+    from runtime.context.overflow import is_context_overflow, stated_window
 
     status = _status_code(exc)
     body = getattr(exc, "body", None)
@@ -51,6 +51,8 @@ def classify_error(exc: BaseException, *, provider: str | None = None) -> Provid
     message = _error_message(exc)
     provider = provider or getattr(exc, "llm_provider", None) or None
     retry_after = retry_after_seconds(_response_headers(exc))
+    cancelled = isinstance(exc, asyncio.CancelledError)
+    window = None if cancelled else stated_window(exc, message=message, status_code=status, code=code, body=body)
 
     def error(kind: ErrorKind, retry: float | None = None) -> ProviderError:
         return ProviderError(
@@ -60,6 +62,7 @@ def classify_error(exc: BaseException, *, provider: str | None = None) -> Provid
             code=code,
             retry_after=retry,
             provider=provider,
+            window=window,
         )
 
     if isinstance(exc, asyncio.CancelledError):

@@ -31,6 +31,7 @@ from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import CompletionRequest, CompletionResult, Delta, ProviderError, RetryInfo
 from runtime.gateway._retry import backoff_delay
 from runtime.gateway._routing import Route, Router
+from runtime.gateway._windows import WindowBook
 from runtime.gateway.transports.base import Transport
 from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
 from runtime.gateway.transports.openai_compat import OpenAICompatTransport
@@ -178,6 +179,7 @@ class Gateway:
             OpenAICompatTransport(max_connections=max_connections),
         ]
         self._transports: dict[str, Transport] = {t.name: t for t in transports}
+        self.windows = WindowBook()  # the windows of endpoints litellm does not know (design §4.5)
         loop.add_closer(self.aclose)
 
     @property

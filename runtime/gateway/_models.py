@@ -73,6 +73,7 @@ class ProviderError(msgspec.Struct, frozen=True, kw_only=True):
     code: str | None = None
     retry_after: float | None = None
     provider: str | None = None
+    window: int | None = None  # the context window the error states (llama.cpp's n_ctx, "… is N tokens")
 
     @property
     def retryable(self) -> bool:

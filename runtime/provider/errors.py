@@ -86,11 +86,12 @@ def vertex_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
 
 
 def llamacpp_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
-    """llama.cpp ``llama-server``."""
+    """llama.cpp ``llama-server`` (its wording since 2025; ``n_ctx`` is the slot's context)."""
     body = {
         "error": {
             "code": 400,
-            "message": "the request exceeds the available context size, try increasing it",
+            "message": f"request ({prompt} tokens) exceeds the available context size ({window} tokens), "
+            "try increasing it",
             "type": "exceed_context_size_error",
             "n_prompt_tokens": prompt,
             "n_ctx": window,

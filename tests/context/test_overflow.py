@@ -288,6 +288,23 @@ OVERFLOWS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "vllm (V1 engine's processor)",
+        {
+            "status_code": 400,
+            "body": {
+                "error": {
+                    "message": "The prompt (total length 5000) is too long to fit into the model (context length "
+                    "4096). Make sure that `max_model_len` is no smaller than the number of text tokens plus "
+                    "multimodal tokens. For image inputs, the number of image tokens depends on the number of "
+                    "images, and possibly their aspect ratios as well.",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            },
+        },
+    ),
+    (
         "lm studio",
         {
             "status_code": 400,

@@ -75,7 +75,7 @@ def test_overflow_in_each_vendor_format_compacts_and_retries_once(
 def test_a_second_overflow_in_the_same_turn_ends_it_cleanly(
     rt: Any, recorder: Recorder, tight_provider: Any
 ) -> None:
-    tight_provider.overflow_format = "openai"
+    tight_provider.overflow_format = "groq"  # states no window: nothing to learn from it
     model = chatty(tight_provider, words=120)
     sid = start(rt, tight_provider, model)
     for i in range(5):
@@ -135,3 +135,33 @@ def test_silent_overflow_in_usage_compacts_before_the_next_turn(
     assert rt.prompt(sid, "next").result(timeout=60).status == "ok"
     recorder.wait_type("compaction_start")
     assert recorder.of("compaction_start", sid)[0].trigger == "usage_overflow"
+
+
+def test_an_overflow_that_states_the_window_teaches_it(
+    rt: Any, recorder: Recorder, tight_provider: Any
+) -> None:
+    """The same prompt where the error names the window (OpenAI's wording): the session learns 3,000
+    (``window_learned``), and its emergency compaction and the next check use it, so the prompt that
+    cannot fit is refused before a second request, with the real window in the message."""
+    tight_provider.overflow_format = "openai"
+    model = chatty(tight_provider, words=120)
+    sid = start(rt, tight_provider, model)
+    for i in range(5):
+        assert rt.prompt(sid, f"item {i}").result(timeout=60).status == "ok"
+    tight_provider.clear_log()
+    huge = "inventory " * 3_100
+    result = rt.prompt(sid, huge).result(timeout=60)
+    assert result.status == "error"
+    assert "3,000 tokens" in (result.error or "")
+    recorder.wait_type("agent_end", 6)
+    (learned,) = recorder.of("window_learned", sid)
+    assert (learned.old, learned.new, learned.source) == (BELIEVED_WINDOW, PROVIDER_WINDOW, "overflow")
+    main = [r for r in tight_provider.request_log if r.model == model.split("/", 1)[1]]
+    assert [r.outcome for r in main] == ["overflow"], "the learned window refuses the prompt before sending"
+    assert any(m.text == huge for m in rt.messages(sid))
+    # The session goes on, within the learned window, and the next turn's request asks for no more
+    # output than that window leaves.
+    assert rt.prompt(sid, "and one more").result(timeout=60).status == "ok"
+    sent = [r for r in tight_provider.request_log if r.model == model.split("/", 1)[1]][-1]
+    assert sent.outcome == "ok"
+    assert 0 < sent.body["max_tokens"] <= PROVIDER_WINDOW - sent.prompt_tokens
