@@ -313,8 +313,12 @@ class Hosting:
         """A session's first model, window and counter: one value shared by the sessions on the runtime's
         own settings and endpoint (a million idle sessions hold a reference each, not a copy)."""
         window = self.window(model, cfg, api_base, api_key)
-        if cfg is not self._rt.config or (cfg.tokens.apply_calibration and not cfg.tokens.exact):
-            return SetModel(model, window, self.counter(model, cfg))
+        if (
+            cfg is not self._rt.config
+            or (cfg.tokens.apply_calibration and not cfg.tokens.exact)
+            or cfg.tokens.server_tokenize
+        ):
+            return SetModel(model, window, self.counter(model, cfg, api_base))
         state = self._states.get((model, window))
         if state is None:
             state = self._states[(model, window)] = SetModel(model, window, self.counter(model, cfg))
@@ -350,11 +354,21 @@ class Hosting:
             found = book.discover(api_base, model, timeout=cfg.models.discovery_timeout, api_key=api_key)
         return found.window if found is not None else info.context_window
 
-    def counter(self, model: str, cfg: Config) -> TokenCounter:
+    def counter(self, model: str, cfg: Config, api_base: str | None = None) -> TokenCounter:
         """The model's token counter under ``cfg``'s token settings: one per model and settings, shared by
-        the sessions that use them (a calibrated one is its session's alone)."""
+        the sessions that use them (a calibrated one is its session's alone; one that asks the server to
+        count, ``tokens.server_tokenize``, is shared by the sessions on that server)."""
         if cfg.tokens.apply_calibration and not cfg.tokens.exact:
             return TokenCounter(model, cfg.tokens)  # calibrated by its session alone: never shared
+        if cfg.tokens.server_tokenize and api_base is not None:
+            from runtime.gateway import ServerTokenizer
+
+            with self._lock:
+                counter = self._counters.get((model, (cfg.tokens, api_base)))
+                if counter is None:
+                    counter = TokenCounter(model, cfg.tokens, tokenize=ServerTokenizer(api_base))
+                    self._counters[(model, (cfg.tokens, api_base))] = counter
+                return counter
         own = self._rt.config.tokens
         if cfg.tokens is own:  # the runtime's own settings (most sessions): no key to hash
             counter = self._counters.get(model)

@@ -140,6 +140,9 @@ class TokenConfig(_Section, frozen=True, forbid_unknown_fields=True):
     image_tokens: NonNegInt = 1_200
     message_overhead: NonNegInt = 4
     apply_calibration: bool = False
+    # Count text with the server's own tokenizer (llama.cpp's POST /tokenize at the session's api_base), exact
+    # for models tiktoken does not know; falls back to counting here when the server does not answer.
+    server_tokenize: bool = False
 
 
 class ModelsConfig(_Section, frozen=True, forbid_unknown_fields=True):

@@ -563,7 +563,9 @@ class Runtime:
         session = self._session(session_id)
         spec = session.spec
         window = self._hosting.window(validate_model_name(model), spec.config, spec.api_base, spec.api_key)
-        counter = self._hosting.counter(model, session.spec.config)  # the new model's tokenizer, loaded here
+        counter = self._hosting.counter(
+            model, spec.config, spec.api_base
+        )  # the new model's tokenizer, loaded here
         session.tell(SetModel(model, window, counter))  # the session hands it to each of its actors
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
         return window

@@ -21,7 +21,7 @@ import functools
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -223,13 +223,20 @@ class TokenCounter:
 
     ``config.encoding`` overrides the encoding chosen from the model name. With ``config.exact`` off,
     counts come from :func:`heuristic_tokens`, scaled by :attr:`calibration` when
-    ``config.apply_calibration`` is on. A counter is safe to share between threads (and sessions).
+    ``config.apply_calibration`` is on. ``tokenize`` (the server's own tokenizer: ``tokens.server_tokenize``)
+    counts text first, when it answers. A counter is safe to share between threads (and sessions).
     """
 
     def __init__(
-        self, model: str, config: TokenConfig | None = None, *, cache_size: int = DEFAULT_CACHE_SIZE
+        self,
+        model: str,
+        config: TokenConfig | None = None,
+        *,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        tokenize: Callable[[str], int | None] | None = None,
     ) -> None:
         self.model = model
+        self._tokenize: Callable[[str], int | None] | None = None
         self.config = config if config is not None else TokenConfig()
         self.encoding_name = self.config.encoding or encoding_for_model(model)
         self.exact = self.config.exact
@@ -242,6 +249,9 @@ class TokenCounter:
         self._lock = threading.Lock()
         self._calibration = 1.0
         self._role_tokens = {role: self._raw_text(role) for role in ("system", "user", "assistant", "tool")}
+        # the server's own count of a text (llama.cpp's /tokenize, ``tokens.server_tokenize``); its None: no
+        # answer to be had, the text is counted here. The chat framing above stays counted here.
+        self._tokenize = tokenize
 
     # -- calibration (design §4.4) -------------------------------------------------------------------------
     @property
@@ -313,6 +323,8 @@ class TokenCounter:
     def _raw_text(self, text: str) -> int:
         if not text:
             return 0
+        if self._tokenize is not None and (exact := self._tokenize(text)) is not None:
+            return exact
         if self._encoding is not None:
             return len(self._encoding.encode_ordinary(text))
         return heuristic_tokens(text)

@@ -44,7 +44,7 @@ from runtime.gateway._retry import MAX_HONOURED_RETRY_AFTER, backoff_delay
 from runtime.gateway._routing import DIALECTS, Dialect, Route
 from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
 from runtime.gateway._usage import normalize_usage
-from runtime.gateway._windows import Discovered, WindowBook
+from runtime.gateway._windows import Discovered, ServerTokenizer, WindowBook
 from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "ProviderError",
     "RetryInfo",
     "Route",
+    "ServerTokenizer",
     "StreamAssembler",
     "TransportMode",
     "WindowBook",

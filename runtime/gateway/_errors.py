@@ -52,7 +52,9 @@ def classify_error(exc: BaseException, *, provider: str | None = None) -> Provid
     provider = provider or getattr(exc, "llm_provider", None) or None
     retry_after = retry_after_seconds(_response_headers(exc))
     cancelled = isinstance(exc, asyncio.CancelledError)
-    window = None if cancelled else stated_window(exc, message=message, status_code=status, code=code, body=body)
+    window = (
+        None if cancelled else stated_window(exc, message=message, status_code=status, code=code, body=body)
+    )
 
     def error(kind: ErrorKind, retry: float | None = None) -> ProviderError:
         return ProviderError(

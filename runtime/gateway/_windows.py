@@ -14,7 +14,8 @@ with the fallback window (128,000) against a server that holds 2,048. Two ways t
   recorded here by the session that met it, so the endpoint's later sessions start with it.
 
 The readers (:func:`window_from_models`, :func:`window_from_props`, …) are pure: a parsed JSON body in, a
-window or None out. :class:`WindowBook` does the asking, with httpx, from the calling thread (a session being
+window or None out. :class:`ServerTokenizer` counts text with llama.cpp's ``/tokenize`` (an option,
+``tokens.server_tokenize``). :class:`WindowBook` does the asking, with httpx, from the calling thread (a session being
 created, never an actor), and is shared by a runtime's sessions through its gateway.
 """
 
@@ -29,6 +30,7 @@ import msgspec
 
 __all__ = [
     "Discovered",
+    "ServerTokenizer",
     "WindowBook",
     "window_from_lmstudio",
     "window_from_models",
@@ -83,8 +85,8 @@ def _entry(
 
 def window_from_models(body: object, model: str) -> int | None:
     """An OpenAI-style ``/v1/models`` list: vLLM's and SGLang's ``max_model_len``, OpenRouter's
-    ``context_length`` (or ``top_provider.context_length``). llama.cpp's ``meta.n_ctx_train`` is the
-    training context, not the server's, and is not read."""
+    ``context_length`` (or ``top_provider.context_length``), llama.cpp's ``meta.n_ctx`` (a slot's context,
+    in newer servers). ``meta.n_ctx_train`` is the training context, not the server's, and is not read."""
     if not isinstance(body, Mapping) or not isinstance(body.get("data"), list):
         return None
     entry = _entry(body["data"], model, lambda e: e.get("id", ""))
@@ -94,8 +96,11 @@ def window_from_models(body: object, model: str) -> int | None:
         found = _window(entry.get(key))
         if found is not None:
             return found
-    top = entry.get("top_provider")
-    return _window(top.get("context_length")) if isinstance(top, Mapping) else None
+    for nested, key in (("top_provider", "context_length"), ("meta", "n_ctx")):
+        inner = entry.get(nested)
+        if isinstance(inner, Mapping) and (found := _window(inner.get(key))) is not None:
+            return found
+    return None
 
 
 def window_from_props(body: object) -> int | None:
@@ -257,4 +262,39 @@ class WindowBook:
                         return Discovered(window, source)
         except Exception:  # discovery is a nicety: a surprise here must never fail a session's creation
             return None
+        return None
+
+
+class ServerTokenizer:
+    """Counts a text with llama.cpp's own tokenizer (``POST /tokenize``, ``tokens.server_tokenize``): exact
+    where tiktoken is a stand-in. ``None`` when the server does not answer in ``timeout`` (it is then not
+    asked again for a minute, and the counter counts on its own)."""
+
+    def __init__(
+        self, api_base: str, *, timeout: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.url = _root(api_base) + "/tokenize"
+        self.timeout = timeout
+        self._clock = clock
+        self._resting_until = 0.0
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> int | None:
+        if self._clock() < self._resting_until:
+            return None
+        import httpx
+
+        try:
+            with self._lock:
+                if self._client is None:
+                    self._client = httpx.Client(trust_env=False, timeout=self.timeout)
+                client = self._client
+            response = client.post(self.url, json={"content": text, "add_special": False})
+            tokens = response.json().get("tokens") if response.status_code == 200 else None
+            if isinstance(tokens, list):
+                return len(tokens)
+        except Exception:
+            pass
+        self._resting_until = self._clock() + MISS_TTL
         return None

@@ -85,9 +85,20 @@ LLAMA_PROPS = {
     "total_slots": 4,
     "model_path": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
 }
-LLAMA_MODELS = {  # llama.cpp's /v1/models: n_ctx_train is the training context, not the server's
+LLAMA_MODELS = {  # an older llama.cpp's /v1/models: n_ctx_train is the training context, not the server's
     "object": "list",
     "data": [{"id": "smollm2", "object": "model", "owned_by": "llamacpp", "meta": {"n_ctx_train": 8192}}],
+}
+LLAMA_MODELS_NEW = {  # a newer one's: meta.n_ctx is a slot's context
+    "object": "list",
+    "data": [
+        {
+            "id": "x.gguf",
+            "object": "model",
+            "owned_by": "llamacpp",
+            "meta": {"n_ctx": 512, "n_ctx_train": 8192},
+        }
+    ],
 }
 VLLM_MODELS = {
     "object": "list",
@@ -125,6 +136,7 @@ def test_the_readers_take_each_dialects_window() -> None:
     assert window_from_props(LLAMA_PROPS) == 512
     assert window_from_props({"n_ctx": 4096, "total_slots": 4}) == 1024  # a total is shared by the slots
     assert window_from_models(LLAMA_MODELS, "openai/smollm2") is None  # n_ctx_train is not the window
+    assert window_from_models(LLAMA_MODELS_NEW, "openai/smollm2") == 512  # the only model served
     assert window_from_models(VLLM_MODELS, "hosted_vllm/Qwen/Qwen2.5-7B-Instruct") == 32768
     assert window_from_models(VLLM_MODELS, "openai/unknown") is None  # two models, none of them named
     assert window_from_models(OPENROUTER_MODELS, "openrouter/acme/tiny") == 65536
@@ -257,3 +269,49 @@ def test_a_session_starts_with_the_window_its_server_states(rt: Any, fake: Calla
         model="openai/third", api_base=server.url, config={"models.discover_windows": False}
     )
     assert rt.context_stats(off).window == 128_000 and len(server.hits) == asked
+
+
+def test_the_servers_tokenizer_counts_where_asked_and_the_counter_falls_back(
+    fake: Callable[..., Fake],
+) -> None:
+    from runtime.config import TokenConfig
+    from runtime.gateway import ServerTokenizer
+    from runtime.messages import user
+    from runtime.tokens import TokenCounter
+
+    server = fake({("POST", "/tokenize"): lambda body: {"tokens": list(range(len(body["content"])))}})
+    counter = TokenCounter(
+        "openai/smollm2", TokenConfig(server_tokenize=True), tokenize=ServerTokenizer(server.url)
+    )
+    assert counter.count_text("abcdefghij") == 10  # one token a character: the server's count, not tiktoken's
+    plain = TokenCounter("openai/smollm2")
+    assert plain.count_text("abcdefghij") < 10
+    message = user("hello world")
+    assert (
+        counter.count_message(message) == plain.count_message(message) - plain.count_text("hello world") + 11
+    )
+    assert server.hits[-1][2] == {"content": "hello world", "add_special": False}
+    # a server that does not answer: counted here, and not asked again for a while
+    down = TokenCounter("openai/x", tokenize=ServerTokenizer("http://127.0.0.1:9/v1", timeout=0.5))
+    assert down.count_text("abcdefghij") == plain.count_text("abcdefghij")
+    started = time.monotonic()
+    assert down.count_text("another text") == plain.count_text("another text")
+    assert time.monotonic() - started < 0.1
+
+
+def test_a_session_counts_with_its_servers_tokenizer_when_told(rt: Any, fake: Callable[..., Fake]) -> None:
+    server = fake(
+        {
+            ("GET", "/props"): lambda _: LLAMA_PROPS,
+            ("POST", "/tokenize"): lambda body: {"tokens": [0] * (3 * len(body["content"].split()))},
+        }
+    )
+    told = rt.start_session(
+        model="openai/smollm2",
+        api_base=server.url,
+        system_prompt="one two three four",
+        config={"tokens.server_tokenize": True},
+    )
+    plain = rt.start_session(model="openai/smollm2", api_base=server.url, system_prompt="one two three four")
+    assert rt.context_stats(told).system_prompt > rt.context_stats(plain).system_prompt
+    assert any(path == "/tokenize" for _, path, _ in server.hits)

@@ -1,0 +1,245 @@
+"""agentcell against a real model: llama.cpp's server with SmolLM2-135M-Instruct (``pytest -m real_model``).
+
+The model is tiny: these tests check the protocol and the runtime's handling of a real server (its window,
+its tokenizer, its refusals, its streams, its slots), never the model's wisdom.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Recorder
+from tests.real.conftest import LlamaServer
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "openai/smollm2"  # a name no table knows: what a newcomer types
+SYSTEM = "You are a helpful assistant. Answer briefly."
+TOPICS = [
+    "the moon", "rivers", "bread", "trains", "owls", "volcanoes", "tea", "bicycles", "glaciers", "bees",
+    "lighthouses", "chess", "deserts", "violins", "coral reefs", "windmills", "comets", "maple trees",
+    "submarines", "penguins", "castles", "thunderstorms", "libraries", "kites", "salt", "clocks", "foxes",
+    "bridges", "honey", "snow",
+]  # fmt: skip
+
+
+@pytest.fixture
+def real_rt(tmp_path: Path) -> Iterator[Any]:
+    from runtime import Runtime
+    from runtime.config import Config
+
+    config = Config().with_overrides({"retry.base_delay": 0.05, "retry.max_delay": 0.5})
+    with Runtime(config, sessions_dir=tmp_path / "sessions") as r:
+        yield r
+
+
+@pytest.fixture
+def events(real_rt: Any) -> Iterator[Recorder]:
+    rec = Recorder()
+    sub = real_rt.subscribe(callback=rec)
+    yield rec
+    sub.close()
+
+
+def _turns(rt: Any, sid: str, count: int, timeout: float = 180) -> list[Any]:
+    results = []
+    for topic in TOPICS[:count]:
+        results.append(rt.prompt(sid, f"Tell me about {topic}.").result(timeout=timeout))
+    return results
+
+
+def _refusals(events: Recorder, sid: str) -> int:
+    """Requests the server refused as larger than its context (each is an error the gateway classified as
+    overflow, seen here as the emergency compaction it triggered)."""
+    return sum(1 for e in events.of("compaction_start", sid) if e.trigger == "overflow")
+
+
+def test_a_newcomers_session_finds_the_window_and_never_overflows(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """``model="openai/smollm2"``, an api_base, nothing configured: the window comes from the server's
+    /props (2,048 tokens on one slot), every one of 30 turns ends ok, and the server refuses nothing, across
+    the compactions a 2,048-token window needs (made by the real model as summarizer)."""
+    sid = real_rt.start_session(model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM)
+    assert real_rt.context_stats(sid).window == llama_server.ctx_per_slot == 2048
+    results = _turns(real_rt, sid, 30)
+    assert [r.status for r in results] == ["ok"] * 30, [r.error for r in results if r.status != "ok"]
+    assert _refusals(events, sid) == 0
+    assert not events.of("provider_retry", sid)
+    assert events.of("compaction_end", sid), "30 turns in 2,048 tokens compact at least once"
+    # every request asked for no more than the window leaves
+    starts = events.of("request_start", sid)
+    assert starts and all(s.estimated_tokens < 2048 for s in starts)
+
+
+def test_a_newcomer_without_discovery_learns_the_window_from_the_first_refusal(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """Discovery off (or a server that does not say): the first refusal names llama.cpp's n_ctx, the
+    session learns it (``window_learned``), compacts with the real model and goes on: every turn ok, at
+    most one refusal."""
+    sid = real_rt.start_session(
+        model=MODEL,
+        api_base=llama_server.url,
+        system_prompt=SYSTEM,
+        config={"models.discover_windows": False},
+    )
+    assert real_rt.context_stats(sid).window == 128_000  # the fallback: nobody said otherwise
+    results = _turns(real_rt, sid, 30)
+    assert [r.status for r in results] == ["ok"] * 30, [r.error for r in results if r.status != "ok"]
+    (learned,) = events.of("window_learned", sid)
+    assert (learned.old, learned.new, learned.source) == (128_000, 2048, "overflow")
+    assert real_rt.context_stats(sid).window == 2048
+    assert _refusals(events, sid) <= 1
+    # a later session on the same endpoint starts with the learned window
+    later = real_rt.start_session(
+        model=MODEL, api_base=llama_server.url, config={"models.discover_windows": False}
+    )
+    assert real_rt.context_stats(later).window == 2048
+
+
+def test_tool_calls_go_through_the_servers_jinja_template(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """With tools, llama.cpp (``--jinja``) constrains the answer to its tool-call format and returns OpenAI
+    ``tool_calls``: the runtime runs the tool with the parsed arguments, sends the result back in the
+    chat format the template renders, and the turn ends with the model's answer."""
+    from runtime.tools.registry import tool
+
+    calls: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return f"It is sunny and 21 degrees in {city}."
+
+    sid = real_rt.start_session(
+        model=MODEL,
+        api_base=llama_server.url,
+        system_prompt="You can call tools. Use get_weather to answer questions about the weather.",
+        tools=[get_weather],
+    )
+    result = real_rt.prompt(sid, "What is the weather in Paris? Call get_weather.").result(timeout=180)
+    assert result.status == "ok", result.error
+    assert calls, "the model's tool call reached the tool"
+    assert all(isinstance(c, str) and c for c in calls)
+    messages = real_rt.messages(sid, view="model")
+    called = [m for m in messages if m.role == "assistant" and m.tool_calls]
+    answered = [m for m in messages if m.role == "tool"]
+    assert called and len(answered) == sum(len(m.tool_calls) for m in called)
+    assert {m.tool_call_id for m in answered} == {c.id for m in called for c in m.tool_calls}
+    assert result.steps >= 2  # the result went back to the model, which answered
+
+
+def test_a_stream_is_aborted_midway_and_the_slot_is_free_again(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    sid = real_rt.start_session(model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM)
+    handle = real_rt.prompt(sid, "Write a long story about a dragon who learns to bake bread.")
+    events.wait_for(lambda evs: sum(e.type == "text_delta" and e.session_id == sid for e in evs) >= 5, 120)
+    assert real_rt.abort(sid).result(timeout=10) is True
+    result = handle.result(timeout=30)
+    assert result.status == "aborted"
+    deltas = sum(1 for e in events.of("text_delta", sid))
+    time.sleep(0.5)
+    assert sum(1 for e in events.of("text_delta", sid)) == deltas, "no delta after the abort"
+    # the server's only slot was released: the next turn is answered
+    started = time.monotonic()
+    again = real_rt.prompt(sid, "Say hello.").result(timeout=120)
+    assert again.status == "ok" and again.text
+    assert time.monotonic() - started < 60
+
+
+def test_a_real_overflow_is_compacted_by_the_real_model_and_retried(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """A window believed larger than the server's (configured wrong: 8,000): a prompt the server must
+    refuse, the window learned from its n_ctx, a compaction whose summary the real model writes, and the
+    same turn retried and answered."""
+    sid = real_rt.start_session(
+        model=MODEL,
+        api_base=llama_server.url,
+        system_prompt=SYSTEM,
+        config={"models.context_windows": {MODEL: 8_000}},
+    )
+    for topic in TOPICS[:3]:
+        assert real_rt.prompt(sid, f"Tell me about {topic}.").result(timeout=180).status == "ok"
+    filler = " ".join(f"Note {i}: the blue house has a red door and a green roof." for i in range(90))
+    result = real_rt.prompt(sid, filler + " Which colour is the door?").result(timeout=300)
+    (learned,) = events.of("window_learned", sid)
+    assert (learned.old, learned.new, learned.source) == (8_000, 2048, "overflow")
+    overflow = [e for e in events.of("compaction_start", sid) if e.trigger == "overflow"]
+    assert overflow
+    ends = events.of("compaction_end", sid)
+    assert ends and ends[-1].summary_chars > 0 and ends[-1].tokens_after < ends[-1].tokens_before
+    summaries = [m for m in real_rt.messages(sid, view="model") if m.kind == "compaction_summary"]
+    assert summaries and summaries[-1].text.strip()
+    # the prompt alone (~1,300 tokens) fits the 2,048 once the history is summarized: answered
+    assert result.status == "ok", result.error
+
+
+def test_sessions_share_the_servers_four_slots(
+    real_rt: Any, events: Recorder, llama_server_np4: LlamaServer
+) -> None:
+    """Four sessions at once on ``-np 4``: each discovers its slot's 1,024 tokens, every turn is answered,
+    nothing is refused."""
+    sids = [
+        real_rt.start_session(model=MODEL, api_base=llama_server_np4.url, system_prompt=SYSTEM)
+        for _ in range(4)
+    ]
+    assert {real_rt.context_stats(s).window for s in sids} == {1024}
+    outcomes: dict[str, list[str]] = {}
+
+    def drive(sid: str, offset: int) -> None:
+        topics = TOPICS[offset : offset + 4]
+        outcomes[sid] = [
+            real_rt.prompt(sid, f"Tell me about {t}.").result(timeout=300).status for t in topics
+        ]
+
+    threads = [threading.Thread(target=drive, args=(sid, 4 * i)) for i, sid in enumerate(sids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert outcomes == {sid: ["ok"] * 4 for sid in sids}
+    assert all(_refusals(events, sid) == 0 for sid in sids)
+
+
+def test_the_responses_front_door_on_a_real_model(
+    real_rt: Any, llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/v1/responses`` of ``agentcell serve`` (in process, over real HTTP) driven by the official openai
+    SDK, with llama.cpp behind it: a response, a continuation by previous_response_id, and a stream."""
+    import openai
+
+    from runtime.apps.server import ApiServer
+
+    monkeypatch.setenv("OPENAI_BASE_URL", llama_server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-none")
+    token = "real-token"
+    with (
+        ApiServer(real_rt, token) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key=token, max_retries=0, timeout=300) as client,
+    ):
+        first = client.responses.create(model=MODEL, input="Name a colour.", instructions=SYSTEM)
+        assert first.status == "completed" and first.output_text.strip()
+        assert first.usage is not None and first.usage.input_tokens > 0 and first.usage.output_tokens > 0
+        second = client.responses.create(model=MODEL, input="And another one?", previous_response_id=first.id)
+        assert second.status == "completed" and second.previous_response_id == first.id
+        kinds: list[str] = []
+        text = []
+        with client.responses.stream(model=MODEL, input="Count to five.") as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.output_text.delta":
+                    text.append(event.delta)
+            final = stream.get_final_response()
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert "".join(text) == final.output_text and final.output_text.strip()
