@@ -724,7 +724,9 @@ class Agent(SessionActor):
         for ref in (self.refs.overflow_ref, self.refs.usage_ref, self.refs.compactor_ref):
             if ref is not None:
                 ref.tell(update)
-        self.services.gateway.windows.learn(self.spec.api_base, self.model, window)
+        from runtime.gateway import endpoint_of
+
+        self.services.gateway.windows.learn(endpoint_of(self.model, self.spec.api_base), self.model, window)
         self.emit(ev.WindowLearned, old=old, new=window, source=source, model=self.model)
 
     def _on_error_verdict(self, verdict: p.Verdict) -> None:

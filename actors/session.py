@@ -39,6 +39,7 @@ from actors.usage_tracker import UsageTracker
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context.estimate import ContextStats, context_stats
+from runtime.gateway import endpoint_of
 from runtime.store.entries import Header, decode_entry, new_header
 from runtime.supervisor import ChildSpec, Supervisor
 from runtime.tokens import TokenCounter
@@ -281,8 +282,8 @@ class Session:
             self.last_used = time.monotonic()
             if self.supervisor is None:
                 # a window an overflow at this endpoint stated (design §6.3) wins over the one it started with
-                spec = self.spec
-                learned = self.services.gateway.windows.get(spec.api_base, self.model)
+                gateway = self.services.gateway
+                learned = gateway.windows.get(endpoint_of(self.model, self.spec.api_base), self.model)
                 told = learned.window if learned is not None and learned.source == "overflow" else None
                 self.refs = SessionRefs(learned_window=told)
                 self.supervisor = self._start_supervisor()

@@ -346,7 +346,12 @@ class Hosting:
             cached = self._windows.get(model)
             info = cached if cached is not None else model_info(model, cfg.models)
             self._windows[model] = info
-        if info.source != "fallback" or api_base is None:
+        if info.source != "fallback":
+            return info.context_window
+        from runtime.gateway import endpoint_of
+
+        api_base = endpoint_of(model, api_base)
+        if api_base is None:
             return info.context_window
         book = self._machinery.services.gateway.windows
         found = book.get(api_base, model)

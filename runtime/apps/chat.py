@@ -135,6 +135,8 @@ class ChatPrinter:
                 self.compactions_failed += 1
             case ev.ToolResultsArchived(archived=count):
                 self._note(f"[archived {count} old tool results]")
+            case ev.WindowLearned(old=old, new=new, source=source):
+                self._note(f"[the model's window is {new:,} tokens (not {old:,}): the {source} said so]")
             case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
                 self._note(f"[retry {attempt}/{most} in {delay:.1f}s: {error}]")
             case ev.ErrorOccurred(code="aborted"):

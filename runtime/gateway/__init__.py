@@ -44,7 +44,7 @@ from runtime.gateway._retry import MAX_HONOURED_RETRY_AFTER, backoff_delay
 from runtime.gateway._routing import DIALECTS, Dialect, Route
 from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
 from runtime.gateway._usage import normalize_usage
-from runtime.gateway._windows import Discovered, ServerTokenizer, WindowBook
+from runtime.gateway._windows import Discovered, ServerTokenizer, WindowBook, endpoint_of
 from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "classify_error",
     "clean_error_message",
     "complete_sync",
+    "endpoint_of",
     "load_litellm",
     "message_from_response",
     "normalize_usage",

@@ -21,6 +21,7 @@ created, never an actor), and is shared by a runtime's sessions through its gate
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,7 @@ __all__ = [
     "Discovered",
     "ServerTokenizer",
     "WindowBook",
+    "endpoint_of",
     "window_from_lmstudio",
     "window_from_models",
     "window_from_ollama",
@@ -155,6 +157,17 @@ def window_from_ollama(body: object) -> int | None:
 
 _PREFIXES: Final = frozenset({"openai", "hosted_vllm", "ollama", "ollama_chat", "lm_studio", "openrouter"})
 """litellm's provider prefixes a server does not know its model by."""
+
+
+def endpoint_of(model: str, api_base: str | None) -> str | None:
+    """Where a model's requests go, for keying its window: the session's ``api_base``, else, for an
+    ``openai/`` model, the ``OPENAI_BASE_URL`` (or ``OPENAI_API_BASE``) the transports read; None: a
+    provider's own endpoint, whose models litellm knows."""
+    if api_base:
+        return api_base
+    if model.startswith("openai/"):
+        return os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or None
+    return None
 
 
 def _root(api_base: str) -> str:

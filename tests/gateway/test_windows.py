@@ -28,6 +28,7 @@ class Fake:
 
     def __init__(self, routes: Routes, delay: float = 0.0) -> None:
         self.routes, self.delay, self.hits = routes, delay, []
+        self.headers: list[dict[str, str]] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,6 +36,7 @@ class Fake:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else {}
                 fake.hits.append((method, self.path, body))
+                fake.headers.append(dict(self.headers))
                 time.sleep(fake.delay)
                 route = fake.routes.get((method, self.path))
                 data = json.dumps(route(body)).encode() if route else b'{"error":"not found"}'
@@ -315,3 +317,16 @@ def test_a_session_counts_with_its_servers_tokenizer_when_told(rt: Any, fake: Ca
     plain = rt.start_session(model="openai/smollm2", api_base=server.url, system_prompt="one two three four")
     assert rt.context_stats(told).system_prompt > rt.context_stats(plain).system_prompt
     assert any(path == "/tokenize" for _, path, _ in server.hits)
+
+
+def test_a_session_without_an_api_base_asks_the_openai_base_url_the_transports_use(
+    rt: Any, fake: Callable[..., Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentcell serve`` and a user's environment name the endpoint in OPENAI_BASE_URL: an ``openai/``
+    model unknown to litellm is asked about there (with no key: the environment's is never sent)."""
+    server = fake({("GET", "/props"): lambda _: LLAMA_PROPS})
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-the-environments-key")
+    sid = rt.start_session(model="openai/smollm2")
+    assert rt.context_stats(sid).window == 512
+    assert server.hits and all("sk-the-environments-key" not in str(h) for h in server.headers)

@@ -33,6 +33,7 @@ DURATIONS = [
     "subagents.timeout",
     "mcp.startup_timeout",
     "mcp.ping_timeout",
+    "models.discovery_timeout",
 ]
 
 

@@ -324,6 +324,10 @@
         row.window = ev.context_window;
         requestOverview(); // the compaction threshold follows the window
         break;
+      case "window_learned":
+        row.window = ev.new;
+        requestOverview();
+        break;
       case "usage_update":
         row.input_tokens = ev.totals.input_tokens || 0;
         row.output_tokens = ev.totals.output_tokens || 0;
@@ -901,6 +905,10 @@
       }
       case "usage_overflow":
         child(ev, "overflow", "overflow", `provider counted ${int(ev.input_tokens)} tokens > window ${int(ev.context_window)}`);
+        break;
+      case "window_learned":
+        note(ev, "note", "window", `${int(ev.new)} tokens (was ${int(ev.old)}), from the ${ev.source}`);
+        refreshContext();
         break;
       case "provider_retry":
         child(ev, "overflow", "retry", `${ev.attempt}/${ev.max_attempts} in ${duration(ev.delay)}: ${clip(ev.error, 160)}`);
