@@ -277,6 +277,9 @@ class TelemetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     # the global provider; off: never
     tracing: Literal["auto", "on", "off"] = "auto"
     record_content: bool = False  # prompts, completions, tool arguments and results on spans (opt-in)
+    # Models named in metric labels beyond the configured ones (admitted on their first successful call);
+    # the rest are counted as "other", so clients' model names cannot grow /metrics without bound
+    metrics_max_models: PosInt = 100
 
 
 class McpServerConfig(_Section, frozen=True, forbid_unknown_fields=True):

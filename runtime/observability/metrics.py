@@ -25,6 +25,12 @@ The metrics (``agentcell_`` prefix)::
     tool_call_duration_seconds      histogram
     event_bus_dropped_events_total  counter    events lost by subscribers that fell behind (all of them)
 
+Label values are bounded, whatever clients send (a model name is free text): ``model`` is a model the host
+configured (``agent.model``, ``compaction.summarizer_model``, the ``models.*`` tables, agent profiles) or
+one that answered a provider call successfully, at most ``telemetry.metrics_max_models`` of them; every other
+model is counted as ``other`` (so a call that fails for a model not seen working yet is counted under
+``other``). ``outcome`` is bounded the same way. A scrape is then a few hundred series at most.
+
 ``RuntimeMetrics`` is a collector: ``metrics.registry`` holds it alone (``prometheus_client.generate_latest
 (metrics.registry)``), and it can be registered in another registry too.
 """
@@ -33,13 +39,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from runtime import events as ev
 from runtime.errors import RuntimeStateError
 
-__all__ = ["EVENT_TYPES", "MetricsUnavailable", "RuntimeMetrics", "ServedMetrics"]
+__all__ = ["EVENT_TYPES", "OTHER", "BoundedLabels", "MetricsUnavailable", "RuntimeMetrics", "ServedMetrics"]
 
 log = logging.getLogger("agentcell.metrics")
 
@@ -65,6 +71,42 @@ TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 30
 CALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 _OVERFLOW_TRIGGERS = ("overflow", "usage_overflow")
+
+
+OTHER = "other"
+"""The label value of every model (or outcome) past the bound."""
+MAX_OUTCOMES = 32
+
+
+class BoundedLabels:
+    """Label values from a bounded set: the ``known`` ones, and up to ``cap`` more admitted as they prove
+    themselves (:meth:`label` with ``admit``); everything else is :data:`OTHER`. Not thread-safe."""
+
+    def __init__(self, cap: int, known: Iterable[str] = ()) -> None:
+        self._known = frozenset(known)
+        self._admitted: set[str] = set()
+        self._cap = cap
+
+    def label(self, value: str, *, admit: bool) -> str:
+        if value in self._known or value in self._admitted:
+            return value
+        if admit and len(self._admitted) < self._cap:
+            self._admitted.add(value)
+            return value
+        return OTHER
+
+
+def configured_models(runtime: Any) -> set[str]:
+    """The models ``runtime``'s host configured: its default, summarizer, ``models.*`` tables and profiles."""
+    config = getattr(runtime, "config", None)
+    if config is None:
+        return set()
+    models = {config.agent.model, *config.models.context_windows, *config.models.max_output_tokens}
+    if config.compaction.summarizer_model:
+        models.add(config.compaction.summarizer_model)
+    profiles = {**config.agents, **(getattr(runtime, "agents", None) or {})}
+    models.update(p.model for p in profiles.values() if getattr(p, "model", None))
+    return models
 
 
 class MetricsUnavailable(RuntimeStateError):
@@ -96,6 +138,10 @@ class RuntimeMetrics:
         self._turns: dict[str, float] = {}  # session id -> its running turn's start time
         self._requests: dict[str, tuple[float, str]] = {}  # session id -> its open provider call
         self._lost = 0  # events this subscription lost (a runtime without a local bus reports these)
+        config = getattr(runtime, "config", None)
+        cap = config.telemetry.metrics_max_models if config is not None else 100
+        self._models = BoundedLabels(cap, configured_models(runtime))
+        self._outcomes = BoundedLabels(MAX_OUTCOMES, ("ok", "overflow", "cancelled", "error"))
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return prom.Counter(f"agentcell_{name}", doc, labels, registry=None)
@@ -255,14 +301,15 @@ class RuntimeMetrics:
                 self._lost += dropped
 
     def _end_request(self, sid: str, ts: float, outcome: str) -> str:
-        """Count the session's open provider call (if any) with ``outcome``; its model ('' if none)."""
+        """Count the session's open provider call (if any) with ``outcome``; its model's label ('' if none)."""
         open_call = self._requests.pop(sid, None)
         if open_call is None:
             return ""
         started, model = open_call
-        self.provider_calls.labels(model, outcome).inc()
+        label = self._models.label(model, admit=outcome == "ok")
+        self.provider_calls.labels(label, self._outcomes.label(outcome, admit=True)).inc()
         self.provider_call_duration.observe(max(0.0, ts - started))
-        return model
+        return label
 
     def _count_usage(self, model: str, usage: Any) -> None:
         for kind, value in (
