@@ -853,6 +853,7 @@ class Agent(SessionActor):
             workspace=self.spec.workspace,
             config=self.spec.config,
             logs_dir=self.services.directory.spill_dir(self.session_id),
+            turn_id=turn_id,
         )
 
     def _on_tools_done(self, results: list[ToolRunResult]) -> None:

@@ -267,6 +267,8 @@ class SubagentsConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_depth: PosInt = 1  # 1: a session's children cannot delegate further
     max_children_per_session: PosInt = 4  # children of one session running at once
     max_children: PosInt = 32  # children running at once in the runtime
+    max_children_per_turn: PosInt = 16  # children one turn of a session may start
+    max_total_children_per_session: PosInt = 64  # children a session may start (or has resumed) in a runtime
     timeout: Seconds = 1_800.0  # the most one delegation may take, its child's whole turn
 
 

@@ -10,8 +10,10 @@ parent's turn aborts the child's (the tool's cancellation reaches it).
 The link is kept everywhere a user looks: the child's log header names its parent and the delegating call,
 its events carry ``parent_session_id`` and ``parent_call_id``, ``subscribe(parent, include_children=True)``
 delivers them, the tool result records ``child_session_id`` and the child's usage, and ``list_sessions()``
-shows the tree. Limits (``[subagents]``): depth, children per session and per runtime, and a time limit
-for one delegation; a limit reached is an error result to the model, never a crash. The child's input
+shows the tree. Limits (``[subagents]``): depth; children running at once per session and per runtime;
+children one turn may start and one session may start in all (counted in this process: started here, or
+resumed with their parent); a time limit for one delegation. A limit reached is an error result to the
+model naming the limit, never a crash. The child's input
 tokens count against the parent turn's spend guard.
 """
 
@@ -88,6 +90,8 @@ class Delegations:
         self._running: dict[str, int] = {}  # parent -> children running now
         self._total = 0
         self._children: dict[str, list[str]] = {}  # parent -> children started or resumed in this process
+        self._started: dict[str, int] = {}  # parent -> delegations it started in this process
+        self._turns: dict[str, tuple[str, int]] = {}  # parent -> its latest delegating turn, and its count
 
     # -- equipping a session ------------------------------------------------------------------------
     def tool(self, parent_id: str, profiles: Mapping[str, AgentProfile], depth: int, config: Config) -> Tool:
@@ -148,7 +152,7 @@ class Delegations:
             raise ToolError(f"no sub-agent profile {name!r}; the profiles are: {', '.join(sorted(profiles))}")
         if not task.strip():
             raise ToolError("the task is empty: say what the sub-agent should do")
-        self._reserve(parent_id)
+        self._reserve(parent_id, ctx.turn_id)
         try:
             child = self._start_child(parent_id, profiles, depth, name, profile, ctx.call_id)
             ctx.metadata["child_session_id"] = child
@@ -167,9 +171,25 @@ class Delegations:
             raise ToolError(f"the sub-agent {name!r} (session {child}) did not finish its task: {why}")
         return result.text or "(the sub-agent finished without a text answer)"
 
-    def _reserve(self, parent_id: str) -> None:
+    def _reserve(self, parent_id: str, turn_id: str) -> None:
         limits = self._rt.config.subagents
         with self._lock:
+            turn, in_turn = self._turns.get(parent_id, ("", 0))
+            if turn != turn_id:
+                in_turn = 0
+            started = max(self._started.get(parent_id, 0), len(self._children.get(parent_id, ())))
+            if started >= limits.max_total_children_per_session:
+                raise ToolError(
+                    f"limit reached: this session has started {started} sub-agents "
+                    f"(subagents.max_total_children_per_session = {limits.max_total_children_per_session}); "
+                    "do the task yourself"
+                )
+            if in_turn >= limits.max_children_per_turn:
+                raise ToolError(
+                    f"limit reached: this turn has started {in_turn} sub-agents "
+                    f"(subagents.max_children_per_turn = {limits.max_children_per_turn}); "
+                    "use their answers, or do the rest of the task yourself"
+                )
             running = self._running.get(parent_id, 0)
             if running >= limits.max_children_per_session:
                 raise ToolError(
@@ -184,6 +204,8 @@ class Delegations:
                 )
             self._running[parent_id] = running + 1
             self._total += 1
+            self._started[parent_id] = started + 1
+            self._turns[parent_id] = (turn_id, in_turn + 1)
 
     def _release(self, parent_id: str) -> None:
         with self._lock:
@@ -262,6 +284,8 @@ class Delegations:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._children.pop(session_id, None)
+            self._started.pop(session_id, None)
+            self._turns.pop(session_id, None)
             for children in self._children.values():
                 if session_id in children:
                     children.remove(session_id)

@@ -88,6 +88,7 @@ def context_factory(
     workspace: str | os.PathLike[str] | Workspace | None,
     config: Config,
     logs_dir: str | os.PathLike[str],
+    turn_id: str = "",
 ) -> ContextFactory:
     """A ``ctx_factory`` for :meth:`ToolExecutor.run` from a session's settings."""
     ws = workspace if isinstance(workspace, Workspace) or workspace is None else Workspace(workspace)
@@ -98,6 +99,7 @@ def context_factory(
             workspace=ws,
             session_id=session_id,
             call_id=call.id,
+            turn_id=turn_id,
             shell_enabled=config.agent.shell_enabled,
             shell_timeout=config.agent.shell_timeout,
             shell_env=tuple(config.agent.shell_env),

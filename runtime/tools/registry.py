@@ -45,6 +45,7 @@ class ToolContext:
     workspace: Workspace | None
     session_id: str = ""
     call_id: str = ""
+    turn_id: str = ""  # the turn that made the call
     emit_output: Callable[[str], None] = field(default=lambda _chunk: None, repr=False)
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     shell_enabled: bool = False
