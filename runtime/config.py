@@ -213,6 +213,14 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     # port, a path under the entry's), or "*" for any URL at a public address. Empty: none. A host named here
     # is reached whatever its addresses; otherwise loopback, private and link-local addresses are refused.
     mcp_allowed_urls: list[str] = msgspec.field(default_factory=list)
+    # Connection hygiene (runtime.apps.connections): a request's headers must arrive within header_timeout
+    # (of the connection opening, or of the previous response), its body within body_timeout; an idle
+    # keep-alive connection closes after keep_alive_timeout; past max_connections open ones, the oldest idle
+    # one is closed for a new one (when all are busy, the new one gets a 503).
+    header_timeout: Seconds = 10.0
+    body_timeout: Seconds = 60.0
+    keep_alive_timeout: Seconds = 5.0
+    max_connections: PosInt = 2_048
 
     def __post_init__(self) -> None:
         try:

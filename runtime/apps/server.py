@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 
 from runtime import events as ev
+from runtime.apps.connections import guarded_protocol
 from runtime.apps.dashboard import DashboardFiles, SessionBoard
 from runtime.config import AgentProfile, Config, ConfigError, McpServerConfig, ServerConfig
 from runtime.errors import AgentcellError
@@ -838,6 +839,7 @@ class ApiServer:
             self._sock.close()
             raise
         self.port: int = self._sock.getsockname()[1]
+        limits = runtime.config.server
         config = uvicorn.Config(
             create_app(
                 runtime,
@@ -852,6 +854,12 @@ class ApiServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            http=guarded_protocol(
+                header_timeout=limits.header_timeout,
+                body_timeout=limits.body_timeout,
+                max_connections=limits.max_connections,
+            ),
+            timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # (a float works)
         )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
