@@ -45,7 +45,15 @@ from typing import Any
 from runtime import events as ev
 from runtime.errors import RuntimeStateError
 
-__all__ = ["EVENT_TYPES", "OTHER", "BoundedLabels", "MetricsUnavailable", "RuntimeMetrics", "ServedMetrics"]
+__all__ = [
+    "EVENT_TYPES",
+    "OTHER",
+    "BoundedLabels",
+    "MetricsUnavailable",
+    "RuntimeMetrics",
+    "ServedMetrics",
+    "configured_models",
+]
 
 log = logging.getLogger("agentcell.metrics")
 

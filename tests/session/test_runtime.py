@@ -152,7 +152,8 @@ def test_a_session_is_written_by_one_runtime_at_a_time(
 
 
 def test_the_api_from_asyncio(sessions_dir: Path, provider: Any, script: Any) -> None:
-    model = script(Turn(text="async answer"))
+    # (the provider takes 50 ms: a warm process may finish a turn in under the ticker's 5 ms)
+    model = script(Turn(text="async answer", latency=0.05))
 
     async def main() -> tuple[str, int]:
         async with Runtime(sessions_dir=sessions_dir) as rt:
