@@ -218,6 +218,9 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     # keep-alive connection closes after keep_alive_timeout; past max_connections open ones, the oldest idle
     # one is closed for a new one (when all are busy, the new one gets a 503).
     header_timeout: Seconds = 10.0
+    tenants_file: str | None = (
+        None  # tenants, their hashed tokens and quotas (runtime.apps.tenants); re-read on change
+    )
     body_timeout: Seconds = 60.0
     keep_alive_timeout: Seconds = 5.0
     max_connections: PosInt = 2_048

@@ -15,7 +15,8 @@ server's own provider keys would go to the client's URL), and may start MCP serv
 only when ``server.allow_mcp_commands`` is set, and at URLs only where ``server.mcp_allowed_urls`` allows
 (never with ``${VAR}`` from the server's environment, never at an internal address the list does not name:
 :mod:`runtime.apps.client_mcp`). A stored session is resumed only if its workspace, config, endpoint and
-MCP servers pass the same policy.
+MCP servers pass the same policy. With ``server.tenants_file`` the token is the admin's and tenants have
+their own (:mod:`runtime.apps.tenant_gate`: each sees only what it created; quotas; ``/usage``, ``/audit``).
 
     POST   /sessions                     {"session_id", "model", "system_prompt", "tools": "builtin",
                                           "workspace", "config", "api_base", "api_key",
@@ -663,6 +664,16 @@ def create_app(
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     public = frozenset({"/metrics"}) if metrics_public else frozenset()
+    tenants_file = runtime.config.server.tenants_file
+    if tenants_file is not None:  # tenants: the token is the admin's (runtime/apps/tenant_gate.py)
+        from runtime.apps.tenant_gate import TenantGate
+        from runtime.apps.tenants import Tenants
+
+        tenants = Tenants(tenants_file, token, runtime)
+        gate = TenantGate(
+            _BodyLimit(app, limit), tenants, runtime, public=public, error_body=_error_body, limit=limit
+        )
+        return DashboardFiles(gate)
     return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
 
 

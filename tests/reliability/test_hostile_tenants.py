@@ -1,0 +1,188 @@
+"""Tenants of `agentcell serve`: one tenant cannot see or touch another's sessions, responses, conversations.
+
+Two tenants (tokens in a tenants file, stored hashed) and the admin (the server's own token) over the real
+server: every route tried with the other tenant's ids answers 404, listings and event streams show only the
+tenant's own, ``/metrics`` is the admin's; quotas answer 429/403 naming the quota; a token is rotated by
+rewriting the file, without a restart; the audit log says who created and deleted what.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime import Runtime
+from runtime.apps.server import ApiServer
+from runtime.apps.tenants import token_digest
+from runtime.config import Config
+from runtime.provider.script import Turn
+
+ADMIN = "tenants-admin-token-" + "a" * 20
+A1, A2, B = "tenant-a-token-one-" + "1" * 20, "tenant-a-token-two-" + "2" * 20, "tenant-b-token-" + "b" * 20
+_names = iter(range(1, 1_000_000))
+
+
+def tenants_toml(a_token: str, a_quota: str = "") -> str:
+    return (
+        f'[tenants.a]\ntokens = ["{token_digest(a_token)}"]\n{a_quota}\n'
+        f'[tenants.b]\ntokens = ["{token_digest(B)}"]\n'
+    )
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.toml"
+    path.write_text(tenants_toml(A1))
+    return path
+
+
+@pytest.fixture
+def server(
+    sessions_dir: Path, tenants_file: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ApiServer]:
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)  # (the Responses API runs on the server's settings)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    config = Config().with_overrides({"server.tenants_file": str(tenants_file)})
+    with Runtime(config, sessions_dir=sessions_dir) as rt, ApiServer(rt, ADMIN) as srv:
+        yield srv
+
+
+def client(server: ApiServer, token: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+def model(provider: Any, *turns: Turn) -> str:
+    name = f"tenants-{next(_names)}"
+    provider.add_script(name, list(turns) or [Turn(text="hello")] * 3)
+    return f"openai/{name}"
+
+
+def new_session(c: httpx.Client, provider: Any, **fields: Any) -> httpx.Response:
+    body = {"model": model(provider), "api_base": provider.url, "api_key": "sk-local", **fields}
+    return c.post("/sessions", json=body)
+
+
+def test_two_tenants_see_nothing_of_each_other(server: ApiServer, provider: Any) -> None:
+    with client(server, A1) as a, client(server, B) as b, client(server, ADMIN) as admin:
+        sid = new_session(a, provider).json()["id"]
+        assert a.post(f"/sessions/{sid}/prompt", json={"text": "hi", "wait": True}).status_code == 200
+        response = a.post("/v1/responses", json={"model": model(provider), "input": "hi"}).json()
+        rid = response["id"]
+        cid = a.post("/v1/conversations", json={}).json()["id"]
+        mine = new_session(b, provider).json()["id"]
+
+        # every route with a's ids, as b: 404, as if they did not exist
+        tries = [
+            ("GET", f"/sessions/{sid}", None),
+            ("DELETE", f"/sessions/{sid}", None),
+            ("POST", f"/sessions/{sid}/resume", {}),
+            ("POST", f"/sessions/{sid}/prompt", {"text": "x", "wait": True}),
+            ("POST", f"/sessions/{sid}/abort", None),
+            ("POST", f"/sessions/{sid}/compact", {}),
+            ("GET", f"/sessions/{sid}/context", None),
+            ("GET", f"/sessions/{sid}/messages", None),
+            ("POST", f"/sessions/{sid}/branch", {"leaf_id": None}),
+            ("POST", f"/sessions/{sid}/model", {"model": "openai/x"}),
+            ("GET", f"/events?session={sid}", None),
+            ("GET", f"/events?session={mine}&last_event_id={sid}:1", None),
+            ("GET", f"/v1/responses/{rid}", None),
+            ("GET", f"/v1/responses/{rid}/input_items", None),
+            ("POST", f"/v1/responses/{rid}/cancel", None),
+            ("DELETE", f"/v1/responses/{rid}", None),
+            ("POST", "/v1/responses", {"model": model(provider), "input": "x", "previous_response_id": rid}),
+            ("POST", "/v1/responses", {"model": model(provider), "input": "x", "conversation": cid}),
+            ("GET", f"/v1/conversations/{cid}", None),
+            ("POST", f"/v1/conversations/{cid}", {"metadata": {"k": "v"}}),
+            ("GET", f"/v1/conversations/{cid}/items", None),
+            ("POST", f"/v1/conversations/{cid}/items", {"items": []}),
+            ("DELETE", f"/v1/conversations/{cid}", None),
+        ]
+        for method, path, body in tries:
+            answer = b.request(method, path, json=body)
+            assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
+        stream = b.get(f"/events?session={sid}", headers={"Last-Event-ID": f"{sid}:1"})
+        assert stream.status_code == 404
+        # listings: b sees its own only; the admin sees both
+        assert [s["id"] for s in b.get("/sessions").json()["sessions"]] == [mine]
+        assert sid not in b.get("/overview").text
+        assert {sid, mine} <= {s["id"] for s in admin.get("/sessions").json()["sessions"]}
+        assert b.get("/metrics").status_code == 403 and admin.get("/metrics").status_code == 200
+        # a stream of all sessions, as b, carries nothing of a's
+        seen: list[bytes] = []
+
+        def read() -> None:
+            with b.stream("GET", "/events") as events:
+                for chunk in events.iter_bytes():
+                    seen.append(chunk)
+                    if b"agent_end" in chunk or sum(map(len, seen)) > 1_000_000:
+                        return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        assert a.post(f"/sessions/{sid}/prompt", json={"text": "again", "wait": True}).status_code == 200
+        assert b.post(f"/sessions/{mine}/prompt", json={"text": "mine", "wait": True}).status_code == 200
+        reader.join(20)
+        received = b"".join(seen)
+        assert mine.encode() in received and sid.encode() not in received
+        # a's own routes work, and the response's session is a's
+        assert a.get(f"/sessions/{sid}/messages").status_code == 200
+        assert a.get(f"/v1/responses/{rid}").status_code == 200
+        assert a.get(f"/v1/conversations/{cid}").status_code == 200
+        assert a.delete(f"/sessions/{sid}").status_code == 200
+        audit = admin.get("/audit").json()["entries"]
+        assert {"tenant": "a", "action": "create", "id": sid, "status": 201}.items() <= audit[0].items()
+        assert any(e["action"] == "delete" and e["id"] == sid and e["tenant"] == "a" for e in audit)
+        assert b.get("/audit").status_code == 403
+
+
+def test_quotas_are_errors_naming_them(server: ApiServer, tenants_file: Path, provider: Any) -> None:
+    quota = 'max_sessions = 2\nmax_tokens_per_day = 1\nmodels = ["openai/allowed-model"]\n'
+    tenants_file.write_text(tenants_toml(A1, quota))
+    time.sleep(1.1)  # (the file is looked at once a second)
+    provider.add_script("allowed-model", [Turn(text="hello")] * 4)
+    with client(server, A1) as a:
+        refused = new_session(a, provider)
+        assert refused.status_code == 403 and "models" in refused.json()["error"], refused.text
+        body = {"model": "openai/allowed-model", "api_base": provider.url, "api_key": "sk-local"}
+        first = a.post("/sessions", json=body).json()["id"]
+        assert a.post("/sessions", json=body).status_code == 201
+        third = a.post("/sessions", json=body)
+        assert third.status_code == 429 and "max_sessions" in third.json()["error"]
+        assert a.post(f"/sessions/{first}/prompt", json={"text": "hi", "wait": True}).status_code == 200
+        deadline = time.monotonic() + 10
+        while a.get("/usage").json()["tokens"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        usage = a.get("/usage").json()
+        assert usage["tenant"] == "a" and usage["tokens"] > 0 and usage["sessions"] == 2
+        over = a.post(f"/sessions/{first}/prompt", json={"text": "more", "wait": True})
+        assert over.status_code == 429 and "max_tokens_per_day" in over.json()["error"]
+        responses = a.post("/v1/responses", json={"model": "openai/allowed-model", "input": "x"})
+        assert responses.status_code == 429 and "max_tokens_per_day" in responses.text
+    with client(server, B) as b:  # a session a Responses request started counts for its tenant too
+        assert b.post("/v1/responses", json={"model": model(provider), "input": "x"}).status_code == 200
+        deadline = time.monotonic() + 10
+        while b.get("/usage").json()["tokens"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.get("/usage").json()["tokens"] > 0
+
+
+def test_a_rotated_token_works_at_once_and_the_old_one_does_not(
+    server: ApiServer, tenants_file: Path, provider: Any
+) -> None:
+    with client(server, A1) as old, client(server, A2) as new:
+        sid = new_session(old, provider).json()["id"]
+        assert new.get("/sessions").status_code == 401
+        tenants_file.write_text(tenants_toml(A2))
+        time.sleep(1.1)
+        assert old.get("/sessions").status_code == 401
+        assert [s["id"] for s in new.get("/sessions").json()["sessions"]] == [sid]
+        assert new.get(f"/sessions/{sid}").status_code == 200
+    stored = tenants_file.read_text()
+    assert A1 not in stored and A2 not in stored  # digests only
