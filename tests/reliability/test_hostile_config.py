@@ -34,6 +34,9 @@ DURATIONS = [
     "mcp.startup_timeout",
     "mcp.ping_timeout",
     "models.discovery_timeout",
+    "server.header_timeout",
+    "server.body_timeout",
+    "server.keep_alive_timeout",
 ]
 
 
