@@ -213,6 +213,11 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     # port, a path under the entry's), or "*" for any URL at a public address. Empty: none. A host named here
     # is reached whatever its addresses; otherwise loopback, private and link-local addresses are refused.
     mcp_allowed_urls: list[str] = msgspec.field(default_factory=list)
+    # The api_base URLs a client's session may name (with its own api_key, or with allow_api_base), as
+    # mcp_allowed_urls: "*" is any URL at a public address, and at loopback and private ones while
+    # api_base_private is on (local model servers); link-local and reserved ones (metadata) must be named.
+    api_base_allowed_urls: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    api_base_private: bool = True
     # Connection hygiene (runtime.apps.connections): a request's headers must arrive within header_timeout
     # (of the connection opening, or of the previous response), its body within body_timeout; an idle
     # keep-alive connection closes after keep_alive_timeout; past max_connections open ones, the oldest idle
@@ -226,10 +231,14 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_connections: PosInt = 2_048
 
     def __post_init__(self) -> None:
-        try:
-            check_allowed_urls(self.mcp_allowed_urls)
-        except ValueError as exc:
-            raise ValueError(f"mcp_allowed_urls: {exc}") from None
+        for key, urls in (
+            ("mcp_allowed_urls", self.mcp_allowed_urls),
+            ("api_base_allowed_urls", self.api_base_allowed_urls),
+        ):
+            try:
+                check_allowed_urls(urls)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
 
 
 class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):

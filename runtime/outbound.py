@@ -65,12 +65,13 @@ def refused_reason(address: IpAddress) -> str | None:
     return None
 
 
-def check_public(host: str, addresses: Iterable[str]) -> None:
-    """:class:`AddressRefused` unless every one of ``addresses`` (what ``host`` resolved to) is public."""
+def check_public(host: str, addresses: Iterable[str], tolerate: frozenset[str] = frozenset()) -> None:
+    """:class:`AddressRefused` unless every one of ``addresses`` (what ``host`` resolved to) is public, or
+    of a kind ``tolerate`` names (``"loopback"``, ``"private"``)."""
     for text in addresses:
         address = ipaddress.ip_address(text.partition("%")[0])  # (an IPv6 scope id is not part of it)
         reason = refused_reason(address)
-        if reason is not None:
+        if reason is not None and reason not in tolerate:
             shown = host if host == text else f"{host} ({text})"
             raise AddressRefused(f"{shown} is a {reason} address")
 

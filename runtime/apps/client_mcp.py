@@ -1,10 +1,13 @@
-"""The MCP servers a client of ``agentcell serve`` gives its session (design §9): what the server makes of them.
+"""The MCP servers and endpoints a client of ``agentcell serve`` names (design §9): what the server makes of them.
 
 A client's server is the client's, not the host's: ``${NAME}`` in its ``env`` and ``headers`` is refused
 (the host's environment holds its provider keys) and never expanded (``expand_env`` off, whatever the
 client wrote); its ``url`` must be one the server's policy lists (``server.mcp_allowed_urls``), and unless
 the policy names its host, every address it resolves to must be public (``public_only`` on: checked again
 at every connection). A server identical to one of the runtime's own (``[mcp.servers]``) is the host's.
+A client's ``api_base`` is judged the same way (:func:`endpoint_refusal`, ``server.api_base_allowed_urls``),
+loopback and private addresses tolerated while ``server.api_base_private`` is on (the default: local model
+servers); link-local and reserved ones (cloud metadata services) never, unless named.
 
 Pure logic but for the DNS look-up, which the caller passes in (``resolve``).
 """
@@ -20,7 +23,7 @@ from runtime.errors import AddressRefused
 from runtime.outbound import check_public, match_url, url_host
 from runtime.tools.mcp.servers import has_reference, redact_url
 
-__all__ = ["client_server"]
+__all__ = ["client_server", "endpoint_refusal"]
 
 Resolve = Callable[[str, int], list[str]]
 
@@ -57,24 +60,43 @@ def client_server(
             return f"{where}.headers.{key}: a client's MCP server may not set this header"
     public_only = False
     if server.url is not None:
-        shown = redact_url(server.url)
-        rule = match_url(server.url, allowed)
-        if rule is None:
-            hint = (
-                "this server lets sessions reach no MCP server at a URL (its operator can allow some with "
-                "server.mcp_allowed_urls)"
-                if not allowed
-                else "it is not among the URLs this server allows (server.mcp_allowed_urls)"
-            )
-            return f"{where}: {shown}: {hint}"
-        if rule == "open":
-            host, port = url_host(server.url)
-            try:
-                check_public(host, resolve(host, port))
-            except AddressRefused as exc:
-                return (
-                    f"{where}: {shown}: {exc}; this server connects to loopback, private or link-local "
-                    "addresses for a client only where its operator names the host in server.mcp_allowed_urls"
-                )
-            public_only = True
+        why = endpoint_refusal(where, server.url, allowed, "server.mcp_allowed_urls", resolve, "MCP server")
+        if why is not None:
+            return why
+        public_only = match_url(server.url, allowed) == "open"
     return msgspec.structs.replace(server, expand_env=False, public_only=public_only)
+
+
+def endpoint_refusal(
+    where: str,
+    url: str,
+    allowed: list[str] | tuple[str, ...],
+    setting: str,
+    resolve: Resolve,
+    what: str = "endpoint",
+    tolerate: frozenset[str] = frozenset(),
+) -> str | None:
+    """Why a client's ``url`` is refused under the allow-list ``allowed`` (the setting ``setting``), or None:
+    not listed, or (allowed by ``*`` only) at an address that is not public (nor of a kind ``tolerate``
+    names)."""
+    shown = redact_url(url)
+    rule = match_url(url, allowed)
+    if rule is None:
+        hint = (
+            f"this server lets sessions reach no {what} at a URL of their choosing (its operator can allow "
+            f"some with {setting})"
+            if not allowed
+            else f"it is not among the URLs this server allows ({setting})"
+        )
+        return f"{where}: {shown}: {hint}"
+    if rule == "open":
+        host, port = url_host(url)
+        try:
+            check_public(host, resolve(host, port), tolerate)
+        except AddressRefused as exc:
+            kinds = "link-local or reserved" if tolerate else "loopback, private or link-local"
+            return (
+                f"{where}: {shown}: {exc}; this server connects to {kinds} addresses for a client only where "
+                f"its operator names the host in {setting}"
+            )
+    return None

@@ -110,6 +110,8 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     allow_api_base: bool = False
     allow_mcp_commands: bool = False
     mcp_allowed_urls: tuple[str, ...] = ()
+    api_base_allowed_urls: tuple[str, ...] = ("*",)
+    api_base_private: bool = True
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerPolicy:
@@ -125,6 +127,8 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             allow_api_base=server.allow_api_base,
             allow_mcp_commands=server.allow_mcp_commands,
             mcp_allowed_urls=tuple(server.mcp_allowed_urls),
+            api_base_allowed_urls=tuple(server.api_base_allowed_urls),
+            api_base_private=server.api_base_private,
         )
 
     def workspace(self, requested: str | None) -> str | None:
@@ -196,6 +200,23 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             "server.allow_api_base or --allow-api-base)",
         )
 
+    def check_endpoint(self, api_base: str | None) -> None:
+        """403 unless a client's ``api_base`` is one ``server.api_base_allowed_urls`` allows, at a public
+        address (or, with ``api_base_private``, a loopback or private one) unless the list names its host
+        (:mod:`runtime.outbound`): never a cloud metadata service on a client's say-so. Blocking (DNS)."""
+        if api_base is None:
+            return
+        from runtime.apps.client_mcp import endpoint_refusal
+        from runtime.outbound import resolve
+
+        tolerate = frozenset({"loopback", "private"}) if self.api_base_private else frozenset()
+        setting = "server.api_base_allowed_urls"
+        why = endpoint_refusal(
+            "api_base", api_base, self.api_base_allowed_urls, setting, resolve, tolerate=tolerate
+        )
+        if why is not None:
+            raise HttpError(403, why)
+
     def check_stored(
         self,
         runtime: AnyRuntime,
@@ -213,6 +234,7 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
             raise SessionNotFound(f"no session {session_id!r}")
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
         self.check_api_base(api_base if api_base is not None else header.api_base, api_key, session_id)
+        self.check_endpoint(api_base)
         # a client's server (expand_env off) is checked as if given now; the host's own for commands only
         stored = restored(header.mcp_servers)
         self.check_mcp(
@@ -468,6 +490,7 @@ def create_app(
             if _is_hosted(runtime, body.session_id) or _is_stored(runtime, body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
         policy.check_api_base(body.api_base, body.api_key)
+        await asyncio.to_thread(policy.check_endpoint, body.api_base)
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
         mcp_servers = await asyncio.to_thread(
             policy.check_mcp, parse_servers(body.mcp_servers), runtime.config

@@ -237,3 +237,34 @@ def test_a_stored_client_server_is_checked_against_the_policy_when_resumed(
         assert "mcp_servers.x" in resumed.json()["error"]
     assert len(listener.seen) == seen
     assert_nothing_leaked(listener)
+
+
+def test_a_clients_api_base_never_reaches_a_metadata_service(rt: Runtime, provider: Any) -> None:
+    body = {"model": model(provider), "api_key": "sk-client-own"}
+    with serve(rt, []) as server, http(server) as client:
+        for base, kind in (
+            ("http://169.254.169.254/latest", "link-local"),
+            ("http://[fe80::1]/v1", "link-local"),
+            ("http://100.100.100.200/v1", "reserved"),
+            ("http://[::ffff:169.254.169.254]/v1", "link-local"),
+        ):
+            refused = client.post("/sessions", json={**body, "api_base": base})
+            assert refused.status_code == 403, (base, refused.text)
+            assert f"a {kind} address" in refused.json()["error"]
+            assert "server.api_base_allowed_urls" in refused.json()["error"]
+        # loopback and private endpoints (local model servers) are allowed by default
+        local = client.post("/sessions", json={**body, "api_base": provider.url})
+        assert local.status_code == 201, local.text
+    strict = rt.config.with_overrides({"server.api_base_private": False})
+    with (
+        ApiServer(rt, TOKEN, policy=ServerPolicy.from_config(strict.server)) as server,
+        http(server) as client,
+    ):
+        refused = client.post("/sessions", json={**body, "api_base": provider.url})
+        assert refused.status_code == 403 and "a loopback address" in refused.json()["error"]
+    named = strict.with_overrides({"server.api_base_allowed_urls": ["*", provider.url]})
+    with (
+        ApiServer(rt, TOKEN, policy=ServerPolicy.from_config(named.server)) as server,
+        http(server) as client,
+    ):
+        assert client.post("/sessions", json={**body, "api_base": provider.url}).status_code == 201
