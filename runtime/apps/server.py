@@ -235,11 +235,14 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
         self.check_config(runtime.config.with_overrides(header.config), runtime.config)
         self.check_api_base(api_base if api_base is not None else header.api_base, api_key, session_id)
         self.check_endpoint(api_base)
-        # a client's server (expand_env off) is checked as if given now; the host's own for commands only
+        # a client's server (expand_env off) is checked as if given now, and so is one stored before servers
+        # said whose they were (no expand_env: it may be a client's); the host's own for commands only
         stored = restored(header.mcp_servers)
-        self.check_mcp(
-            {k: v for k, v in stored.items() if not v.expand_env or v.command is not None}, runtime.config
-        )
+        unsure = {k for k, v in header.mcp_servers.items() if isinstance(v, dict) and "expand_env" not in v}
+        checked = {
+            k: v for k, v in stored.items() if not v.expand_env or v.command is not None or k in unsure
+        }
+        self.check_mcp(checked, runtime.config)
         if workspace is not None:
             return self.workspace(workspace)
         if header.workspace is not None:

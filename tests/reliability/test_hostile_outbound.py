@@ -268,3 +268,36 @@ def test_a_clients_api_base_never_reaches_a_metadata_service(rt: Runtime, provid
         http(server) as client,
     ):
         assert client.post("/sessions", json={**body, "api_base": provider.url}).status_code == 201
+
+
+def test_a_session_stored_before_servers_said_whose_they_were_is_checked_as_a_clients(
+    sessions_dir: Path, provider: Any, listener: Listener
+) -> None:
+    import json
+
+    from runtime.store.sessions import SessionDirectory
+
+    leak = {"x": {"url": listener.url, "headers": {"X-Leak": "${AGENTCELL_TEST_PROBE}"}}}
+    with Runtime(Config(), sessions_dir=sessions_dir) as rt:  # the host's own: ${NAME} is its to use
+        sid = rt.start_session(
+            model=model(provider), api_base=provider.url, api_key="sk-local", mcp_servers=leak
+        )
+        rt.prompt(sid, "hi").result(30)
+    assert PROBE.encode() in listener.received()  # (the host's server got the host's value)
+    listener.seen.clear()
+    path = SessionDirectory(sessions_dir).log_path(sid)
+    lines = path.read_bytes().split(b"\n")
+    header = json.loads(lines[0])
+    assert header["mcp_servers"]["x"]["expand_env"] is True
+    del header["mcp_servers"]["x"]["expand_env"]  # as a log written before this field existed
+    path.write_bytes(b"\n".join([json.dumps(header).encode(), *lines[1:]]))
+    with (
+        Runtime(Config(), sessions_dir=sessions_dir) as rt,
+        serve(rt, [listener.url]) as server,
+        http(server) as client,
+    ):
+        resumed = client.post(f"/sessions/{sid}/resume", json={"api_key": "sk-local"})
+        assert resumed.status_code == 403 and "does not expand ${NAME}" in resumed.json()["error"]
+        prompted = client.post(f"/sessions/{sid}/prompt", json={"text": "again", "wait": True})
+        assert prompted.status_code == 403
+    assert_nothing_leaked(listener)
