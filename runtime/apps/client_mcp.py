@@ -94,6 +94,8 @@ def endpoint_refusal(
         try:
             check_public(host, resolve(host, port), tolerate)
         except AddressRefused as exc:
+            if str(exc).startswith("cannot resolve"):
+                return f"{where}: {shown}: {exc}"
             kinds = "link-local or reserved" if tolerate else "loopback, private or link-local"
             return (
                 f"{where}: {shown}: {exc}; this server connects to {kinds} addresses for a client only where "
