@@ -1004,6 +1004,9 @@ def run_server(
     with host_runtime as rt:
         try:
             server = ApiServer(rt, token, bind_host, cfg.server.port if port is None else port, policy=policy)
+        except ConfigError as exc:  # (a tenants file that cannot be read)
+            print(f"agentcell serve: {exc}", file=sys.stderr)
+            return 2
         except OSError as exc:
             print(f"agentcell serve: cannot listen on {bind_host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1

@@ -186,3 +186,20 @@ def test_a_rotated_token_works_at_once_and_the_old_one_does_not(
         assert new.get(f"/sessions/{sid}").status_code == 200
     stored = tenants_file.read_text()
     assert A1 not in stored and A2 not in stored  # digests only
+
+
+def test_a_broken_tenants_file_is_a_clear_error_and_a_later_one_keeps_the_tenants(
+    server: ApiServer, tenants_file: Path, sessions_dir: Path, tmp_path: Path
+) -> None:
+    from runtime.apps.server import create_app
+    from runtime.errors import ConfigError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[tenants.x]\ntokens = ["not-a-digest"]\n')
+    config = Config().with_overrides({"server.tenants_file": str(bad)})
+    with Runtime(config, sessions_dir=tmp_path / "other") as rt, pytest.raises(ConfigError, match="SHA-256"):
+        create_app(rt, ADMIN)
+    tenants_file.write_text("this is not toml [")
+    time.sleep(1.1)
+    with client(server, A1) as a:  # the tenants of before stay in force
+        assert a.get("/sessions").status_code == 200
