@@ -203,3 +203,32 @@ def test_a_broken_tenants_file_is_a_clear_error_and_a_later_one_keeps_the_tenant
     time.sleep(1.1)
     with client(server, A1) as a:  # the tenants of before stay in force
         assert a.get("/sessions").status_code == 200
+
+
+def test_concurrent_turns_and_profiles_are_quotas(
+    sessions_dir: Path, tmp_path: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    path = tmp_path / "quota.toml"
+    path.write_text(tenants_toml(A1, 'max_concurrent_turns = 1\nprofiles = ["allowed"]\n'))
+    profile = {"description": "d", "model": model(provider)}
+    config = Config().with_overrides(
+        {"server.tenants_file": str(path), "agents": {"allowed": profile, "forbidden": profile}}
+    )
+    with Runtime(config, sessions_dir=sessions_dir) as rt, ApiServer(rt, ADMIN) as srv, client(srv, A1) as a:
+        slow = new_session(a, provider, model=model(provider, Turn(text="slow", latency=3.0))).json()["id"]
+        other = new_session(a, provider).json()["id"]
+        assert a.post(f"/sessions/{slow}/prompt", json={"text": "take your time"}).status_code == 202
+        deadline = time.monotonic() + 10
+        while a.get("/usage").json()["running_turns"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        busy = a.post(f"/sessions/{other}/prompt", json={"text": "me too", "wait": True})
+        assert busy.status_code == 429 and "max_concurrent_turns" in busy.json()["error"]
+        forbidden = a.post("/v1/responses", json={"model": "forbidden", "input": "x"})
+        assert forbidden.status_code == 403 and "profiles" in forbidden.text
+        deadline = time.monotonic() + 20
+        while a.get("/usage").json()["running_turns"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert a.post(f"/sessions/{other}/prompt", json={"text": "now", "wait": True}).status_code == 200
+        assert a.post("/v1/responses", json={"model": "allowed", "input": "x"}).status_code == 200
