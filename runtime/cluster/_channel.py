@@ -1,24 +1,29 @@
 """The turn channel: a session's prompts, sends, aborts and compactions and their answers, between the front
 and a shard over one stream socket per shard, outside Ray's task machinery.
 
-A Ray actor call costs about a millisecond of CPU at each end (task submission and execution, the hop onto
+The shard's events for this front go out on the same connection (:mod:`runtime.cluster._stream`), so a
+turn's answer is read after its events. A Ray actor call costs about a millisecond of CPU at each end (task submission and execution, the hop onto
 the actor's event loop, the reply), which a mock turn of 26 ms felt as 5-6% on the shard and as much again
 on the front. A frame on a socket costs a few tens of microseconds. Everything else (starting and resuming
-sessions, queries, events, watching a shard's death) stays a Ray call: Ray places, starts and watches the
-shards, the channel only carries turns.
+sessions, queries, watching a shard's death) stays a Ray call: Ray places, starts and watches the
+shards, the channel only carries turns and events.
 
 Each shard listens on a Unix socket (fronts on its host use it) and on TCP at its node's address (fronts on
 other hosts); a connection opens with the shard's token, which only Ray handed out (:class:`Address`), and is
-dropped otherwise. Frames are a 4-byte big-endian length and msgpack:
+dropped otherwise; then the front names itself and the last batch of events it received
+(``[front id, batch]``). Frames are a 4-byte big-endian length and msgpack:
 
     front -> shard   [call id, method, session id, *arguments]      (the shard's Ray methods' arguments)
+                     [-1, "ack", "", batch]                          (events received up to batch)
     shard -> front   [call id, true, answer]  or  [call id, false, the pickled exception]
+                     0xC1 [batch, events, routes]                     (events: runtime.cluster._stream)
 
 Calls start in the order they are sent (one stream per shard), as Ray starts an actor's calls from one caller.
 A Ray call for a session with turn calls in flight waits until they have started (:meth:`TurnChannel.sync`),
 so a ``set_model`` right after a ``prompt`` reaches the session after it, as on one ``Runtime``.
 When a connection breaks, every call waiting on it is answered with :data:`LOST`; the front then asks Ray
-whether the shard died (see ``ClusterRuntime``) and sends its later calls as Ray calls.
+whether the shard died (see ``ClusterRuntime``), and if it lives, connects again (its calls go as Ray
+calls meanwhile); the events it missed come on the new connection.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.cluster._stream import PUSH, Router
 from runtime.errors import ClusterError
 
 log = logging.getLogger("agentcell.cluster")
@@ -51,10 +57,17 @@ LOST = ClusterError("the turn channel broke")
 
 SYNC = "sync"
 """The call a shard answers as soon as it reads it (:meth:`TurnChannel.sync`)."""
+ACK = "ack"
+"""The front has received the shard's batches of events up to the argument (not answered)."""
+SUBSCRIBE = "subscribe"
+"""Add a feed of this front on the shard: ``key, sessions, types, include_children`` (answered at once)."""
+UNSUBSCRIBE = "unsubscribe"
+"""Remove the feed ``key`` (answered at once)."""
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 _HEAD = 4
+_PUSH = bytes((PUSH,))
 MAX_FRAME = 1 << 31
 """The largest frame either end accepts (a ``send`` of a long conversation is one frame)."""
 
@@ -103,9 +116,10 @@ class Server:
     Everything but the handles' callbacks runs on the event loop that :meth:`open` ran on (the actor's).
     """
 
-    def __init__(self, start: Starter, answer: Answerer) -> None:
+    def __init__(self, start: Starter, answer: Answerer, router: Router) -> None:
         self._start = start
         self._answer = answer
+        self._router = router
         self._token = secrets.token_bytes(32)
         self._servers: list[asyncio.AbstractServer] = []
         self._writers: set[asyncio.StreamWriter] = set()
@@ -116,7 +130,10 @@ class Server:
 
     async def open(self, ip: str) -> Address:
         self._loop = asyncio.get_running_loop()
-        self._folder = tempfile.mkdtemp(prefix="agentcell-shard-")  # 0700: this user's only
+        sweep_folders()
+        self._folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # 0700: this user's only
+        with open(os.path.join(self._folder, "pid"), "w") as f:
+            f.write(str(os.getpid()))
         path = os.path.join(self._folder, "turns.sock")
         self._servers.append(await asyncio.start_unix_server(self._serve, path))
         try:
@@ -132,6 +149,7 @@ class Server:
         """Write the answers of the calls that have ended, then close every connection and stop listening."""
         await asyncio.sleep(0)  # (answers handed over from other threads a moment ago)
         self._write_done()
+        self._router.seal_all()  # (the events of the sessions the stop ended)
         for server in self._servers:
             server.close()
         for writer in list(self._writers):
@@ -149,20 +167,43 @@ class Server:
                 log.warning("turn channel: a connection without the shard's token, dropped")
                 writer.close()
                 return
+            front_id, last = _decoder.decode(await _read_frame(reader, 4096))
+            stream = self._router.stream(str(front_id))
             self._writers.add(writer)
-            while True:
-                request = _decoder.decode(await _read_frame(reader))
-                self._call(writer, request)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the front went away
+            stream.attach(writer, int(last))
+            try:
+                while True:
+                    request = _decoder.decode(await _read_frame(reader))
+                    self._call(writer, front_id, request)
+            finally:
+                stream.detach(writer)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, msgspec.DecodeError):
+            pass  # the front went away (or spoke nonsense)
         finally:
             self._writers.discard(writer)
             writer.close()
 
-    def _call(self, writer: asyncio.StreamWriter, request: list[Any]) -> None:
+    def _call(self, writer: asyncio.StreamWriter, front_id: str, request: list[Any]) -> None:
         call_id, method, session_id, *arguments = request
         if method == SYNC:  # every call sent before it has started
             writer.write(_frame(_encoder.encode((call_id, True, None))))
+            return
+        if method == ACK:
+            stream = self._router.streams.get(front_id)
+            if stream is not None:
+                stream.ack(int(arguments[0]))
+            return
+        if method in (SUBSCRIBE, UNSUBSCRIBE):
+            try:
+                if method == SUBSCRIBE:
+                    key, sessions, types, children = arguments
+                    self._router.subscribe(front_id, key, sessions, types, children)
+                else:
+                    self._router.unsubscribe(front_id, arguments[0])
+                frame: tuple[Any, ...] = (call_id, True, None)
+            except Exception as exc:
+                frame = (call_id, False, _pickled(exc))
+            writer.write(_frame(_encoder.encode(frame)))
             return
         try:
             handle = self._start(method, session_id, arguments)
@@ -195,13 +236,26 @@ class Server:
 
 
 # -- the front's end ------------------------------------------------------------------------------------------
-class TurnChannel:
-    """The front's connection to one shard. :meth:`call` may be called from any thread; answers are
-    delivered on the front's event loop."""
+Pushed = Callable[[bytes], None]
+"""Takes a frame of events (its first byte :data:`~runtime.cluster._stream.PUSH`), on the front's loop."""
 
-    def __init__(self, shard: str, loop: asyncio.AbstractEventLoop) -> None:
+
+class TurnChannel:
+    """The front's connection to one shard. :meth:`call` may be called from any thread; answers and
+    events are delivered on the front's event loop, in the order the shard wrote them; ``on_break`` is
+    called there once the connection has ended (after everything the shard wrote was read)."""
+
+    def __init__(
+        self,
+        shard: str,
+        loop: asyncio.AbstractEventLoop,
+        on_push: Pushed | None = None,
+        on_break: Callable[[TurnChannel], None] | None = None,
+    ) -> None:
         self.shard = shard
         self._loop = loop
+        self._on_push = on_push
+        self._on_break = on_break
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._pending: dict[int, Reply] = {}
@@ -222,6 +276,16 @@ class TurnChannel:
         if first:
             self._loop.call_soon_threadsafe(self._flush)
         return True
+
+    def notify(self, method: str, arguments: tuple[Any, ...]) -> None:
+        """Send a message the shard does not answer (on the front's loop)."""
+        with self._lock:
+            if self.closed:
+                return
+            first = not self._outbox
+            self._outbox.append(_frame(_encoder.encode((-1, method, "", *arguments))))
+        if first:
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         with self._lock:
@@ -247,7 +311,12 @@ class TurnChannel:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                call_id, ok, answer = _decoder.decode(await _read_frame(reader))
+                data = await _read_frame(reader)
+                if data[:1] == _PUSH:
+                    if self._on_push is not None:
+                        self._on_push(data)
+                    continue
+                call_id, ok, answer = _decoder.decode(data)
                 with self._lock:
                     reply = self._pending.pop(call_id, None)
                 if reply is None:
@@ -271,9 +340,12 @@ class TurnChannel:
             self._writer.close()
         for reply in pending.values():
             reply(None, LOST)
+        if self._on_break is not None:
+            self._on_break(self)
 
     def close(self) -> None:
-        """Stop reading (from any thread); calls still waiting are answered with :data:`LOST`."""
+        """Stop reading (from any thread); calls still waiting are answered with :data:`LOST`. What the
+        shard wrote and was not read yet is not read."""
         task = self._reader_task
         if task is not None:
             with contextlib.suppress(RuntimeError):
@@ -286,17 +358,74 @@ class TurnChannel:
                 await asyncio.wait_for(asyncio.shield(self._reader_task), timeout)
 
 
-async def connect(shard: str, address: Address, timeout: float = 10.0) -> TurnChannel:
-    """Open a shard's channel: its Unix socket from the same host, else TCP to its node."""
-    if address.host == socket.gethostname() and os.path.exists(address.path):
+async def connect(
+    shard: str,
+    address: Address,
+    hello: tuple[str, int] = ("", 0),
+    on_push: Pushed | None = None,
+    on_break: Callable[[TurnChannel], None] | None = None,
+    *,
+    timeout: float = 10.0,
+    tcp: bool = False,
+) -> TurnChannel:
+    """Open a shard's channel: its Unix socket from the same host (unless ``tcp``), else TCP to its node.
+    ``hello``: this front's id and the last batch of events it received from the shard."""
+    if not tcp and address.host == socket.gethostname() and os.path.exists(address.path):
         opening = asyncio.open_unix_connection(address.path)
     elif not address.port:
         raise ConnectionError(f"{shard} listens on no TCP port")
     else:
         opening = asyncio.open_connection(address.ip, address.port)
     reader, writer = await asyncio.wait_for(opening, timeout)
-    writer.write(_frame(address.token))
-    channel = TurnChannel(shard, asyncio.get_running_loop())
+    writer.write(_frame(address.token) + _frame(_encoder.encode(list(hello))))
+    channel = TurnChannel(shard, asyncio.get_running_loop(), on_push, on_break)
     channel._writer = writer
     channel._reader_task = asyncio.ensure_future(channel._read(reader))
     return channel
+
+
+# -- the shards' socket folders ---------------------------------------------------------------------------
+FOLDER_PREFIX = "agentcell-shard-"
+"""A shard's folder in the temporary directory (0700): its Unix socket, and a file with its pid."""
+
+
+def remove_folder(address: Address) -> None:
+    """Remove a dead shard's socket folder (on this host; a shard's own stop removes it otherwise)."""
+    folder = os.path.dirname(address.path)
+    if (
+        address.host == socket.gethostname()
+        and os.path.basename(folder).startswith(FOLDER_PREFIX)
+        and os.path.dirname(folder) == tempfile.gettempdir()
+    ):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_folders() -> None:
+    """Remove the socket folders of this user's shards on this host whose process is gone (a shard killed
+    while no front was there to clean up after it)."""
+    root = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        folder = os.path.join(root, name)
+        try:
+            if os.stat(folder).st_uid != os.getuid():
+                continue
+            with open(os.path.join(folder, "pid")) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue  # not one of ours, or one being made right now (its pid is written next)
+        if pid > 0 and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True

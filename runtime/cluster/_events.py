@@ -1,34 +1,40 @@
-"""Subscriptions across shards (design §10.2): each one a private event bus fed by one feed per shard.
+"""Subscriptions across shards (design §10.2), the front's side: each one a private event bus fed by every
+shard's stream of events.
 
 A cluster subscription is an ordinary :class:`~runtime.bus.Subscription` of a bus of its own, so it
 reads, filters, bounds its queue and reports lag exactly as the local bus does (callback, iterator, async
-iterator, ``flush``, ``close``). Each shard queues the events the subscription asked for in a subscription
-of its own runtime's bus; the front polls each shard (:meth:`Shard.poll`) and hands what arrives to
-:meth:`Relay.deliver`, which puts the events on the private bus with the ``seq`` and ``ts`` their session's
-shard gave them.
+iterator, ``flush``, ``close``). Each shard routes the events a subscription asked for to this front's
+stream (:mod:`runtime.cluster._stream`); each batch that arrives is decoded once, by the shard's
+:class:`Inbound`, and its events handed to the :class:`Relay` of each subscription they are for, which puts
+them on its private bus with the ``seq`` and ``ts`` their session's shard gave them.
 
-Order: a session lives on one shard at a time, and one feed delivers that shard's events in the order they
-were published, so each session's events arrive in order. When a session moves between shards in an
+Order: a session lives on one shard at a time, and one stream delivers that shard's events in the order
+they were published, so each session's events arrive in order. When a session moves between shards in an
 orderly way, the front waits until every relay has seen the session's ``session_stopped`` from the old
 shard (:meth:`Relay.wait_seen`) before it resumes the session on the new one; shards therefore always send
 ``session_stopped``, and the relay drops it again when the subscriber did not ask for it. When a shard
-dies, it sends nothing more, and the session's numbering on its new shard jumps above every number it had.
+dies, the relays hold what the session's new shard sends (:meth:`Relay.hold`) until the dead shard's
+connection has been read to its end and what its transcript holds beyond the last event delivered has been
+replayed (:meth:`Relay.release`): a subscriber gets every event the dead shard sent or wrote down, once, in
+order, then the session's events on its new shard, numbered above every number it had.
 
 Lag: a subscriber that falls behind loses the oldest events of its private queue and reads
-``subscriber_lagged{dropped}``; a feed whose shard-side queue overflowed (the front could not poll fast
-enough) reports its loss with the same event, which the relay passes on.
+``subscriber_lagged{dropped}``; a stream that dropped events on the shard (the front could not take them
+fast enough) reports its loss with the same event, which the relay passes on.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from runtime.bus import ALL, EventBus, Subscription
+from runtime.cluster._stream import decode_push
 from runtime.events import EVENT_TYPES, Event, SubscriberLagged
 
-__all__ = ["Relay", "shard_types"]
+__all__ = ["Inbound", "Relay", "shard_types"]
 
 BARRIER_TYPE = "session_stopped"
 
@@ -57,7 +63,7 @@ class Relay:
 
     def __init__(
         self,
-        feed_id: str,
+        key: int,
         sessions: str | Iterable[str],
         types: Iterable[str] | None,
         *,
@@ -65,7 +71,7 @@ class Relay:
         callback: Callable[[Event], Any] | None = None,
         include_children: bool = False,
     ) -> None:
-        self.id = feed_id
+        self.key = key
         self.bus = _RelayBus(queue_size=queue_size)
         self.include_children = include_children
         # With the sessions' sub-agents, the shards choose the sessions: the private bus takes what comes.
@@ -76,8 +82,9 @@ class Relay:
         self.sessions = _session_set(sessions)
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
         self._feeds: set[str] = set()  # the shards whose feed is open
-        self._received: dict[str, int] = {}  # shard -> items (events and notices) its feed delivered
-        self._waiters: list[tuple[str, int, Callable[[], None]]] = []
+        self._held: dict[str, tuple[str, list[Event]]] = {}  # session -> (its dead shard, what came since)
+        self.since = time.time()
+        """When it was made: a replay after a shard's death passes on nothing older."""
         self._cond = threading.Condition()
 
     @property
@@ -102,24 +109,6 @@ class Relay:
         with self._cond:
             self._feeds.discard(shard)
             self._cond.notify_all()
-        self._fire(lambda waiter: waiter[0] == shard)
-
-    def when_received(self, shard: str, count: int, fn: Callable[[], None]) -> None:
-        """Call ``fn`` once ``shard``'s feed has delivered ``count`` items (now, if it has or has ended)."""
-        with self._cond:
-            if self._received.get(shard, 0) < count and shard in self._feeds and not self.closed:
-                self._waiters.append((shard, count, fn))
-                return
-        fn()
-
-    def _fire(self, ready: Callable[[tuple[str, int, Callable[[], None]]], bool]) -> None:
-        with self._cond:
-            due = [w for w in self._waiters if ready(w)]
-            if not due:
-                return
-            self._waiters = [w for w in self._waiters if not ready(w)]
-        for _, _, fn in due:
-            fn()
 
     def wait_feeds_ended(self, timeout: float) -> bool:
         """Wait until no shard's feed is open (each has passed on what its shard queued)."""
@@ -127,23 +116,55 @@ class Relay:
             return self._cond.wait_for(lambda: not self._feeds, timeout)
 
     def deliver(self, shard: str, events: list[Event]) -> None:
-        """Publish a feed's events on the private bus with the numbers their shard gave them."""
-        bus, types = self.bus, self.types
+        """Publish a stream's events on the private bus with the numbers their shard gave them."""
         with self._cond:
-            received = self._received[shard] = self._received.get(shard, 0) + len(events)
+            held = self._held
             for event in events:
-                sid = event.session_id
-                if isinstance(event, SubscriberLagged):  # the shard-side queue overflowed
-                    bus.notify_lag(event)
+                if isinstance(event, SubscriberLagged):  # the shard dropped events it could not send
+                    self.bus.notify_lag(event)
                     continue
-                self._seen[sid] = event.seq
-                if types is not None and event.type not in types:
-                    continue  # session_stopped that only the move barrier wanted
-                bus.set_last_seq(sid, event.seq - 1)  # publish() numbers it seq - 1 + 1: the shard's number
-                bus.publish(event)
+                if held:
+                    waiting = held.get(event.session_id)
+                    if waiting is not None and waiting[0] != shard:
+                        waiting[1].append(event)
+                        continue
+                self._publish(event)
             self._cond.notify_all()
-        if self._waiters:
-            self._fire(lambda waiter: waiter[0] == shard and waiter[1] <= received)
+
+    def _publish(self, event: Event) -> None:
+        sid = event.session_id
+        self._seen[sid] = event.seq
+        if self.types is not None and event.type not in self.types:
+            return  # session_stopped that only the move barrier wanted
+        self.bus.set_last_seq(sid, event.seq - 1)  # publish() numbers it seq - 1 + 1: the shard's number
+        self.bus.publish(event)
+
+    def hold(self, session_id: str, dead: str) -> None:
+        """The session's shard ``dead`` died: hold what other shards send for it until :meth:`release`."""
+        with self._cond:
+            self._held.setdefault(session_id, (dead, []))
+
+    def holds(self, session_id: str) -> bool:
+        with self._cond:
+            return session_id in self._held
+
+    def seen(self, session_id: str) -> int:
+        """The ``seq`` of the session's last event this relay passed on (or dropped by its filter)."""
+        with self._cond:
+            return self._seen.get(session_id, 0)
+
+    def release(self, session_id: str, replayed: list[Event]) -> None:
+        """Pass on ``replayed`` (the session's transcript after :meth:`seen`), then what was held, each
+        event once and in order."""
+        with self._cond:
+            _, waiting = self._held.pop(session_id, ("", []))
+            for event in sorted(replayed, key=lambda e: e.seq):
+                if event.seq > self._seen.get(session_id, 0):
+                    self._publish(event)
+            for event in waiting:
+                if event.seq > self._seen.get(session_id, 0):
+                    self._publish(event)
+            self._cond.notify_all()
 
     def wait_seen(self, session_id: str, seq: int, shard: str, timeout: float) -> bool:
         """Wait until the session's event ``seq`` has come through (or ``shard``'s feed has ended)."""
@@ -158,7 +179,6 @@ class Relay:
         self.bus.close()
         with self._cond:
             self._cond.notify_all()
-        self._fire(lambda waiter: True)
 
 
 def _session_set(sessions: str | Iterable[str]) -> frozenset[str] | None:
@@ -177,3 +197,66 @@ def check_types(types: Iterable[str] | None) -> frozenset[str] | None:
     if unknown:
         raise ValueError(f"unknown event types: {', '.join(sorted(unknown))}")
     return wanted
+
+
+class Inbound:
+    """One shard's stream of events to this front: each batch decoded once, its events handed to the relays
+    of the subscriptions they are for, and who waits for a batch (a turn's answer waits for its events)."""
+
+    def __init__(
+        self, shard: str, relays: Mapping[int, Relay], unknown: Callable[[str, int], None] | None = None
+    ) -> None:
+        self.shard = shard
+        self.received = 0
+        """The number of the last batch received."""
+        self.ended = False
+        self._relays = relays
+        self._unknown = unknown
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def push(self, data: bytes) -> bool:
+        """Take a frame of events (on the front's loop); False for a batch received before."""
+        batch = decode_push(data)
+        if batch.no <= self.received:
+            return False  # written again after a reconnection
+        groups: dict[int, list[Event]] = {}
+        for event, route in zip(batch.events, batch.routes):
+            for key in route:
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [event]
+                else:
+                    group.append(event)
+        relays = self._relays
+        for key, events in groups.items():
+            relay = relays.get(key)
+            if relay is None or relay.closed:
+                if self._unknown is not None:
+                    self._unknown(self.shard, key)
+                continue
+            relay.deliver(self.shard, events)
+        with self._lock:
+            self.received = batch.no
+            due = [w for w in self._waiters if w[0] <= batch.no] if self._waiters else []
+            if due:
+                self._waiters = [w for w in self._waiters if w[0] > batch.no]
+        for _, fn in due:
+            fn()
+        return True
+
+    def when(self, no: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once batch ``no`` has been received (now, if it has, or the stream has ended)."""
+        with self._lock:
+            if no > self.received and not self.ended:
+                self._waiters.append((no, fn))
+                return
+        fn()
+
+    def end(self) -> None:
+        """The shard is gone (or stopped): nothing more will come; whoever waits stops waiting."""
+        with self._lock:
+            self.ended = True
+            due, self._waiters = self._waiters, []
+        for _, fn in due:
+            fn()

@@ -25,14 +25,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.cluster._channel import TurnChannel, connect
+from runtime.cluster._channel import Address, TurnChannel, remove_folder
 from runtime.cluster._connect import accepts
 from runtime.cluster._errors import ClusterError, ClusterUnavailable, ShardDied, cause, first_line
-from runtime.cluster._events import Relay
+from runtime.cluster._events import Inbound, Relay
 from runtime.cluster._loop import Loop
 from runtime.cluster._placement import moves, owner
 from runtime.cluster._shard import ShardInfo
@@ -57,6 +57,10 @@ class ShardRef:
     alive: bool = True
     placing: bool = True  # in the placement: False while it is being removed
     channel: TurnChannel | None = None  # its turn channel; None: turn calls go as Ray calls
+    address: Address | None = None  # where its turn channel listens
+    inbound: Inbound | None = None  # its stream of events to this front
+    pumping: bool = False  # its events are pulled by Ray calls (no turn channel)
+    stopping: bool = False  # being stopped on purpose (removed)
     # Why its channel broke (the shard died, or only the connection did), once the runtime asked Ray.
     verdict: asyncio.Future[BaseException] | None = None
 
@@ -122,7 +126,9 @@ class Fleet:
         self.gone: ClusterUnavailable | None = None
         self.shards: dict[str, ShardRef] = {}
         self.sessions: dict[str, Hosted] = {}
-        self.relays: dict[str, Relay] = {}
+        self.relays: dict[int, Relay] = {}
+        self.on_lost: Callable[[ShardRef, Iterable[str]], None] | None = None
+        self.after_failover: Callable[[ShardRef, list[str]], Awaitable[None]] | None = None
         self.loop: Loop | None = None
         self.gcs_address: str | None = None
         self._names = itertools.count()
@@ -161,30 +167,14 @@ class Fleet:
             for actor in actors.values():
                 ray.kill(actor)
             raise ClusterError(f"a shard failed to start: {cause(exc)}") from None
-        channels = self.open_channels(actors)
         started = []
         for (name, actor), info in zip(actors.items(), infos):
-            shard = ShardRef(name, actor, info, channel=channels.get(name))
+            shard = ShardRef(name, actor, info)
             with self.lock:
                 self.shards[name] = shard
             started.append(shard)
             self.submit(self.watch(shard))
         return started
-
-    def open_channels(self, actors: dict[str, Any]) -> dict[str, TurnChannel]:
-        """Connect to each new shard's turn channel; a shard whose channel cannot be reached (a port its
-        network does not let through) gets its turn calls as Ray calls, which only cost more CPU."""
-        import ray
-
-        channels: dict[str, TurnChannel] = {}
-        refs = {name: actor.open_channel.remote() for name, actor in actors.items()}
-        for name, ref in refs.items():
-            try:
-                address = ray.get(ref, timeout=self.start_timeout)
-                channels[name] = self.submit(connect(name, address)).result(self.start_timeout)
-            except Exception as exc:
-                log.warning("%s: no turn channel (%s); its turns go as Ray calls", name, first_line(exc))
-        return channels
 
     def placing(self) -> list[str]:
         with self.lock:
@@ -271,11 +261,13 @@ class Fleet:
             if shard is None or not shard.alive or not self.started:
                 return
             shard.alive = False
-            if shard.channel is not None:
-                shard.channel.close()
             orphans = [(sid, e) for sid, e in self.sessions.items() if e.shard == name]
             for _, entry in orphans:
                 entry.gate.close()
+            if self.on_lost is not None:  # (its connection is read to its end: see after_failover)
+                self.on_lost(shard, [sid for sid, _ in orphans])
+        if shard.address is not None:
+            remove_folder(shard.address)  # its socket folder: the process that would remove it is dead
         log.warning(
             "shard %s (pid %d on %s) died; resuming its %d session(s) on the other shards",
             name,
@@ -293,6 +285,8 @@ class Fleet:
                 await self.rehost(sid, entry, stale=dead.info)
 
         await asyncio.gather(*(one(sid, entry) for sid, entry in orphans))
+        if self.after_failover is not None:
+            await self.after_failover(dead, [sid for sid, _ in orphans])
 
     async def rehost(self, sid: str, entry: Hosted, stale: ShardInfo | None) -> None:
         """Resume a session of a dead shard on its place among the live ones; its gate opens whatever happens

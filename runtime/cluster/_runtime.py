@@ -9,8 +9,8 @@
 Each shard is a Ray actor hosting a ``Runtime`` in its own process (:mod:`runtime.cluster._shard`); this
 object is the front. It places each session on a shard by rendezvous hashing of its id
 (:mod:`runtime.cluster._placement`), sends each call to the session's shard (:mod:`runtime.cluster._fleet`
-keeps track of where sessions are, and moves and fails them over), and relays events from every shard to
-its subscribers (:mod:`runtime.cluster._events`).
+keeps track of where sessions are, and moves and fails them over), and relays the events every shard
+pushes to its subscribers (:mod:`runtime.cluster._feeds`, :mod:`runtime.cluster._events`).
 
 The sessions directory must be one every shard sees (a shared filesystem path; the same path on every
 node). A session's lock file keeps it to one owner. When a shard's process dies, its sessions are resumed
@@ -43,8 +43,9 @@ from runtime import events as ev
 from runtime.cluster import _wire
 from runtime.cluster._channel import LOST
 from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
-from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied, first_line
+from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied
 from runtime.cluster._events import Relay, check_types
+from runtime.cluster._feeds import Feeds
 from runtime.cluster._fleet import Fleet, Hosted, ShardRef
 from runtime.cluster._loop import Loop
 from runtime.cluster._placement import owner
@@ -60,11 +61,8 @@ log = logging.getLogger("agentcell.cluster")
 
 __all__ = ["ClusterRuntime"]
 
-POLL_SECONDS = 1.0
-"""How long one poll of a shard's event feed waits for events."""
-
 EVENTS_WAIT = 5.0
-"""The longest a handle waits for its turn's events to reach the subscribers (see ``_after_events``)."""
+"""The longest a handle waits for its turn's events to reach the front (see ``_after_events``)."""
 
 _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "require_approval")
 """What resuming a session needs that its log does not keep (the API key above all): kept in memory."""
@@ -126,6 +124,7 @@ class ClusterRuntime:
         self._fleet = Fleet(
             cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
         )
+        self._feeds = Feeds(self._fleet)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> ClusterRuntime:
@@ -144,13 +143,14 @@ class ClusterRuntime:
             fleet.loop = Loop().start()
             fleet.actor_class = ray.remote(Shard)
             try:
-                fleet.spawn([fleet.next_name() for _ in range(self.shard_count)])
+                self._feeds.open(fleet.spawn([fleet.next_name() for _ in range(self.shard_count)]))
             except BaseException:
                 fleet.loop.stop()
                 self._disconnect(ray)
                 raise
             fleet.gone = None
             fleet.started = True
+            self._feeds.start()
             return self
 
     def _connect(self, ray: Any) -> None:
@@ -214,7 +214,9 @@ class ClusterRuntime:
 
             with contextlib.suppress(Exception):
                 self._fleet.submit(ended()).result(10)
-        # The feeds end once each shard's bus has closed and they have passed on what it queued.
+        for shard in shards:  # (its events came on its channel, read to its end: or they are pulled now)
+            self._feeds.final_pull(shard)
+            self._feeds.ended(shard)
         deadline = time.monotonic() + 5.0
         for relay in relays:
             relay.wait_feeds_ended(max(0.0, deadline - time.monotonic()))
@@ -286,9 +288,7 @@ class ClusterRuntime:
         """Start one more shard; the sessions it now outscores the others for move to it. Returns its name."""
         self._fleet.require_started()
         (shard,) = self._fleet.spawn([self._fleet.next_name()])
-        with self._fleet.lock:
-            relays = list(self._fleet.relays.values())
-        self._open_feeds(relays, [shard])
+        self._feeds.open([shard])
         self._fleet.rebalance()
         return shard.name
 
@@ -305,6 +305,7 @@ class ClusterRuntime:
                 raise ClusterError(f"{name} is the last shard; add another before removing it")
             shard.placing = False
         self._fleet.rebalance(timeout)
+        shard.stopping = True
         with contextlib.suppress(Exception):
             ray.get(shard.actor.stop.remote(), timeout=timeout)
         with self._fleet.lock:
@@ -595,24 +596,7 @@ class ClusterRuntime:
     ) -> None:
         """A turn call whose channel broke: a dead shard resolves it as Ray calls are (``shard_lost``); a live
         one, with an error (its outcome is unknown), and the shard's turn calls go as Ray calls from now on."""
-        if shard.verdict is None:
-            shard.verdict = asyncio.ensure_future(self._why_broken(shard))
-        self._resolve(entry, handle, method, None, await shard.verdict, shard)
-
-    async def _why_broken(self, shard: ShardRef) -> BaseException:
-        import ray
-
-        shard.channel = None
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(shard.actor.hosted_sessions.remote().future()), 60)
-        except ray.exceptions.RayError as exc:
-            return self._fleet.failure(exc, shard)
-        except TimeoutError:
-            pass
-        log.warning("the turn channel to %s broke; its turns go as Ray calls", shard.name)
-        return ClusterError(
-            f"the turn channel to {shard.name} broke while this call was running on it: its outcome is unknown"
-        )
+        self._resolve(entry, handle, method, None, await self._feeds.verdict(shard), shard)
 
     def _resolve(
         self,
@@ -650,38 +634,30 @@ class ClusterRuntime:
             handle.set_result(value)
 
     def _after_events(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
-        """Call ``fn`` once every subscription of the session has received what its shard had queued for it
-        when the answer was sent (``positions``: feed id -> items): as on the local bus, a turn's events
-        are queued to every subscriber before its handle resolves. After :data:`EVENTS_WAIT` seconds ``fn``
-        runs anyway: a feed whose shard-side queue overflowed meanwhile hands out fewer items than it had
-        queued (its lost events become one lag notice), and a handle must resolve."""
-        with self._fleet.lock:
-            waits = [(self._fleet.relays[f], n) for f, n in positions.items() if f in self._fleet.relays]
-        if not waits:
+        """Call ``fn`` once this front has received the batch of the shard's events that holds the turn's
+        last (``positions``: front id -> batch number), so that, as on the local bus, a turn's events are
+        queued to every subscriber before its handle resolves. An answer on the turn channel comes after
+        that batch, so this is at once; one sent as a Ray call may overtake it. After
+        :data:`EVENTS_WAIT` seconds ``fn`` runs anyway: a handle must resolve."""
+        wanted = positions.get(self._feeds.front_id)
+        inbound = shard.inbound
+        if wanted is None or inbound is None or inbound.received >= wanted:
             fn()
             return
-        left = [len(waits)]
         lock = threading.Lock()
+        done = [False]
 
         def once() -> None:
             with lock:
-                if left[0] < 0:
+                if done[0]:
                     return
-                left[0] = -1
+                done[0] = True
             fn()
-
-        def one_done() -> None:
-            with lock:
-                left[0] -= 1
-                done = left[0] == 0
-            if done:
-                once()
 
         loop = self._fleet.loop
         if loop is not None:
             loop.loop.call_soon_threadsafe(loop.loop.call_later, EVENTS_WAIT, once)
-        for relay, count in waits:
-            relay.when_received(shard.name, count, one_done)
+        inbound.when(wanted, once)
 
     def approve(
         self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
@@ -780,68 +756,19 @@ class ClusterRuntime:
         check_types(types)
         size = queue_size if queue_size is not None else self.config.bus.subscriber_queue
         relay = Relay(
-            new_id(), sessions, types, queue_size=size, callback=callback, include_children=include_children
+            self._feeds.next_key(),
+            sessions,
+            types,
+            queue_size=size,
+            callback=callback,
+            include_children=include_children,
         )
         with self._fleet.lock:
-            self._fleet.relays[relay.id] = relay
+            self._fleet.relays[relay.key] = relay
             shards = [s for s in self._fleet.shards.values() if s.alive]
         try:
-            self._open_feeds([relay], shards)
+            self._feeds.subscribe([relay], shards)
         except BaseException:
             relay.subscription.close()
-            with self._fleet.lock:
-                self._fleet.relays.pop(relay.id, None)
             raise
         return relay.subscription
-
-    def _open_feeds(self, relays: list[Relay], shards: list[ShardRef]) -> None:
-        """Subscribe each relay on each shard (every shard has it before this returns), then poll them."""
-        import ray
-
-        pending = []
-        for relay in relays:
-            for shard in shards:
-                # The shard's queue only waits for the next poll: losses are the slow reader's, here.
-                size = max(relay.subscription.queue_size, self.config.bus.subscriber_queue)
-                ref = shard.actor.subscribe.remote(
-                    relay.id, relay.shard_sessions(), relay.shard_types(), size, relay.include_children
-                )
-                pending.append((relay, shard, ref))
-        for relay, shard, ref in pending:
-            try:
-                ray.get(ref, timeout=30)
-            except ray.exceptions.GetTimeoutError:
-                raise TimeoutError(f"{shard.name} did not take the subscription within 30 s") from None
-            except ray.exceptions.RayError as exc:
-                error = self._fleet.failure(exc, shard)
-                if isinstance(error, ShardDied):
-                    continue  # its sessions are resumed on the others, whose feeds carry them
-                raise error from None
-            relay.feed_opened(shard.name)
-            self._fleet.submit(self._pump(relay, shard))
-
-    async def _pump(self, relay: Relay, shard: ShardRef) -> None:
-        """Poll one shard's feed for one relay until either ends."""
-        import ray
-
-        try:
-            while not relay.closed and shard.alive and self._fleet.started:
-                data = await shard.actor.poll.remote(relay.id, POLL_SECONDS)
-                if data is None:  # the shard's bus closed: everything it queued has come through
-                    break
-                events = _wire.decode_events(data)
-                if events:
-                    relay.deliver(shard.name, events)
-        except ray.exceptions.ActorDiedError:
-            self._fleet.lost(shard.name)
-        except ray.exceptions.RayError as exc:
-            if self._fleet.started and shard.alive:
-                log.warning("event feed from %s ended: %s", shard.name, first_line(exc))
-        finally:
-            relay.feed_ended(shard.name)
-            if relay.closed:
-                with self._fleet.lock:
-                    self._fleet.relays.pop(relay.id, None)
-                if shard.alive:
-                    with contextlib.suppress(Exception):
-                        shard.actor.unsubscribe.remote(relay.id)

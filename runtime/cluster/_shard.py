@@ -7,10 +7,9 @@ call never holds up the others. Turns and events travel as msgpack bytes (:mod:`
 the turn calls (prompt, send, abort, compact) come on the shard's turn channel
 (:mod:`runtime.cluster._channel`), or as Ray calls from a front that cannot reach it.
 
-Events leave a shard by long polling: the front subscribes once per cluster subscription
-(:meth:`Shard.subscribe`) and then calls :meth:`Shard.poll`, which answers as soon as events are queued
-(all of them, up to a batch) or after a timeout with none. A subscription that nobody polls for
-:data:`ABANDONED_AFTER` seconds (its front died) is closed.
+Events leave a shard pushed on each front's turn channel (:mod:`runtime.cluster._stream`): a front adds a
+feed per cluster subscription (on the channel, or :meth:`Shard.subscribe_feed`), and a front that cannot
+reach the channel pulls them (:meth:`Shard.pull_events`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import fcntl
 import logging
 import os
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,15 +26,11 @@ import msgspec
 
 from runtime.cluster import _wire
 from runtime.cluster._channel import Address, Server
+from runtime.cluster._stream import Router
 from runtime.config import Config
 from runtime.served import LocalServed, SessionSummary
 
 log = logging.getLogger("agentcell.cluster")
-
-ABANDONED_AFTER = 120.0
-"""Seconds without a poll after which a shard closes a subscription (its front is gone)."""
-MAX_BATCH = 2_000
-"""The most events one poll returns."""
 
 
 class ShardInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,22 +42,6 @@ class ShardInfo(msgspec.Struct, frozen=True, kw_only=True):
     node_ip: str
     cpus: list[int] | None
     sessions_path: str
-
-
-class _Feed:
-    """One front's subscription on this shard, when it was last polled, and how many items (events and
-    lag notices) polls have taken from it."""
-
-    __slots__ = ("polled", "subscription", "taken")
-
-    def __init__(self, subscription: Any) -> None:
-        self.subscription = subscription
-        self.polled = time.monotonic()
-        self.taken = 0
-
-    def covers(self, session_id: str) -> bool:
-        sessions = self.subscription.sessions
-        return sessions is None or session_id in sessions
 
 
 class Shard:
@@ -80,9 +58,9 @@ class Shard:
         self.served = LocalServed(self.runtime)
         if self.runtime.cpus is not None:
             _place_process(self.runtime.cpus)
-        self._feeds: dict[str, _Feed] = {}
         self._forever: asyncio.Event | None = None
-        self._channel = Server(self._start, self._answer)
+        self._router: Router | None = None  # made on the actor's loop (open_channel)
+        self._channel: Server | None = None
         self._channel_address: Address | None = None
 
     # -- the shard itself ---------------------------------------------------------------------------------
@@ -115,7 +93,8 @@ class Shard:
         """Stop every session (logs flushed) and the runtime. Its bus closes: each feed hands out what it
         has queued (``session_stopped`` of every session among it), then polls answer None."""
         await asyncio.to_thread(self.runtime.stop, timeout)
-        await self._channel.close()  # after the answers of the turns the stop ended
+        if self._channel is not None:
+            await self._channel.close()  # after the answers of the turns the stop ended, and their events
 
     # -- sessions -----------------------------------------------------------------------------------------
     async def start_session(self, session_id: str | None, options: dict[str, Any]) -> SessionSummary:
@@ -206,22 +185,28 @@ class Shard:
         """What crosses back once a turn call's handle resolved (on the actor's event loop)."""
         if method == "abort":
             return bool(value)
-        return _wire.encode(value), self._positions(session_id)
+        return _wire.encode(value), self._positions()
 
-    def _positions(self, session_id: str) -> dict[str, int]:
-        """For each feed of the session: how many items it will have handed out once everything queued
-        now is polled. A handle resolves after its events are queued, so once a front has received that
-        many from each feed, its subscribers have every event of the turn (the local bus's promise)."""
-        return {
-            feed_id: feed.taken + feed.subscription.pending
-            for feed_id, feed in self._feeds.items()
-            if feed.covers(session_id)
-        }
+    def _positions(self) -> dict[str, int]:
+        """For each front: the number of the batch of events that holds the turn's last (a handle resolves
+        after its events are published, and this seals what is pending). Once a front has received it,
+        its subscribers have every event of the turn (the local bus's promise)."""
+        return self._routing().seal_all() if self._router is not None else {}
+
+    def _routing(self) -> Router:
+        """The router of events to fronts and the turn channel's server (made once, on the actor's loop)."""
+        if self._router is None:
+            self._router = Router(self.runtime.bus, asyncio.get_running_loop())
+            self.runtime.bus.add_sink(self._router)
+            self._channel = Server(self._start, self._answer, self._router)
+        return self._router
 
     async def open_channel(self) -> Address:
         """Start listening for fronts' turn channels (once); where, and the token they must bring."""
         import ray
 
+        self._routing()
+        assert self._channel is not None
         if self._channel_address is None:
             node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # unannotated in ray
             self._channel_address = await self._channel.open(node_ip)
@@ -274,67 +259,18 @@ class Shard:
         events = await asyncio.to_thread(self.served.replay, session_id, after_seq, types)
         return _wire.encode_events(events)
 
-    # -- events -------------------------------------------------------------------------------------------
-    async def subscribe(
-        self,
-        feed_id: str,
-        sessions: str | list[str],
-        types: list[str] | None,
-        queue_size: int | None,
-        include_children: bool = False,
+    # -- events (for a front without a turn channel; see runtime.cluster._stream) --------------------
+    async def subscribe_feed(
+        self, front_id: str, key: int, sessions: str | list[str], types: list[str] | None, children: bool
     ) -> None:
-        """Start queueing the events a front's subscription asked for (see :class:`runtime.bus.EventBus`)."""
-        self._sweep()
-        old = self._feeds.pop(feed_id, None)
-        if old is not None:
-            old.subscription.close()
-        more: dict[str, Any] = (
-            {"include_children": True} if include_children else {}
-        )  # (only runtimes with sub-agents)
-        subscription = self.runtime.subscribe(sessions, types, queue_size=queue_size, **more)
-        self._feeds[feed_id] = _Feed(subscription)
+        self._routing().subscribe(front_id, key, sessions, types, children)
 
-    async def poll(self, feed_id: str, timeout: float) -> bytes | None:
-        """The feed's queued events (waiting up to ``timeout`` seconds for the first), as msgpack; None
-        once the feed is closed (unknown, abandoned, or the shard stopping)."""
-        feed = self._feeds.get(feed_id)
-        if feed is None:
-            return None
-        feed.polled = time.monotonic()
-        subscription = feed.subscription
-        if not subscription.pending:
-            try:
-                async with asyncio.timeout(timeout):  # not wait_for, which may drop a cancel on 3.11
-                    first = await subscription.__anext__()
-            except TimeoutError:
-                return _wire.encode_events([])
-            except StopAsyncIteration:
-                self._feeds.pop(feed_id, None)
-                return None
-            events = [first]
-        else:
-            events = []
-        while len(events) < MAX_BATCH:  # what is queued now, without waiting (the rest: next poll)
-            event = subscription.get(0)
-            if event is None:
-                break
-            events.append(event)
-        feed.polled = time.monotonic()
-        feed.taken += len(events)
-        return _wire.encode_events(events)
+    async def unsubscribe_feed(self, front_id: str, key: int) -> None:
+        self._routing().unsubscribe(front_id, key)
 
-    async def unsubscribe(self, feed_id: str) -> None:
-        feed = self._feeds.pop(feed_id, None)
-        if feed is not None:
-            feed.subscription.close()
-
-    def _sweep(self) -> None:
-        """Close the feeds nobody has polled for :data:`ABANDONED_AFTER` seconds."""
-        now = time.monotonic()
-        for feed_id, feed in list(self._feeds.items()):
-            if now - feed.polled > ABANDONED_AFTER:
-                feed.subscription.close()
-                del self._feeds[feed_id]
+    async def pull_events(self, front_id: str, after: int, timeout: float) -> list[bytes]:
+        """The batches of events for ``front_id`` after ``after`` (waiting up to ``timeout`` for one)."""
+        return await self._routing().stream(front_id).pull(after, timeout)
 
 
 def _place_process(cpus: frozenset[int]) -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from runtime import events as ev
 from runtime.apps.server import ApiServer
-from runtime.cluster import SHARD_LOST, ClusterError, ClusterRuntime, ClusterUnavailable, owner
+from runtime.cluster import SHARD_LOST, ClusterError, ClusterRuntime, ClusterUnavailable, _feeds, owner
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
 from tests.conftest import Recorder
@@ -335,24 +335,47 @@ def frame(data: bytes) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def test_a_broken_turn_channel_fails_its_turn_clearly_and_the_next_go_as_ray_calls(
-    cluster: ClusterRuntime, provider: Any, script: Any
+def test_a_broken_tcp_turn_channel_is_connected_again_and_loses_no_event(
+    cluster: ClusterRuntime, provider: Any, script: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    new = cluster.add_shard()  # a shard of its own, whose channel breaks (as a network dropping it would)
+    monkeypatch.setattr(_feeds, "TCP", True)  # as a front on another host connects
+    new = cluster.add_shard()  # a shard of its own, whose connection breaks (as a network dropping it would)
     try:
         sid = next(f"broken-{n}" for n in itertools.count() if cluster.placement(f"broken-{n}") == new)
         start(cluster, provider, sid)
         shard = cluster._fleet.shards[new]
-        assert shard.channel is not None
+        old = shard.channel
+        assert old is not None and old._writer is not None
+        assert isinstance(old._writer.get_extra_info("peername"), tuple)  # (host, port): TCP
+        recorder = Recorder()
+        sub = cluster.subscribe(sid, callback=recorder)
         cluster.set_model(sid, script(Turn(text="answered to nobody", latency=2)))
         in_flight = cluster.prompt(sid, "in flight when the channel breaks")
-        shard.channel.close()
+        recorder.wait_for(lambda evs: any(e.type == "agent_start" for e in evs), timeout=30)
+        loop = cluster._fleet.loop
+        assert loop is not None
+        loop.loop.call_soon_threadsafe(old._writer.transport.abort)  # the connection drops
         with pytest.raises(ClusterError, match=f"turn channel to {new} broke"):
-            in_flight.result(timeout=60)
+            in_flight.result(timeout=60)  # its outcome is unknown to the front
+        deadline = time.monotonic() + 30
+        while (shard.channel is None or shard.channel is old) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        again = shard.channel
+        assert again is not None and again is not old and again._writer is not None  # connected again
+        assert isinstance(again._writer.get_extra_info("peername"), tuple)
         cluster.set_model(sid, "openai/agentcell-local")
-        after = cluster.prompt(sid, "after the break").result(timeout=60)  # a Ray call now
-        assert after.status == "ok" and shard.channel is None and new in cluster.shards
+        after = cluster.prompt(sid, "after the break").result(timeout=60)
+        assert after.status == "ok" and new in cluster.shards
         assert [m.text for m in cluster.messages(sid) if m.role == "user"][-1] == "after the break"
+        assert sub.flush(timeout=10)
+        mine = recorder.events
+        # Every event of the session, in order, none twice or missing: the end of the turn that ran while
+        # the connection was down came on the new one.
+        assert [e.seq for e in mine] == list(range(mine[0].seq, mine[0].seq + len(mine)))
+        assert [e.type for e in mine].count("agent_end") == 2
+        deltas = "".join(e.delta for e in mine if isinstance(e, ev.TextDelta))
+        assert deltas == "answered to nobody" + after.text
+        sub.close()
     finally:
         cluster.remove_shard(new)
 
