@@ -1,5 +1,5 @@
 """Scale-out (design §8, 10): turns/s of a cluster runtime with 1 and 2 shards against one plain ``Runtime``,
-and the latency the extra hop adds to a turn.
+the latency the extra hop adds to a turn, and how fast streamed events reach subscribers through the cluster.
 
 Sides, all driven from this process (which is also the cluster's front):
 
@@ -12,7 +12,8 @@ costs 10-13 ms of CPU in litellm alone, so a turn's rate is bound by the CPU of 
 the session. One process runs Python on one core at a time; two shards run on two.
 
 Every side is started and warmed once and kept open; then they take turns. A slice is ``sessions`` new
-sessions (started before the clock runs), each in a closed loop of turns; after a second's warm-up, the
+sessions (started before the clock runs), each with a callback subscription of its own to all its events
+(every turn's ``agent_end`` must reach it: checked), each in a closed loop of turns; after a second's warm-up, the
 turns answered in a window of ``window`` seconds give its rate (steady state: see ``_drive`` for why not a
 fixed number of turns). The sides alternate slices (A B C C B A),
 and each cluster side's rate is compared with the ``runtime`` slice next to it in time. The ratio reported
@@ -22,6 +23,13 @@ shards' (their processes, read with psutil).
 
 Latency: one session, one turn at a time, ``latency_turns`` turns on each side; the extra hop is the
 median turn of ``cluster-1`` minus that of ``runtime``.
+
+Streaming (the subscribed run): ``stream_sessions`` sessions (1,000) mid-turn at once on ``runtime`` and on
+``cluster-2``, against the local provider in a process of its own (it answers after 2 s, then streams ~200
+chunks an answer), a callback subscription per session. Delivery is the delay from each ``text_delta``'s
+creation (its ``ts``, stamped by the bus of the process that runs the session) to its subscriber's callback;
+every delta must arrive (each session's deltas make its answer: checked). The CPU per turn is this process's
+(for ``runtime`` everything; for ``cluster-2`` the front alone). Target: delivery p99 <= 50 ms.
 
 Run: ``python -m benchmarks.bench_cluster`` (``--quick`` for a short run). Needs the ray extra.
 """
@@ -34,6 +42,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +56,10 @@ from runtime.config import Config
 
 NAME = "cluster"
 TARGET = 1.7
+DELIVERY_TARGET_MS = 50.0
+STREAM_WORDS = 200
+STREAM_TEXT = " ".join(f"tok{n:03d}" for n in range(STREAM_WORDS))
+STREAM_LATENCY = 2.0
 MOCK_MODEL = "openai/gpt-4o-mini"
 MOCK_REPLY = "Two and three make five; the sum is checked and correct."
 SYSTEM = "You are a careful calculator."
@@ -91,6 +104,15 @@ class Side:
         if self.shards == 0:
             return []
         return [psutil.Process(self.rt.shard_info(name).pid) for name in self.rt.shards]
+
+    def start_streaming(self, count: int, url: str) -> list[str]:
+        sids = [
+            self.rt.start_session(model="openai/streamed", api_base=url, api_key="sk-bench")
+            for _ in range(count)
+        ]
+        for sid in sids:
+            self.rt.usage(sid)
+        return sids
 
     def start_sessions(self, count: int) -> list[str]:
         sids = [
@@ -141,6 +163,15 @@ async def _drive(side: Side, sids: list[str], warmup: float, window: float) -> S
         shard = sum(t.user + t.system for t in (p.cpu_times() for p in shards))
         return front.user + front.system, shard
 
+    ended_seen = [0]
+    lock = threading.Lock()
+
+    def count(event: Any) -> None:
+        if event.type == "agent_end":
+            with lock:
+                ended_seen[0] += 1
+
+    subs = [side.rt.subscribe(sid, callback=count) for sid in sids]
     tasks = [asyncio.ensure_future(conversation(sid)) for sid in sids]
     try:
         await asyncio.sleep(warmup)
@@ -150,6 +181,11 @@ async def _drive(side: Side, sids: list[str], warmup: float, window: float) -> S
     finally:
         stop = True
         await asyncio.gather(*tasks)
+    for sub in subs:
+        sub.flush(timeout=30)
+        sub.close()
+    if ended_seen[0] != len(done):
+        raise RuntimeError(f"{side.name}: {len(done)} turns answered, {ended_seen[0]} agent_end delivered")
     turns = sum(1 for t in done if began <= t < ended)
     return Slice(side.name, turns, ended - began, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
 
@@ -171,6 +207,81 @@ def measure_latency(side: Side, turns: int) -> None:
             raise RuntimeError(f"{side.name}: a latency turn ended {result.status}: {result.error}")
         if turn >= 3:  # the first turns warm the session
             side.latencies.append(elapsed)
+
+
+def _serve_stream(conn: Any) -> None:
+    """The provider process of the streaming run: every answer after 2 s, in ~200 chunks."""
+    from runtime.provider import LocalProvider
+    from runtime.provider.script import Turn
+
+    provider = LocalProvider(context_window=1_000_000, chunk_chars=len(STREAM_TEXT) // STREAM_WORDS + 1)
+    provider.add_script("streamed", [Turn(text=STREAM_TEXT, latency=STREAM_LATENCY)], loop=True)
+    provider.start()
+    conn.send(provider.url)
+    conn.recv()
+    provider.stop()
+
+
+@dataclass
+class Streamed:
+    side: str
+    sessions: int
+    delays: list[float]
+    seconds: float
+    front_cpu: float
+    shard_cpu: float
+    delivered_chars: int
+    lagged: int
+
+
+def measure_streaming(side: Side, sessions: int, url: str) -> Streamed:
+    """Every session mid-turn at once, a callback subscription each; the delay of every delta."""
+    sids = side.start_streaming(sessions, url)
+    shards = side.shard_processes()
+    me = psutil.Process()
+    delays: list[float] = []
+    chars = [0]
+    lagged = [0]
+    lock = threading.Lock()
+
+    def on_event(event: Any) -> None:
+        if event.type == "text_delta":
+            delay = time.time() - event.ts
+            with lock:
+                delays.append(delay)
+                chars[0] += len(event.delta)
+        elif event.type == "subscriber_lagged":
+            with lock:
+                lagged[0] += event.dropped
+
+    subs = [side.rt.subscribe(sid, callback=on_event) for sid in sids]
+    cpu0 = me.cpu_times()
+    shard0 = sum(t.user + t.system for t in (p.cpu_times() for p in shards))
+    began = time.perf_counter()
+    handles = [side.rt.prompt(sid, "Stream to me.") for sid in sids]
+    results = [h.result(timeout=300) for h in handles]
+    for sub in subs:
+        sub.flush(timeout=60)
+    seconds = time.perf_counter() - began
+    cpu1 = me.cpu_times()
+    shard1 = sum(t.user + t.system for t in (p.cpu_times() for p in shards))
+    for sub in subs:
+        sub.close()
+    bad = [r for r in results if r.status != "ok" or r.text != STREAM_TEXT]
+    if bad:
+        raise RuntimeError(
+            f"{side.name}: {len(bad)} streamed turns went wrong: {bad[0].status} {bad[0].error}"
+        )
+    return Streamed(
+        side.name,
+        sessions,
+        delays,
+        seconds,
+        (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        shard1 - shard0,
+        chars[0],
+        lagged[0],
+    )
 
 
 def _spin(seconds: float, out: Any) -> None:
@@ -198,6 +309,51 @@ def parallelism(seconds: float = 2.0) -> float:
     return done[1] / done[0]
 
 
+def run_streaming(sides: dict[str, Side], sessions: int) -> list[Streamed]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    process = ctx.Process(target=_serve_stream, args=(child,), name="bench-stream-provider", daemon=True)
+    process.start()
+    url = conn.recv()
+    try:
+        done = []
+        for name in ("runtime", "cluster-2"):
+            measure_streaming(sides[name], min(sessions, 20), url)  # warm: the provider, the connections
+            streamed = measure_streaming(sides[name], sessions, url)
+            print(
+                f"  streaming {name:<10} p50 {1000 * _percentile(streamed.delays, 0.5):7.1f} ms, "
+                f"p99 {1000 * _percentile(streamed.delays, 0.99):7.1f} ms, {streamed.seconds:.1f} s",
+                flush=True,
+            )
+            done.append(streamed)
+        return done
+    finally:
+        conn.send("stop")
+        process.join(10)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _stream_row(s: Streamed) -> dict[str, Any]:
+    return {
+        "side": s.side,
+        "sessions": s.sessions,
+        "deltas": len(s.delays),
+        "delivery_p50_ms": round(1000 * _percentile(s.delays, 0.5), 1),
+        "delivery_p99_ms": round(1000 * _percentile(s.delays, 0.99), 1),
+        "delivery_max_ms": round(1000 * max(s.delays), 1) if s.delays else None,
+        "wall_s": round(s.seconds, 2),
+        "front_cpu_ms_per_turn": round(1000 * s.front_cpu / s.sessions, 2),
+        "shard_cpu_ms_per_turn": round(1000 * s.shard_cpu / s.sessions, 2) if s.side != "runtime" else None,
+        "every_delta": s.delivered_chars == s.sessions * len(STREAM_TEXT) and not s.lagged,
+    }
+
+
 def _pairwise(sides: dict[str, Side], name: str) -> list[float]:
     """Each slice of ``name`` over the ``runtime`` slice next to it in time (its order in the plan)."""
     base, other = sides["runtime"].slices, sides[name].slices
@@ -210,7 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=None, help="concurrent sessions per slice")
     parser.add_argument("--window", type=float, default=None, help="seconds each slice is measured")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of A B C C B A slices")
+    parser.add_argument(
+        "--stream-sessions", type=int, default=None, help="sessions mid-turn in the streaming run"
+    )
+    parser.add_argument("--only-streaming", action="store_true", help="the streaming run alone")
     args = parser.parse_args(argv)
+    stream_sessions = args.stream_sessions or (200 if args.quick else 1000)
     sessions = args.sessions or (16 if args.quick else 48)
     window = args.window or (2.0 if args.quick else 6.0)
     warmup = 1.0
@@ -253,17 +414,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cpus = [side.rt.shard_info(name).cpus for name in side.rt.shards]
                 print(f"  {side.name}: shards on CPUs {cpus}", flush=True)
         order = ["runtime", "cluster-1", "cluster-2", "cluster-2", "cluster-1", "runtime"]
-        for n in range(rounds):
+        for n in range(0 if args.only_streaming else rounds):
             for name in order if n % 2 == 0 else list(reversed(order)):
                 done = run_slice(sides[name], sessions, warmup, window)
                 print(f"  round {n + 1} {name:<10} {done.rate:7.1f} turns/s", flush=True)
-        for side in sides.values():
-            measure_latency(side, latency_turns)
+        if not args.only_streaming:
+            for side in sides.values():
+                measure_latency(side, latency_turns)
+        streamed = run_streaming(sides, stream_sessions)
         free.append(parallelism())
     finally:
         for side in sides.values():
             side.close()
         ray.shutdown()
+    stream_rows = [_stream_row(s) for s in streamed]
+    print()
+    print(format_table(stream_rows))
+    two_stream = next(r for r in stream_rows if r["side"] == "cluster-2")
+    print(
+        f"\nstreaming, {stream_sessions} sessions mid-turn: cluster-2 delivers at p50 {two_stream['delivery_p50_ms']} "
+        f"ms, p99 {two_stream['delivery_p99_ms']} ms (target p99 <= {DELIVERY_TARGET_MS:g} ms); every delta "
+        f"delivered: {all(r['every_delta'] for r in stream_rows)}"
+    )
+    stream_meta = {
+        "stream_sessions": stream_sessions,
+        "stream_chunks_per_answer": STREAM_WORDS,
+        "stream_provider_latency_s": STREAM_LATENCY,
+        "delivery_target_ms": DELIVERY_TARGET_MS,
+        "delivery_met": two_stream["delivery_p99_ms"] <= DELIVERY_TARGET_MS,
+        "streaming": stream_rows,
+    }
+    if args.only_streaming:
+        write_results(f"{NAME}_streaming", stream_rows, {**stream_meta, "parallelism": free}, table=False)
+        return 0
 
     base = statistics.median(s.rate for s in sides["runtime"].slices)
     base_latency = statistics.median(sides["runtime"].latencies)
@@ -303,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "extra_hop_ms": next(r for r in rows if r["side"] == "cluster-1")["extra_hop_ms"],
         "quick": args.quick,
         "parallelism": [round(x, 2) for x in free],
+        **stream_meta,
     }
     print()
     print(format_table(rows))

@@ -45,7 +45,24 @@ def shard_types(types: frozenset[str] | None) -> list[str] | None:
 
 
 class _RelayBus(EventBus):
-    """A bus that also takes lag notices from elsewhere (a shard's feed that overflowed)."""
+    """A bus with one subscriber, that takes events numbered and stamped already (by their shards), and lag
+    notices from elsewhere (a shard's stream that dropped events)."""
+
+    def offer(self, sub: Subscription, events: list[Event]) -> None:
+        """Queue ``events`` for ``sub`` as :meth:`EventBus.publish` would, but as they are (their shard
+        numbered them) and waking its reader once for them all."""
+        if not events:
+            return
+        with self._lock:
+            if sub.closed:
+                return
+            queue, size = sub._queue, sub.queue_size
+            for event in events:
+                if len(queue) >= size:
+                    sub._drop_oldest()
+                queue.append(event)
+            if sub._waiter is not None:
+                sub._wake()
 
     def notify_lag(self, notice: SubscriberLagged) -> None:
         """Queue ``notice`` for every subscriber of its session, read before their next event."""
@@ -83,6 +100,7 @@ class Relay:
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
         self._feeds: set[str] = set()  # the shards whose feed is open
         self._held: dict[str, tuple[str, list[Event]]] = {}  # session -> (its dead shard, what came since)
+        self._waiting = 0  # threads in wait_seen
         self.since = time.time()
         """When it was made: a replay after a shard's death passes on nothing older."""
         self._cond = threading.Condition()
@@ -117,10 +135,13 @@ class Relay:
 
     def deliver(self, shard: str, events: list[Event]) -> None:
         """Publish a stream's events on the private bus with the numbers their shard gave them."""
+        out: list[Event] = []
         with self._cond:
-            held = self._held
+            held, seen, types = self._held, self._seen, self.types
             for event in events:
                 if isinstance(event, SubscriberLagged):  # the shard dropped events it could not send
+                    self.bus.offer(self.subscription, out)
+                    out = []
                     self.bus.notify_lag(event)
                     continue
                 if held:
@@ -128,16 +149,17 @@ class Relay:
                     if waiting is not None and waiting[0] != shard:
                         waiting[1].append(event)
                         continue
-                self._publish(event)
-            self._cond.notify_all()
+                seen[event.session_id] = event.seq
+                if types is None or event.type in types:  # (else session_stopped the move barrier wanted)
+                    out.append(event)
+            self.bus.offer(self.subscription, out)
+            if self._waiting:
+                self._cond.notify_all()
 
     def _publish(self, event: Event) -> None:
-        sid = event.session_id
-        self._seen[sid] = event.seq
-        if self.types is not None and event.type not in self.types:
-            return  # session_stopped that only the move barrier wanted
-        self.bus.set_last_seq(sid, event.seq - 1)  # publish() numbers it seq - 1 + 1: the shard's number
-        self.bus.publish(event)
+        self._seen[event.session_id] = event.seq
+        if self.types is None or event.type in self.types:
+            self.bus.offer(self.subscription, [event])
 
     def hold(self, session_id: str, dead: str) -> None:
         """The session's shard ``dead`` died: hold what other shards send for it until :meth:`release`."""
@@ -169,10 +191,14 @@ class Relay:
     def wait_seen(self, session_id: str, seq: int, shard: str, timeout: float) -> bool:
         """Wait until the session's event ``seq`` has come through (or ``shard``'s feed has ended)."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._seen.get(session_id, 0) >= seq or shard not in self._feeds or self.closed,
-                timeout,
-            )
+            self._waiting += 1
+            try:
+                return self._cond.wait_for(
+                    lambda: self._seen.get(session_id, 0) >= seq or shard not in self._feeds or self.closed,
+                    timeout,
+                )
+            finally:
+                self._waiting -= 1
 
     def close(self) -> None:
         """End the subscription once its reader has what is queued (as :meth:`EventBus.close` does)."""

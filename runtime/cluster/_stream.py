@@ -3,8 +3,8 @@
 A :class:`Router` is a sink of the shard's event bus. Each front's subscription is a :class:`Feed` of it
 (its sessions, its types, with or without sub-agents), so a shard sends only what some subscriber wants,
 and it decides so once per event, under the bus lock, in publish order. What a front's feeds want goes to
-that front's :class:`Stream`, which seals what came within :data:`BATCH_DELAY` into one numbered batch and
-writes it on the front's turn channel (one frame: :data:`PUSH`, then msgpack ``[number, events, routes]``,
+that front's :class:`Stream`, which seals what came before the shard's event loop woke up for it into one
+numbered batch and writes it on the front's turn channel (one frame: :data:`PUSH`, then msgpack ``[number, events, routes]``,
 ``routes[i]`` the keys of the feeds ``events[i]`` is for). An event wanted by several feeds of a front
 crosses once; the front decodes each batch once and hands each event to its subscriptions.
 
@@ -38,8 +38,9 @@ __all__ = ["BATCH_DELAY", "PUSH", "Feed", "Push", "Router", "Stream", "decode_pu
 
 PUSH = 0xC1
 """The first byte of a frame of events: a byte msgpack never uses, so no answer starts with it."""
-BATCH_DELAY = 0.002
-"""Seconds an event waits for others to cross in the same batch."""
+BATCH_DELAY = 0.0
+"""Seconds an event waits for others to cross in the same batch, beyond the time the shard's event loop
+takes to wake up for it (what comes meanwhile crosses with it: under load, a few milliseconds' worth)."""
 HIGH_WATER = 4 << 20
 """Bytes waiting on a front's connection beyond which batches wait for it to drain."""
 BUDGET = 64 << 20
@@ -132,7 +133,10 @@ class Stream:
         if not self._armed:
             self._armed = True
             with contextlib.suppress(RuntimeError):  # the loop closed: the shard is going away
-                self._loop.call_soon_threadsafe(self._loop.call_later, BATCH_DELAY, self.seal)
+                if BATCH_DELAY:
+                    self._loop.call_soon_threadsafe(self._loop.call_later, BATCH_DELAY, self.seal)
+                else:
+                    self._loop.call_soon_threadsafe(self.seal)
 
     # -- the shard's loop -----------------------------------------------------------------------------
     def seal(self) -> int:
