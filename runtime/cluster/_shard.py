@@ -90,8 +90,8 @@ class Shard:
         await asyncio.to_thread(self.runtime.flush, timeout)
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop every session (logs flushed) and the runtime. Its bus closes: each feed hands out what it
-        has queued (``session_stopped`` of every session among it), then polls answer None."""
+        """Stop every session (logs flushed) and the runtime, then the turn channel, after writing the turns'
+        answers and the events the stop published (``session_stopped`` of every session)."""
         await asyncio.to_thread(self.runtime.stop, timeout)
         if self._channel is not None:
             await self._channel.close()  # after the answers of the turns the stop ended, and their events

@@ -1,0 +1,100 @@
+"""A shard's stream of events to a front (runtime.cluster._stream), without Ray: what a front misses while it
+cannot take the events is reported as ``subscriber_lagged``, and a reconnection resends what it did not
+acknowledge."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from runtime import events as ev
+from runtime.bus import EventBus
+from runtime.cluster import _stream
+from runtime.cluster._events import Inbound, Relay
+from runtime.cluster._stream import Router
+
+
+def delta(n: int) -> ev.TextDelta:
+    return ev.TextDelta(session_id="s", turn_id="t", delta=f"{n:04d}" * 50)
+
+
+async def connected() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose far end this test reads itself: (that end's reader, the shard's writer)."""
+    near, far = socket.socketpair()
+    reader, _ = await asyncio.open_connection(sock=far)
+    _kept.append(_)
+    kept, writer = await asyncio.open_connection(sock=near)
+    _kept.append(kept)
+    return reader, writer
+
+
+_kept: list[Any] = []
+
+
+async def read_batches(reader: asyncio.StreamReader, inbound: Inbound, until: int) -> None:
+    while inbound.received < until:
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        inbound.push(await reader.readexactly(size))
+
+
+def test_events_a_front_cannot_take_are_dropped_and_reported_as_lag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_stream, "BUDGET", 20_000)  # a few batches' worth
+
+    async def main() -> tuple[list[Any], int]:
+        bus = EventBus()
+        router = Router(bus, asyncio.get_running_loop())
+        bus.add_sink(router)
+        router.subscribe("front", 1, ["s"], ["text_delta"], False)
+        relay = Relay(1, "s", ["text_delta"], queue_size=10_000)
+        inbound = Inbound("shard", {1: relay})
+        stream = router.streams["front"]
+        for n in range(300):  # no connection: everything waits, the oldest past the budget are dropped
+            bus.publish(delta(n))
+            if n % 10 == 9:
+                stream.seal()
+        reader, writer = await connected()
+        stream.attach(writer, 0)
+        bus.publish(delta(300))
+        await asyncio.sleep(0.05)
+        await read_batches(reader, inbound, stream.no)
+        writer.close()
+        return relay.subscription.drain(), relay.subscription.dropped
+
+    events, dropped = asyncio.run(main())
+    lagged = [e for e in events if isinstance(e, ev.SubscriberLagged)]
+    kept = [e for e in events if isinstance(e, ev.TextDelta)]
+    assert lagged and dropped == sum(e.dropped for e in lagged) > 0
+    assert dropped + len(kept) == 301  # every event delivered or counted as lost
+    assert [e.seq for e in kept] == list(range(302 - len(kept), 302))  # the newest kept, in order
+
+
+def test_a_reconnected_front_gets_what_it_did_not_acknowledge_once() -> None:
+    async def main() -> list[int]:
+        bus = EventBus()
+        router = Router(bus, asyncio.get_running_loop())
+        bus.add_sink(router)
+        router.subscribe("front", 7, "*", None, False)
+        relay = Relay(7, "*", None, queue_size=10_000)
+        inbound = Inbound("shard", {7: relay})
+        stream = router.streams["front"]
+        reader, writer = await connected()
+        stream.attach(writer, 0)
+        for n in range(5):
+            bus.publish(delta(n))
+            stream.seal()
+        await read_batches(reader, inbound, 2)  # the front read two batches; three are in the socket
+        stream.ack(1)  # and acknowledged one
+        stream.detach(writer)  # the connection broke
+        writer.close()
+        bus.publish(delta(5))  # (while it is down)
+        stream.seal()
+        again, writer2 = await connected()
+        stream.attach(writer2, inbound.received)
+        await read_batches(again, inbound, stream.no)
+        writer2.close()
+        return [e.seq for e in relay.subscription.drain()]
+
+    assert asyncio.run(main()) == [1, 2, 3, 4, 5, 6]
