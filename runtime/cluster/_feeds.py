@@ -81,13 +81,19 @@ class Feeds:
                     shard.name,
                     first_line(exc),
                 )
-                self.fleet.submit(self._pump(shard))
+                if self.fleet.started:  # (else once it has started)
+                    self.fleet.submit(self._pump(shard))
         with self.fleet.lock:
             relays = [r for r in self.fleet.relays.values() if not r.closed]
         if relays:
             self.subscribe(relays, shards)
 
     def start(self) -> None:
+        """Once the runtime has started: pull the events of the shards it could not connect to, and sweep."""
+        with self.fleet.lock:
+            unreached = [s for s in self.fleet.shards.values() if s.alive and s.channel is None]
+        for shard in unreached:
+            self.fleet.submit(self._pump(shard))
         self.fleet.submit(self._sweep())
 
     async def _connect(self, shard: ShardRef) -> TurnChannel:

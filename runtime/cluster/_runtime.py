@@ -595,7 +595,8 @@ class ClusterRuntime:
         self, entry: Hosted, shard: ShardRef, handle: Handle[Any], method: str
     ) -> None:
         """A turn call whose channel broke: a dead shard resolves it as Ray calls are (``shard_lost``); a live
-        one, with an error (its outcome is unknown), and the shard's turn calls go as Ray calls from now on."""
+        one, with an error (its outcome is unknown), and the shard's turn calls go as Ray calls until the
+        channel is connected again."""
         self._resolve(entry, handle, method, None, await self._feeds.verdict(shard), shard)
 
     def _resolve(
@@ -770,5 +771,7 @@ class ClusterRuntime:
             self._feeds.subscribe([relay], shards)
         except BaseException:
             relay.subscription.close()
+            with self._fleet.lock:
+                self._fleet.relays.pop(relay.key, None)
             raise
         return relay.subscription

@@ -380,6 +380,31 @@ def test_a_broken_tcp_turn_channel_is_connected_again_and_loses_no_event(
         cluster.remove_shard(new)
 
 
+def test_a_shard_whose_channel_cannot_be_reached_gets_turns_and_events_by_ray_calls(
+    cluster: ClusterRuntime, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def unreachable(*_: Any, **__: Any) -> Any:
+        raise OSError("no route to host")  # a port its network does not let through
+
+    monkeypatch.setattr(_feeds, "connect", unreachable)
+    new = cluster.add_shard()
+    try:
+        shard = cluster._fleet.shards[new]
+        assert shard.channel is None
+        sid = next(f"pulled-{n}" for n in itertools.count() if cluster.placement(f"pulled-{n}") == new)
+        start(cluster, provider, sid)
+        recorder = Recorder()
+        with cluster.subscribe(sid, types={"text_delta", "agent_end"}, callback=recorder) as sub:
+            result = cluster.prompt(sid, "over Ray").result(timeout=60)
+            assert result.status == "ok" and sub.flush(timeout=10)
+            assert recorder.types(sid)[-1] == "agent_end"
+            deltas = "".join(e.delta for e in recorder.events if isinstance(e, ev.TextDelta))
+            assert deltas == result.text
+        assert shard.pumping
+    finally:
+        cluster.remove_shard(new)
+
+
 def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
     cluster: ClusterRuntime, provider: Any, script: Any
 ) -> None:
