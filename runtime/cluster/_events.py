@@ -25,6 +25,7 @@ fast enough) reports its loss with the same event, which the relay passes on.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,9 +49,9 @@ class _RelayBus(EventBus):
     """A bus with one subscriber, that takes events numbered and stamped already (by their shards), and lag
     notices from elsewhere (a shard's stream that dropped events)."""
 
-    def offer(self, sub: Subscription, events: list[Event]) -> None:
+    def offer(self, sub: Subscription, events: list[Event], wake: bool = True) -> None:
         """Queue ``events`` for ``sub`` as :meth:`EventBus.publish` would, but as they are (their shard
-        numbered them) and waking its reader once for them all."""
+        numbered them), waking its reader once for them all (or not yet: :meth:`wake`)."""
         if not events:
             return
         with self._lock:
@@ -61,6 +62,11 @@ class _RelayBus(EventBus):
                 if len(queue) >= size:
                     sub._drop_oldest()
                 queue.append(event)
+            if wake and sub._waiter is not None:
+                sub._wake()
+
+    def wake(self, sub: Subscription) -> None:
+        with self._lock:
             if sub._waiter is not None:
                 sub._wake()
 
@@ -133,8 +139,9 @@ class Relay:
         with self._cond:
             return self._cond.wait_for(lambda: not self._feeds, timeout)
 
-    def deliver(self, shard: str, events: list[Event]) -> None:
-        """Publish a stream's events on the private bus with the numbers their shard gave them."""
+    def deliver(self, shard: str, events: list[Event], wake: bool = True) -> None:
+        """Publish a stream's events on the private bus with the numbers their shard gave them; with
+        ``wake`` False, the subscriber's reader is woken only by :meth:`wake`."""
         out: list[Event] = []
         with self._cond:
             held, seen, types = self._held, self._seen, self.types
@@ -152,7 +159,7 @@ class Relay:
                 seen[event.session_id] = event.seq
                 if types is None or event.type in types:  # (else session_stopped the move barrier wanted)
                     out.append(event)
-            self.bus.offer(self.subscription, out)
+            self.bus.offer(self.subscription, out, wake)
             if self._waiting:
                 self._cond.notify_all()
 
@@ -165,6 +172,10 @@ class Relay:
         """The session's shard ``dead`` died: hold what other shards send for it until :meth:`release`."""
         with self._cond:
             self._held.setdefault(session_id, (dead, []))
+
+    def wake(self) -> None:
+        """Wake the subscriber's reader for what :meth:`deliver` queued without waking it."""
+        self.bus.wake(self.subscription)
 
     def holds(self, session_id: str) -> bool:
         with self._cond:
@@ -240,6 +251,7 @@ class Inbound:
         self._unknown = unknown
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self._lock = threading.Lock()
+        self._to_wake: dict[int, Relay] = {}
 
     def push(self, data: bytes) -> bool:
         """Take a frame of events (on the front's loop); False for a batch received before."""
@@ -254,22 +266,41 @@ class Inbound:
                     groups[key] = [event]
                 else:
                     group.append(event)
-        relays = self._relays
+        relays, to_wake = self._relays, self._to_wake
+        first = not to_wake
         for key, events in groups.items():
             relay = relays.get(key)
             if relay is None or relay.closed:
                 if self._unknown is not None:
                     self._unknown(self.shard, key)
                 continue
-            relay.deliver(self.shard, events)
+            relay.deliver(self.shard, events, wake=False)
+            to_wake[key] = relay
+        if first and to_wake:
+            # The readers are woken once the connection has nothing more to read for now: each then takes
+            # all that came meanwhile in one go. Woken for every batch, a thousand subscribers' threads
+            # would each want the GIL for every few events, and the thread that reads here would wait for
+            # it behind them.
+            try:
+                asyncio.get_running_loop().call_soon(self.wake)
+            except RuntimeError:  # (no loop: a test's)
+                self.wake()
         with self._lock:
             self.received = batch.no
             due = [w for w in self._waiters if w[0] <= batch.no] if self._waiters else []
             if due:
                 self._waiters = [w for w in self._waiters if w[0] > batch.no]
+        if due:
+            self.wake()  # (a turn's handle resolves with its subscribers' readers woken)
         for _, fn in due:
             fn()
         return True
+
+    def wake(self) -> None:
+        """Wake the readers of the subscriptions that received events since the last time."""
+        to_wake, self._to_wake = self._to_wake, {}
+        for relay in to_wake.values():
+            relay.wake()
 
     def when(self, no: int, fn: Callable[[], None]) -> None:
         """Call ``fn`` once batch ``no`` has been received (now, if it has, or the stream has ended)."""

@@ -363,6 +363,8 @@ def test_a_broken_tcp_turn_channel_is_connected_again_and_loses_no_event(
         again = shard.channel
         assert again is not None and again is not old and again._writer is not None  # connected again
         assert isinstance(again._writer.get_extra_info("peername"), tuple)
+        # The turn cut off from the front ends on the shard; its end comes on the new connection.
+        recorder.wait_for(lambda evs: any(e.type == "agent_end" for e in evs), timeout=30)
         cluster.set_model(sid, "openai/agentcell-local")
         after = cluster.prompt(sid, "after the break").result(timeout=60)
         assert after.status == "ok" and new in cluster.shards
