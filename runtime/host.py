@@ -38,6 +38,7 @@ from runtime._hosting import Hosting, workspace_of
 from runtime._machinery import Machinery
 from runtime._resume import check_log, continue_numbering, resumed_servers
 from runtime.affinity import place_runtime
+from runtime.api import RuntimeAPI, ToolsArg
 from runtime.bus import Subscription
 from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
@@ -54,11 +55,9 @@ from runtime.tools.mcp import parse_servers
 __all__ = ["Runtime", "RuntimeStopped", "SessionNotFound", "ToolsArg", "check_sendable"]
 
 
-ToolsArg = Any  # a ToolRegistry, an iterable of functions/Tools, "builtin", or None
-
-
-class Runtime:
-    """Hosts sessions: each a supervised group of actors over a shared dispatcher, I/O loop and bus."""
+class Runtime(RuntimeAPI):
+    """Hosts sessions: each a supervised group of actors over a shared dispatcher, I/O loop and bus (the
+    methods are documented once, in :class:`runtime.api.RuntimeAPI`)."""
 
     def __init__(
         self,
@@ -91,8 +90,6 @@ class Runtime:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
-        """Start the shared machinery. Idempotent; returns ``self``."""
-
         with self._lock:
             if self._started:
                 return self
@@ -115,7 +112,6 @@ class Runtime:
             return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every session (agents first, stores last), flush the logs, stop the machinery."""
         with self._lock:
             if not self._started:
                 return
@@ -127,9 +123,6 @@ class Runtime:
             self._placement.release()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Block until everything queued for the disk so far is written: every session started before is
-        durable (its header is in the sessions index, fsynced unless ``persistence.fsync = "never"``), and
-        so is every acknowledged entry and event line."""
         self._require_started()
         self.services.writer.flush(timeout)
 
@@ -137,10 +130,6 @@ class Runtime:
         return self.start()
 
     def metrics(self) -> RuntimeMetrics:
-        """The runtime's Prometheus metrics (a :class:`~runtime.observability.metrics.RuntimeMetrics`): a
-        collector with its own ``registry``, counting from the first call (``agentcell serve`` makes it at
-        start). Needs the ``prometheus-client`` package."""
-
         with self._lock:
             self._require_started()
             if self._metrics is None:
@@ -178,19 +167,6 @@ class Runtime:
         mcp_servers: Any = None,
         _parent: tuple[str, str, int] | None = None,
     ) -> str:
-        """Create a session and return its id.
-
-        ``config`` holds per-session overrides (``{"compaction.mode": "truncate"}``). ``tools`` is a
-        ``ToolRegistry``, functions, ``"builtin"`` (the file tools; shell only when
-        ``agent.shell_enabled``), or None for no tools. ``api_key`` is kept in memory only. ``agents``
-        adds sub-agent profiles to the runtime's (name → :class:`~runtime.config.AgentProfile` or a
-        mapping of its fields): the session gets the ``agent`` delegation tool. ``mcp_servers`` adds MCP
-        servers to the runtime's ``[mcp.servers]`` (design §3.9): name → :class:`~runtime.config.McpServerConfig`
-        or a mapping of its fields, or command lines / URLs as ``agentcell chat --mcp`` takes them; their
-        tools reach the model as ``NAME__tool``. They are kept in the session's log (values that look like
-        secrets withheld) and come back with :meth:`resume_session`.
-        """
-
         self._require_started()
         _require_unicode(system_prompt, "the system prompt")
         if session_id is None:
@@ -239,7 +215,6 @@ class Runtime:
         return sid
 
     async def astart_session(self, session_id: str | None = None, **kwargs: Any) -> str:
-        """:meth:`start_session` from asyncio (the same arguments), run off the event loop."""
         return await asyncio.to_thread(self.start_session, session_id, **kwargs)
 
     def resume_session(
@@ -255,15 +230,6 @@ class Runtime:
         repair: Literal["truncate"] | None = None,
         mcp_servers: Any = None,
     ) -> str:
-        """Continue a stored session: its actors rebuild the tree from the log.
-
-        A log with a line that is not a valid entry (not a torn last line, which is always repaired) raises
-        :class:`~runtime.store.log.CorruptLogError` naming the file and the line, and nothing is hosted.
-        ``repair="truncate"`` opens such a session up to its last good entry instead: the log is cut before
-        the bad line, everything from it on is kept in ``<id>.artifacts/log-cut-<time>.jsonl``, and a
-        ``log_recovered`` event says where. The session's own MCP servers come back from its log;
-        ``mcp_servers`` adds or replaces some (e.g. to give again a value the log withheld as a secret).
-        """
         self._require_started()
         sid = validate_session_id(session_id)
         if repair not in (None, "truncate"):
@@ -326,7 +292,6 @@ class Runtime:
         return sid
 
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
-        """:meth:`resume_session` from asyncio (the same arguments), run off the event loop."""
         return await asyncio.to_thread(self.resume_session, session_id, **kwargs)
 
     def _session(self, session_id: str) -> Session:
@@ -344,22 +309,18 @@ class Runtime:
             raise RuntimeStopped("the runtime is not running; call start() or use it as a context manager")
 
     def list_sessions(self) -> list[SessionInfo]:
-        """Every stored session (running or not), newest first."""
         self._require_started()
         self.services.writer.flush()  # the sessions started just now too (their headers on their way)
         infos = self.services.directory.list()
         return sorted(infos, key=lambda i: i.updated_at, reverse=True)
 
     async def alist_sessions(self) -> list[SessionInfo]:
-        """:meth:`list_sessions` from asyncio: the directory is read off the event loop."""
         return await asyncio.to_thread(self.list_sessions)
 
     def hosted_sessions(self) -> list[str]:
-        """Ids of the sessions this runtime currently hosts."""
         return list(self._hosting.sessions.keys())
 
     def stop_session(self, session_id: str) -> None:
-        """Stop a hosted session (its log stays): its sub-agents hosted here are stopped first."""
         for child in self.delegations.children(session_id):
             if child in self._hosting.sessions:
                 self.stop_session(child)
@@ -374,12 +335,9 @@ class Runtime:
         self.bus.publish(ev.SessionStopped(session_id=session_id))
 
     async def astop_session(self, session_id: str) -> None:
-        """:meth:`stop_session` from asyncio: waits for the actors to stop off the event loop."""
         await asyncio.to_thread(self.stop_session, session_id)
 
     def delete_session(self, session_id: str) -> None:
-        """Stop the session if hosted and delete its log, transcript and artifacts, and those of its
-        sub-agents (they exist to serve it; their answers stay in its record until then)."""
         self._require_started()
         validate_session_id(session_id)
         for child in self.delegations.children(session_id):
@@ -398,14 +356,9 @@ class Runtime:
             self._machinery.transcripts.forget(session_id)
 
     async def adelete_session(self, session_id: str) -> None:
-        """:meth:`delete_session` from asyncio, run off the event loop."""
         await asyncio.to_thread(self.delete_session, session_id)
 
     def hibernate(self, session_id: str) -> bool:
-        """Park an idle session's actors (design §8); its next use restarts them from the log. Its idle
-        sub-agents are parked with it.
-
-        Returns False when the session was not running or is busy with a turn."""
         session = self._hosted(session_id)
         parked = isinstance(session, Session) and session.hibernate_if_idle()
         if parked:
@@ -415,12 +368,9 @@ class Runtime:
         return parked
 
     async def ahibernate(self, session_id: str) -> bool:
-        """:meth:`hibernate` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.hibernate, session_id)
 
     def children(self, session_id: str) -> list[str]:
-        """The sub-agent sessions ``session_id`` delegated to (started or resumed in this runtime, or
-        found in the logs), oldest first."""
         self._require_started()
         known = self.delegations.children(session_id)
         stored = [i.id for i in self.services.directory.list() if i.parent_id == session_id]
@@ -436,14 +386,6 @@ class Runtime:
         steer: bool = False,
         prompt_id: str | None = None,
     ) -> PromptHandle:
-        """Send a user message. Returns at once; the handle resolves when the run ends.
-
-        While the session is busy the prompt is queued (``message_queued``) and runs next. With ``steer``
-        it joins the running turn instead, at its next step boundary (after the running tools' results),
-        and its handle resolves with that turn; when the turn ends first, it runs next like a queued one.
-        ``prompt_id`` is the handle's id (default: a new one; a cluster front passes the id of its own
-        handle, so that both and the session's events agree).
-        """
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
         if not text.strip() and not images:  # the one rule, for Python and HTTP alike
@@ -462,14 +404,6 @@ class Runtime:
         options: Any = None,
         prompt_id: str | None = None,
     ) -> PromptHandle:
-        """Run a turn on ``messages``, recorded in order: what a client that keeps its own side of the
-        conversation sends (the Responses API front door). The last is a user message, or a tool result.
-
-        ``messages`` may hold history (user and assistant messages, tool calls and their results) and the
-        results of the client tool calls the previous run stopped for (``tool`` messages answering the calls
-        of :attr:`TurnResult.awaiting`). ``options`` is an :class:`actors.protocol.TurnOptions`: client-side
-        tools, this run's instructions, compaction on or off. Queued like :meth:`prompt` while busy.
-        """
         check_sendable(messages, options)
         session = self._session(session_id)
         handle = PromptHandle(prompt_id or new_id())
@@ -478,8 +412,6 @@ class Runtime:
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
-        """Stop the running turn, repair unanswered tool calls, emit ``agent_abort``. Resolves to whether
-        a turn was running."""
         session = self._session(session_id)
         handle: Handle[bool] = Handle(new_id())
         if not session.running:
@@ -491,7 +423,6 @@ class Runtime:
     def compact(
         self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
     ) -> Handle[CompactionResult]:
-        """Compact now (design §5.12). A manual compaction is always allowed, even after a failed one."""
         if keep_recent_tokens is not None and keep_recent_tokens < 0:
             raise ValueError("keep_recent_tokens must be >= 0")
         session = self._session(session_id)
@@ -509,21 +440,17 @@ class Runtime:
     def approve(
         self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
     ) -> bool:
-        """Answer an ``approval_request`` event. Returns False when no such request is waiting."""
         self._require_started()
         return self.services.approvals.answer(session_id, call_id, approved, reason)
 
     # -- queries --------------------------------------------------------------------------------------
     def context_stats(self, session_id: str, timeout: float = 30.0) -> ContextStats:
-        """The context breakdown of design §4.6 (the same estimate the compaction trigger uses)."""
         return self._session(session_id).ask(GetContextStats(), timeout)
 
     async def acontext_stats(self, session_id: str) -> ContextStats:
-        """:meth:`context_stats` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.context_stats, session_id)
 
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
-        """The conversation: ``"user"`` (everything on the path, nothing hidden) or ``"model"``."""
         session = self._session(session_id)
         if view == "model":
             return list(session.ask(GetContext(), timeout).messages)
@@ -532,15 +459,11 @@ class Runtime:
         return list(session.ask(GetMessages(), timeout).messages)
 
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
-        """:meth:`messages` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.messages, session_id, view=view)
 
     def usage(
         self, session_id: str, timeout: float = 30.0, *, include_children: bool = False
     ) -> Usage | UsageReport:
-        """Session totals (input, output, reasoning, cache read/write, cost). With ``include_children``,
-        a :class:`~runtime.subagents.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
-        and the total."""
         own = self._session(session_id).ask(GetTotals(), timeout)
         if not include_children:
             return own
@@ -554,12 +477,9 @@ class Runtime:
         return UsageReport.of(own, children)
 
     async def ausage(self, session_id: str) -> Usage | UsageReport:
-        """:meth:`usage` from asyncio, run off the event loop."""
         return await asyncio.to_thread(self.usage, session_id)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
-        """Switch the session's model; returns the new context window. A smaller window compacts on the
-        next turn if the context no longer fits."""
         session = self._session(session_id)
         spec = session.spec
         window = self._hosting.window(validate_model_name(model), spec.config, spec.api_base, spec.api_key)
@@ -571,18 +491,15 @@ class Runtime:
         return window
 
     async def aset_model(self, session_id: str, model: str) -> int:
-        """:meth:`set_model` from asyncio (the new model's tokenizer loads off the event loop)."""
         return await asyncio.to_thread(self.set_model, session_id, model)
 
     def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
-        """Move the session's leaf to ``leaf_id`` (any message id of the session; None = the start)."""
         stored = self._session(session_id).ask(Branch(leaf_id), timeout)
         if stored.error is not None:
             raise OSError(f"could not record the branch: {stored.error}")
         self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
 
     async def abranch(self, session_id: str, leaf_id: str | None) -> None:
-        """:meth:`branch` from asyncio: waits for the branch to be logged off the event loop."""
         await asyncio.to_thread(self.branch, session_id, leaf_id)
 
     # -- events ---------------------------------------------------------------------------------------
@@ -595,12 +512,6 @@ class Runtime:
         queue_size: int | None = None,
         include_children: bool = False,
     ) -> Subscription:
-        """Subscribe to one session, several, or all (``"*"``), optionally to some event types.
-
-        With ``callback`` events are pushed to it; otherwise iterate the subscription (``for`` or
-        ``async for``). Close it (or use ``with``) when done. ``include_children`` adds the events of
-        the sessions' sub-agents (and theirs), each with ``parent_session_id`` and ``parent_call_id``.
-        """
         self._require_started()
         if types is not None:
             types = set(types)

@@ -37,9 +37,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from runtime import events as ev
+from runtime.api import RuntimeAPI, ToolsArg
+from runtime.bus import Subscription
 from runtime.cluster import _wire
 from runtime.cluster._channel import LOST
 from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
@@ -51,11 +53,18 @@ from runtime.cluster._loop import Loop
 from runtime.cluster._placement import owner
 from runtime.cluster._shard import Shard, ShardInfo
 from runtime.config import Config, load_config
+from runtime.context.estimate import ContextStats
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.host import RuntimeStopped, SessionNotFound, _require_unicode, check_sendable
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
+
+if TYPE_CHECKING:
+    from runtime.messages import Usage
+    from runtime.observability.metrics import RuntimeMetrics
+    from runtime.store.sessions import SessionInfo
+    from runtime.subagents import UsageReport
 
 log = logging.getLogger("agentcell.cluster")
 
@@ -68,7 +77,7 @@ _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "requir
 """What resuming a session needs that its log does not keep (the API key above all): kept in memory."""
 
 
-class ClusterRuntime:
+class ClusterRuntime(RuntimeAPI):
     """Hosts sessions on N shards, each a Ray actor running a :class:`~runtime.host.Runtime`.
 
     The same public API as ``Runtime`` (start/resume/stop/delete sessions, prompt, abort, compact,
@@ -119,7 +128,7 @@ class ClusterRuntime:
         self.start_timeout = start_timeout
         self._ray_init = dict(ray_init or {})
         self._owns_ray = False
-        self._metrics: Any = None
+        self._metrics: RuntimeMetrics | None = None
         self._metrics_lock = threading.Lock()  # not the fleet's: making them subscribes on every shard
         self._fleet = Fleet(
             cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
@@ -233,7 +242,7 @@ class ClusterRuntime:
             self._fleet.relays.clear()
         self._disconnect(ray)
 
-    def metrics(self) -> Any:
+    def metrics(self) -> RuntimeMetrics:
         """The cluster's Prometheus metrics, as ``Runtime.metrics``: counted at the front from the events of
         every shard (one subscription across them), from the first call on. Needs ``prometheus-client``."""
         from runtime.observability.metrics import RuntimeMetrics
@@ -320,17 +329,18 @@ class ClusterRuntime:
         *,
         model: str | None = None,
         system_prompt: str = "",
-        tools: Any = None,
+        tools: ToolsArg = None,
         workspace: str | os.PathLike[str] | None = None,
         config: Mapping[str, Any] | None = None,
         api_base: str | None = None,
         api_key: str | None = None,
         approval: Callable[[str, Any], bool | str] | None = None,
         require_approval: bool = False,
-        **more: Any,
+        agents: Mapping[str, Any] | None = None,
+        mcp_servers: Any = None,
     ) -> str:
-        """Create a session on its shard and return its id; as ``Runtime.start_session`` (``more``: any
-        other keyword it takes). ``tools`` and ``approval`` are pickled to the shard's process."""
+        """Create a session on its shard and return its id, as :meth:`runtime.api.RuntimeAPI.start_session`.
+        ``tools``, ``approval``, ``agents`` and ``mcp_servers`` are pickled to the shard's process."""
         import ray
 
         self._fleet.require_started()
@@ -349,7 +359,8 @@ class ClusterRuntime:
             "api_key": api_key,
             "approval": approval,
             "require_approval": require_approval,
-            **more,
+            "agents": agents,
+            "mcp_servers": mcp_servers,
         }
         shard = self._fleet.place(sid)
         try:
@@ -367,7 +378,7 @@ class ClusterRuntime:
         self,
         session_id: str,
         *,
-        tools: Any = None,
+        tools: ToolsArg = None,
         workspace: str | os.PathLike[str] | None = None,
         api_key: str | None = None,
         api_base: str | None = None,
@@ -430,13 +441,12 @@ class ClusterRuntime:
                 if not isinstance(error, ShardDied):  # (a dead shard has nothing left to write)
                     raise error from None
 
-    def list_sessions(self) -> list[Any]:
-        """Every stored session (running or not), newest first."""
+    def list_sessions(self) -> list[SessionInfo]:
         self.flush()  # (sessions started on other shards than the one that lists are written by then)
-        infos: list[Any] = self._fleet.any("list_sessions")
+        infos: list[SessionInfo] = self._fleet.any("list_sessions")
         return infos
 
-    async def alist_sessions(self) -> list[Any]:
+    async def alist_sessions(self) -> list[SessionInfo]:
         return await asyncio.to_thread(self.list_sessions)
 
     def hosted_sessions(self) -> list[str]:
@@ -476,10 +486,16 @@ class ClusterRuntime:
 
     # -- turns --------------------------------------------------------------------------------------------
     def prompt(
-        self, session_id: str, text: str, *, images: Sequence[str] = (), steer: bool = False
+        self,
+        session_id: str,
+        text: str,
+        *,
+        images: Sequence[str] = (),
+        steer: bool = False,
+        prompt_id: str | None = None,
     ) -> PromptHandle:
-        """Send a user message to the session's shard. Returns at once; the handle resolves when the run
-        ends, or with ``status="error"`` and an error starting with ``shard_lost:`` if the shard died first
+        """Send a user message to the session's shard, as :meth:`runtime.api.RuntimeAPI.prompt`. Returns at
+        once; the handle resolves when the run ends, or with ``status="error"`` and an error starting with ``shard_lost:`` if the shard died first
         (the turn is not retried)."""
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
@@ -487,7 +503,7 @@ class ClusterRuntime:
             raise ValueError("prompt text must not be empty (or send an image)")
         _require_unicode(text, "prompt text")
         entry = self._fleet.hosted(session_id)
-        handle = PromptHandle(new_id())
+        handle = PromptHandle(prompt_id or new_id())
         send = partial(self._send, session_id, handle, "prompt", (text, list(images), steer, handle.id))
         entry.gate.then(send)
         return handle
@@ -667,11 +683,11 @@ class ClusterRuntime:
         return bool(self._fleet.call(session_id, "approve", call_id, approved, reason))
 
     # -- queries ------------------------------------------------------------------------------------------
-    def context_stats(self, session_id: str, timeout: float = 30.0) -> Any:
-        """The context breakdown of design §4.6, from the session's shard."""
-        return self._fleet.call(session_id, "context_stats", timeout, timeout=timeout)
+    def context_stats(self, session_id: str, timeout: float = 30.0) -> ContextStats:
+        stats: ContextStats = self._fleet.call(session_id, "context_stats", timeout, timeout=timeout)
+        return stats
 
-    async def acontext_stats(self, session_id: str) -> Any:
+    async def acontext_stats(self, session_id: str) -> ContextStats:
         return await asyncio.to_thread(self.context_stats, session_id)
 
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
@@ -683,11 +699,16 @@ class ClusterRuntime:
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
         return await asyncio.to_thread(lambda: self.messages(session_id, view=view))
 
-    def usage(self, session_id: str, timeout: float = 30.0) -> Any:
-        """Session totals (input, output, reasoning, cache read/write, cost)."""
-        return self._fleet.call(session_id, "usage", timeout, timeout=timeout)
+    def usage(
+        self, session_id: str, timeout: float = 30.0, *, include_children: bool = False
+    ) -> Usage | UsageReport:
+        # (a session's sub-agents live on its shard: that shard's runtime rolls them up)
+        report: Usage | UsageReport = self._fleet.call(
+            session_id, "usage", timeout, include_children, timeout=timeout
+        )
+        return report
 
-    async def ausage(self, session_id: str) -> Any:
+    async def ausage(self, session_id: str) -> Usage | UsageReport:
         return await asyncio.to_thread(self.usage, session_id)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
@@ -749,7 +770,7 @@ class ClusterRuntime:
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
-    ) -> Any:
+    ) -> Subscription:
         """Subscribe to sessions on every shard, as ``Runtime.subscribe``: the same filters, order per
         session, bounded queue and ``subscriber_lagged`` notices. Events published once this returns are
         not missed. ``include_children`` adds the events of the sessions' sub-agents (on their shards)."""

@@ -223,8 +223,10 @@ class Shard:
         found = await asyncio.to_thread(lambda: self.runtime.messages(session_id, view=view, timeout=timeout))
         return _wire.encode(found)
 
-    async def usage(self, session_id: str, timeout: float) -> Any:
-        return await asyncio.to_thread(self.runtime.usage, session_id, timeout)
+    async def usage(self, session_id: str, timeout: float, include_children: bool = False) -> Any:
+        return await asyncio.to_thread(
+            lambda: self.runtime.usage(session_id, timeout, include_children=include_children)
+        )
 
     async def set_model(self, session_id: str, model: str, timeout: float) -> int:
         return await asyncio.to_thread(self.runtime.set_model, session_id, model, timeout)

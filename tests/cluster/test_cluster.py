@@ -29,6 +29,7 @@ from runtime.apps.server import ApiServer
 from runtime.cluster import SHARD_LOST, ClusterError, ClusterRuntime, ClusterUnavailable, _feeds, owner
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
+from runtime.subagents import UsageReport
 from tests.conftest import Recorder
 
 TOKEN = "cluster-token"
@@ -125,12 +126,14 @@ def test_queries_and_controls_reach_the_sessions_shard(cluster: ClusterRuntime, 
     with pytest.raises(ValueError, match="must not be empty"):
         cluster.prompt(sid, "   ")
 
-    first = cluster.prompt(sid, "one").result(timeout=60)
-    assert first.status == "ok"
+    first = cluster.prompt(sid, "one", prompt_id="controls-p1").result(timeout=60)
+    assert first.status == "ok" and first.prompt_id == "controls-p1"
     messages = cluster.messages(sid)
     assert [m.role for m in messages] == ["user", "assistant"] and messages[0].text == "one"
     assert cluster.messages(sid, view="model")[-1].text == first.text
     assert cluster.usage(sid).input_tokens > 0
+    report = cluster.usage(sid, include_children=True)  # (the README's call; a TypeError before)
+    assert isinstance(report, UsageReport) and report.children == {} and report.total == cluster.usage(sid)
     assert cluster.context_stats(sid).total > 0
     assert cluster.set_model(sid, "openai/gpt-4o-mini") == 128_000
     cluster.branch(sid, None)
