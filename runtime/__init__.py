@@ -1,3 +1,4 @@
+# ruff: noqa: I001  (the imports keep one name a line, each ``X as X``: an explicit re-export)
 """agentcell: an actor-based concurrent runtime for LLM agent sessions.
 
 Everything a user of the runtime needs is importable from here (``__all__``; the README's "Public API"
@@ -5,6 +6,10 @@ section lists it, and what each call raises). Importing this package is cheap an
 ``LITELLM_LOCAL_MODEL_COST_MAP`` and ``TIKTOKEN_CACHE_DIR`` (unless you set them), never imports litellm,
 and imports the runtime itself (actors, the gateway, tools, events) only when one of those names is first
 used.
+
+Each exported name is listed once, as an import below: the cheap ones (configuration, errors) are imported at
+once, the others under ``TYPE_CHECKING`` (what type checkers read; ``X as X`` marks each a re-export).
+``__all__`` and the lazy look-up are read from those imports on first need.
 """
 
 from __future__ import annotations
@@ -22,323 +27,171 @@ configure_offline_environment()
 logging.getLogger("agentcell").addHandler(logging.NullHandler())
 
 from runtime.config import (  # noqa: E402
-    AgentConfig,
-    AgentProfile,
-    BusConfig,
-    CompactionConfig,
-    Config,
-    GatewayConfig,
-    McpConfig,
-    McpServerConfig,
-    ModelsConfig,
-    PersistenceConfig,
-    RetryConfig,
-    RuntimeConfig,
-    ServerConfig,
-    SubagentsConfig,
-    TelemetryConfig,
-    TokenConfig,
-    ToolOutputConfig,
-    load_config,
+    AgentConfig as AgentConfig,
+    AgentProfile as AgentProfile,
+    BusConfig as BusConfig,
+    CompactionConfig as CompactionConfig,
+    Config as Config,
+    GatewayConfig as GatewayConfig,
+    McpConfig as McpConfig,
+    McpServerConfig as McpServerConfig,
+    ModelsConfig as ModelsConfig,
+    PersistenceConfig as PersistenceConfig,
+    RetryConfig as RetryConfig,
+    RuntimeConfig as RuntimeConfig,
+    ServerConfig as ServerConfig,
+    SubagentsConfig as SubagentsConfig,
+    TelemetryConfig as TelemetryConfig,
+    TokenConfig as TokenConfig,
+    ToolOutputConfig as ToolOutputConfig,
+    load_config as load_config,
 )
 from runtime.errors import (  # noqa: E402
-    AddressRefused,
-    AgentcellError,
-    AlreadyRegistered,
-    ClusterError,
-    ClusterUnavailable,
-    ConfigError,
-    CorruptLogError,
-    DispatcherClosed,
-    InvalidSessionId,
-    LogWriteError,
-    RestartIntensityExceeded,
-    RuntimeStateError,
-    RuntimeStopped,
-    SessionError,
-    SessionLockedError,
-    SessionNotFound,
-    ShardDied,
-    StoreError,
-    ToolError,
-    TransportError,
-    WorkspaceError,
-    WriterClosedError,
+    AddressRefused as AddressRefused,
+    AgentcellError as AgentcellError,
+    AlreadyRegistered as AlreadyRegistered,
+    ClusterError as ClusterError,
+    ClusterUnavailable as ClusterUnavailable,
+    ConfigError as ConfigError,
+    CorruptLogError as CorruptLogError,
+    DispatcherClosed as DispatcherClosed,
+    InvalidSessionId as InvalidSessionId,
+    LogWriteError as LogWriteError,
+    RestartIntensityExceeded as RestartIntensityExceeded,
+    RuntimeStateError as RuntimeStateError,
+    RuntimeStopped as RuntimeStopped,
+    SessionError as SessionError,
+    SessionLockedError as SessionLockedError,
+    SessionNotFound as SessionNotFound,
+    ShardDied as ShardDied,
+    StoreError as StoreError,
+    ToolError as ToolError,
+    TransportError as TransportError,
+    WorkspaceError as WorkspaceError,
+    WriterClosedError as WriterClosedError,
 )
-from runtime.ids import validate_session_id  # noqa: E402
+from runtime.ids import validate_session_id as validate_session_id  # noqa: E402
 
 __version__ = "0.1.0"
 
+# The names imported on first use (PEP 562); type checkers read them here.
 if TYPE_CHECKING:
     from runtime.bus import (
-        Subscription,
+        Subscription as Subscription,
     )
     from runtime.context.estimate import (
-        ContextStats,
+        ContextStats as ContextStats,
     )
     from runtime.events import (
-        EVENT_TYPES,
-        ActorRestarted,
-        AgentAbort,
-        AgentEnd,
-        AgentRecovered,
-        AgentStart,
-        ApprovalRequest,
-        ApprovalResponse,
-        Branched,
-        Calibration,
-        CompactionEnd,
-        CompactionFailed,
-        CompactionStart,
-        ErrorOccurred,
-        Event,
-        LogRecovered,
-        McpServerFailed,
-        McpServerStarted,
-        MessageAppended,
-        MessageQueued,
-        ModelChanged,
-        PersistenceFailed,
-        ProviderRetry,
-        ReasoningDelta,
-        RequestStart,
-        SessionDead,
-        SessionHibernated,
-        SessionStarted,
-        SessionStopped,
-        StatusUpdate,
-        StreamStalled,
-        SubscriberLagged,
-        TextDelta,
-        ToolCallDelta,
-        ToolExecutionEnd,
-        ToolExecutionStart,
-        ToolOutput,
-        ToolOutputsCleared,
-        ToolResultsArchived,
-        TurnEnd,
-        UsageOverflow,
-        UsageUpdate,
-        WindowLearned,
-        decode_event,
-        encode_event,
+        EVENT_TYPES as EVENT_TYPES,
+        ActorRestarted as ActorRestarted,
+        AgentAbort as AgentAbort,
+        AgentEnd as AgentEnd,
+        AgentRecovered as AgentRecovered,
+        AgentStart as AgentStart,
+        ApprovalRequest as ApprovalRequest,
+        ApprovalResponse as ApprovalResponse,
+        Branched as Branched,
+        Calibration as Calibration,
+        CompactionEnd as CompactionEnd,
+        CompactionFailed as CompactionFailed,
+        CompactionStart as CompactionStart,
+        ErrorOccurred as ErrorOccurred,
+        Event as Event,
+        LogRecovered as LogRecovered,
+        McpServerFailed as McpServerFailed,
+        McpServerStarted as McpServerStarted,
+        MessageAppended as MessageAppended,
+        MessageQueued as MessageQueued,
+        ModelChanged as ModelChanged,
+        PersistenceFailed as PersistenceFailed,
+        ProviderRetry as ProviderRetry,
+        ReasoningDelta as ReasoningDelta,
+        RequestStart as RequestStart,
+        SessionDead as SessionDead,
+        SessionHibernated as SessionHibernated,
+        SessionStarted as SessionStarted,
+        SessionStopped as SessionStopped,
+        StatusUpdate as StatusUpdate,
+        StreamStalled as StreamStalled,
+        SubscriberLagged as SubscriberLagged,
+        TextDelta as TextDelta,
+        ToolCallDelta as ToolCallDelta,
+        ToolExecutionEnd as ToolExecutionEnd,
+        ToolExecutionStart as ToolExecutionStart,
+        ToolOutput as ToolOutput,
+        ToolOutputsCleared as ToolOutputsCleared,
+        ToolResultsArchived as ToolResultsArchived,
+        TurnEnd as TurnEnd,
+        UsageOverflow as UsageOverflow,
+        UsageUpdate as UsageUpdate,
+        WindowLearned as WindowLearned,
+        decode_event as decode_event,
+        encode_event as encode_event,
     )
     from runtime.handles import (
-        CompactionResult,
-        Handle,
-        PromptHandle,
-        TurnResult,
+        CompactionResult as CompactionResult,
+        Handle as Handle,
+        PromptHandle as PromptHandle,
+        TurnResult as TurnResult,
     )
     from runtime.host import (
-        Runtime,
+        Runtime as Runtime,
     )
     from runtime.messages import (
-        ImagePart,
-        Message,
-        ReasoningPart,
-        TextPart,
-        ToolCallPart,
-        Usage,
+        ImagePart as ImagePart,
+        Message as Message,
+        ReasoningPart as ReasoningPart,
+        TextPart as TextPart,
+        ToolCallPart as ToolCallPart,
+        Usage as Usage,
     )
     from runtime.store.sessions import (
-        SessionInfo,
+        SessionInfo as SessionInfo,
     )
     from runtime.subagents import (
-        UsageReport,
+        UsageReport as UsageReport,
     )
     from runtime.tools import (
-        Tool,
-        ToolContext,
-        ToolRegistry,
-        tool,
+        Tool as Tool,
+        ToolContext as ToolContext,
+        ToolRegistry as ToolRegistry,
+        tool as tool,
     )
 
-# Imported on first use: name -> the module that defines it.
-_LAZY: dict[str, str] = {
-    "Runtime": "runtime.host",
-    "CompactionResult": "runtime.handles",
-    "Handle": "runtime.handles",
-    "PromptHandle": "runtime.handles",
-    "TurnResult": "runtime.handles",
-    "Subscription": "runtime.bus",
-    "ContextStats": "runtime.context.estimate",
-    "SessionInfo": "runtime.store.sessions",
-    "UsageReport": "runtime.subagents",
-    "ImagePart": "runtime.messages",
-    "Message": "runtime.messages",
-    "ReasoningPart": "runtime.messages",
-    "TextPart": "runtime.messages",
-    "ToolCallPart": "runtime.messages",
-    "Usage": "runtime.messages",
-    "Tool": "runtime.tools",
-    "ToolContext": "runtime.tools",
-    "ToolRegistry": "runtime.tools",
-    "tool": "runtime.tools",
-    "EVENT_TYPES": "runtime.events",
-    "Event": "runtime.events",
-    "decode_event": "runtime.events",
-    "encode_event": "runtime.events",
-    "ActorRestarted": "runtime.events",
-    "AgentAbort": "runtime.events",
-    "AgentEnd": "runtime.events",
-    "AgentRecovered": "runtime.events",
-    "AgentStart": "runtime.events",
-    "ApprovalRequest": "runtime.events",
-    "ApprovalResponse": "runtime.events",
-    "Branched": "runtime.events",
-    "Calibration": "runtime.events",
-    "CompactionEnd": "runtime.events",
-    "CompactionFailed": "runtime.events",
-    "CompactionStart": "runtime.events",
-    "ErrorOccurred": "runtime.events",
-    "LogRecovered": "runtime.events",
-    "McpServerFailed": "runtime.events",
-    "McpServerStarted": "runtime.events",
-    "MessageAppended": "runtime.events",
-    "MessageQueued": "runtime.events",
-    "ModelChanged": "runtime.events",
-    "PersistenceFailed": "runtime.events",
-    "ProviderRetry": "runtime.events",
-    "ReasoningDelta": "runtime.events",
-    "RequestStart": "runtime.events",
-    "SessionDead": "runtime.events",
-    "SessionHibernated": "runtime.events",
-    "SessionStarted": "runtime.events",
-    "SessionStopped": "runtime.events",
-    "StatusUpdate": "runtime.events",
-    "StreamStalled": "runtime.events",
-    "SubscriberLagged": "runtime.events",
-    "TextDelta": "runtime.events",
-    "ToolCallDelta": "runtime.events",
-    "ToolExecutionEnd": "runtime.events",
-    "ToolExecutionStart": "runtime.events",
-    "ToolOutput": "runtime.events",
-    "ToolOutputsCleared": "runtime.events",
-    "ToolResultsArchived": "runtime.events",
-    "TurnEnd": "runtime.events",
-    "UsageOverflow": "runtime.events",
-    "UsageUpdate": "runtime.events",
-    "WindowLearned": "runtime.events",
-}
+_exported: dict[str, str] | None = None
 
-__all__ = [
-    "EVENT_TYPES",
-    "ActorRestarted",
-    "AddressRefused",
-    "AgentAbort",
-    "AgentConfig",
-    "AgentEnd",
-    "AgentProfile",
-    "AgentRecovered",
-    "AgentStart",
-    "AgentcellError",
-    "AlreadyRegistered",
-    "ApprovalRequest",
-    "ApprovalResponse",
-    "Branched",
-    "BusConfig",
-    "Calibration",
-    "ClusterError",
-    "ClusterUnavailable",
-    "CompactionConfig",
-    "CompactionEnd",
-    "CompactionFailed",
-    "CompactionResult",
-    "CompactionStart",
-    "Config",
-    "ConfigError",
-    "ContextStats",
-    "CorruptLogError",
-    "DispatcherClosed",
-    "ErrorOccurred",
-    "Event",
-    "GatewayConfig",
-    "Handle",
-    "ImagePart",
-    "InvalidSessionId",
-    "LogRecovered",
-    "LogWriteError",
-    "McpConfig",
-    "McpServerConfig",
-    "McpServerFailed",
-    "McpServerStarted",
-    "Message",
-    "MessageAppended",
-    "MessageQueued",
-    "ModelChanged",
-    "ModelsConfig",
-    "PersistenceConfig",
-    "PersistenceFailed",
-    "PromptHandle",
-    "ProviderRetry",
-    "ReasoningDelta",
-    "ReasoningPart",
-    "RequestStart",
-    "RestartIntensityExceeded",
-    "RetryConfig",
-    "Runtime",
-    "RuntimeConfig",
-    "RuntimeStateError",
-    "RuntimeStopped",
-    "ServerConfig",
-    "SessionDead",
-    "SessionError",
-    "SessionHibernated",
-    "SessionInfo",
-    "SessionLockedError",
-    "SessionNotFound",
-    "SessionStarted",
-    "SessionStopped",
-    "ShardDied",
-    "StatusUpdate",
-    "StoreError",
-    "StreamStalled",
-    "SubagentsConfig",
-    "SubscriberLagged",
-    "Subscription",
-    "TelemetryConfig",
-    "TextDelta",
-    "TextPart",
-    "TokenConfig",
-    "Tool",
-    "ToolCallDelta",
-    "ToolCallPart",
-    "ToolContext",
-    "ToolError",
-    "ToolExecutionEnd",
-    "ToolExecutionStart",
-    "ToolOutput",
-    "ToolOutputConfig",
-    "ToolOutputsCleared",
-    "ToolRegistry",
-    "ToolResultsArchived",
-    "TransportError",
-    "TurnEnd",
-    "TurnResult",
-    "Usage",
-    "UsageOverflow",
-    "UsageReport",
-    "UsageUpdate",
-    "WindowLearned",
-    "WorkspaceError",
-    "WriterClosedError",
-    "__version__",
-    "decode_event",
-    "encode_event",
-    "load_config",
-    "tool",
-    "validate_session_id",
-]
+
+def _exports() -> dict[str, str]:
+    """Each exported name -> the module that defines it, read once (on first need) from the imports above."""
+    global _exported
+    if _exported is None:
+        import ast
+        from pathlib import Path
+
+        found: dict[str, str] = {}
+        for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body:
+            lazy = isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for stmt in node.body if isinstance(node, ast.If) and lazy else [node]:
+                if not isinstance(stmt, ast.ImportFrom) or stmt.module in (None, "runtime._offline"):
+                    continue
+                if stmt.module.startswith("runtime."):
+                    found.update((alias.name, stmt.module) for alias in stmt.names)
+        _exported = found  # (whole: another thread sees it complete or not at all)
+    return _exported
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "__all__":
+        value: Any = sorted([*_exports(), "__version__"])
+    else:
+        module = _exports().get(name)
+        if module is None:
+            raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(_exports()) | {"__version__", "__all__"})
