@@ -78,7 +78,8 @@ _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "requir
 
 
 class ClusterRuntime(RuntimeAPI):
-    """Hosts sessions on N shards, each a Ray actor running a :class:`~runtime.host.Runtime`.
+    """Hosts sessions on N shards, each a Ray actor running a :class:`~runtime.host.Runtime` (the methods
+    are documented once, in :class:`runtime.api.RuntimeAPI`; a docstring here says what differs).
 
     The same public API as ``Runtime`` (start/resume/stop/delete sessions, prompt, abort, compact,
     approve, the queries and their ``a``-twins, subscribe), usable from threads and asyncio, plus
@@ -371,7 +372,6 @@ class ClusterRuntime(RuntimeAPI):
         return sid
 
     async def astart_session(self, session_id: str | None = None, **kwargs: Any) -> str:
-        """:meth:`start_session` from asyncio, run off the event loop."""
         return await asyncio.to_thread(lambda: self.start_session(session_id, **kwargs))
 
     def resume_session(
@@ -419,7 +419,6 @@ class ClusterRuntime(RuntimeAPI):
         return sid
 
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
-        """:meth:`resume_session` from asyncio, run off the event loop."""
         return await asyncio.to_thread(lambda: self.resume_session(session_id, **kwargs))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -450,12 +449,10 @@ class ClusterRuntime(RuntimeAPI):
         return await asyncio.to_thread(self.list_sessions)
 
     def hosted_sessions(self) -> list[str]:
-        """Ids of the sessions this runtime hosts (on any shard)."""
         with self._fleet.lock:
             return list(self._fleet.sessions)
 
     def stop_session(self, session_id: str) -> None:
-        """Stop a hosted session on its shard (its log stays)."""
         self._fleet.call(session_id, "stop_session")
         with self._fleet.lock:
             self._fleet.sessions.pop(session_id, None)
@@ -464,7 +461,6 @@ class ClusterRuntime(RuntimeAPI):
         await asyncio.to_thread(self.stop_session, session_id)
 
     def delete_session(self, session_id: str) -> None:
-        """Stop the session if hosted and delete its log, transcript and artifacts."""
         self._fleet.require_started()
         validate_session_id(session_id)
         if session_id in self._fleet.sessions:
@@ -478,7 +474,6 @@ class ClusterRuntime(RuntimeAPI):
         await asyncio.to_thread(self.delete_session, session_id)
 
     def hibernate(self, session_id: str) -> bool:
-        """Park an idle session's actors on its shard; False when it was not running or is busy."""
         return bool(self._fleet.call(session_id, "hibernate"))
 
     async def ahibernate(self, session_id: str) -> bool:
@@ -526,7 +521,6 @@ class ClusterRuntime(RuntimeAPI):
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
-        """Stop the running turn; resolves to whether a turn was running."""
         entry = self._fleet.hosted(session_id)
         handle: Handle[bool] = Handle(new_id())
         entry.gate.then(partial(self._send, session_id, handle, "abort", ()))
@@ -535,7 +529,6 @@ class ClusterRuntime(RuntimeAPI):
     def compact(
         self, session_id: str, keep_recent_tokens: int | None = None, instructions: str | None = None
     ) -> Handle[CompactionResult]:
-        """Compact now (design §5.12), on the session's shard."""
         if keep_recent_tokens is not None and keep_recent_tokens < 0:
             raise ValueError("keep_recent_tokens must be >= 0")
         entry = self._fleet.hosted(session_id)
@@ -679,7 +672,6 @@ class ClusterRuntime(RuntimeAPI):
     def approve(
         self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
     ) -> bool:
-        """Answer an ``approval_request`` event. Returns False when no such request is waiting."""
         return bool(self._fleet.call(session_id, "approve", call_id, approved, reason))
 
     # -- queries ------------------------------------------------------------------------------------------
@@ -691,7 +683,6 @@ class ClusterRuntime(RuntimeAPI):
         return await asyncio.to_thread(self.context_stats, session_id)
 
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
-        """The conversation: ``"user"`` (everything on the path) or ``"model"``."""
         if view not in ("user", "model"):
             raise ValueError("view must be 'user' or 'model'")
         return _wire.decode_messages(self._fleet.call(session_id, "messages", view, timeout, timeout=timeout))
@@ -712,7 +703,6 @@ class ClusterRuntime(RuntimeAPI):
         return await asyncio.to_thread(self.usage, session_id)
 
     def set_model(self, session_id: str, model: str, timeout: float = 30.0) -> int:
-        """Switch the session's model; returns the new context window."""
         window = int(self._fleet.call(session_id, "set_model", model, timeout, timeout=timeout))
         entry = self._fleet.sessions.get(session_id)
         if entry is not None:
@@ -723,7 +713,6 @@ class ClusterRuntime(RuntimeAPI):
         return await asyncio.to_thread(self.set_model, session_id, model)
 
     def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
-        """Move the session's leaf to ``leaf_id`` (None = the start)."""
         self._fleet.call(session_id, "branch", leaf_id, timeout, timeout=timeout)
 
     async def abranch(self, session_id: str, leaf_id: str | None) -> None:
