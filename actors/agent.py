@@ -69,6 +69,7 @@ class AgentState(StrEnum):
     IDLE = "idle"
     RUNNING = "running"
     STREAMING = "streaming"
+    QUEUED = "queued"  # the step's call waits for capacity of its provider key (design §3.11)
     EXECUTING_TOOLS = "executing_tools"
 
 
@@ -77,7 +78,8 @@ class AgentState(StrEnum):
 TRANSITIONS: Final[dict[AgentState, frozenset[AgentState]]] = {
     AgentState.IDLE: frozenset({AgentState.RUNNING}),
     AgentState.RUNNING: frozenset({AgentState.STREAMING, AgentState.EXECUTING_TOOLS, AgentState.IDLE}),
-    AgentState.STREAMING: frozenset({AgentState.RUNNING, AgentState.IDLE}),
+    AgentState.STREAMING: frozenset({AgentState.RUNNING, AgentState.IDLE, AgentState.QUEUED}),
+    AgentState.QUEUED: frozenset({AgentState.STREAMING, AgentState.RUNNING, AgentState.IDLE}),
     AgentState.EXECUTING_TOOLS: frozenset({AgentState.RUNNING, AgentState.IDLE}),
 }
 
@@ -96,6 +98,16 @@ CLIENT_TOOL_CLASH: Final = "client_tool_clash"
 class _ProviderDone(msgspec.Struct, frozen=True):
     run: int
     result: CompletionResult
+
+
+class _Queued(msgspec.Struct, frozen=True):
+    """The run's provider call waits for capacity (``waited`` None) or got it after ``waited`` seconds."""
+
+    run: int
+    pool: str
+    position: int = 0
+    estimated_wait: float = 0.0
+    waited: float | None = None
 
 
 class _ToolsDone(msgspec.Struct, frozen=True):
@@ -129,6 +141,8 @@ class _Run:
     awaiting: tuple[ToolCallPart, ...] = ()  # the client tool calls the run stops for (TurnOptions)
     message_id: str | None = None  # the id the current step's answer gets (announced by request_start)
     estimated_tokens: int = 0
+    waited: float = 0.0  # seconds its calls waited for capacity (against capacity.queue_timeout)
+    queued_pool: str = ""  # the pool its current call waits for
     last_message: Message | None = None
     call: CallHandle | None = None
     tools: ToolBatchHandle | None = None
@@ -330,7 +344,9 @@ class Agent(SessionActor):
                 self._on_tools_done(message.results)
             case _McpTools(run=token, registry=registry):
                 self._on_mcp_tools(token, registry)
-            case _ProviderDone() | _ToolsDone():
+            case _Queued(run=token) if self._current(token):
+                self._on_queued(message)
+            case _ProviderDone() | _ToolsDone() | _Queued():
                 pass  # a late answer for a run that was aborted
             case p.UsageOverflowed():
                 # a silent overflow (design §6.2): compact before the next request, even in a later turn
@@ -549,7 +565,8 @@ class Agent(SessionActor):
                 self._guard(run, lambda _: self._request((*context, *repairs), estimate + extra)),
             )
             return
-        from runtime.gateway import CompletionRequest
+        from runtime.capacity import Priority
+        from runtime.gateway import Admission, CompletionRequest
 
         spec, cfg = self.spec, self.spec.config
         options = run.options
@@ -561,7 +578,16 @@ class Agent(SessionActor):
             messages.append(system(system_prompt))
         messages.extend(view)  # each result right after its call, duplicates dropped
         tools = spec.tools.schemas() if len(spec.tools) else []
+        first = run.step == 0 or run.last_message is None
+        admission = Admission(
+            flow=self.session_id,
+            priority=Priority.NEW_TURN if first else Priority.NEXT_STEP,
+            weight=cfg.capacity.weight,
+            input_tokens=estimate,
+            wait_budget=max(0.0, cfg.capacity.queue_timeout - run.waited),
+        )
         request = CompletionRequest(
+            admission=admission,
             model=self.model,
             messages=messages,
             tools=[*tools, *options.client_tools] if options.client_tools else tools,
@@ -619,6 +645,13 @@ class Agent(SessionActor):
         if tracing is not None:
             chat = tracing.start_chat(run.span, sid, request, turn_id=turn, provider=route.provider)
             on_result, on_retry = tracing.watch_chat(chat, on_result, on_retry)
+
+        def on_queued(pool: str, position: int, estimated_wait: float) -> None:
+            me.tell(_Queued(token, pool, position, estimated_wait))
+
+        def on_admitted(waited: float) -> None:
+            me.tell(_Queued(token, "", waited=waited))
+
         run.call = self.services.gateway.complete(
             request,
             on_result,
@@ -626,13 +659,36 @@ class Agent(SessionActor):
             on_retry=on_retry,
             on_stall=on_stall,
             stall_after=cfg.agent.stream_stall_seconds,
+            on_queued=on_queued,
+            on_admitted=on_admitted,
         )
+
+    def _on_queued(self, queued: _Queued) -> None:
+        """The step's call waits for capacity (state ``queued``) or goes now (``streaming`` again)."""
+        run = self.run
+        assert run is not None
+        if queued.waited is None:
+            run.queued_pool = queued.pool
+            self.emit(
+                ev.RequestQueued,
+                turn_id=run.turn_id,
+                pool=queued.pool,
+                position=queued.position,
+                estimated_wait=queued.estimated_wait,
+            )
+            if self.state is AgentState.STREAMING:
+                self._enter(AgentState.QUEUED)
+            return
+        self.emit(ev.RequestAdmitted, turn_id=run.turn_id, pool=run.queued_pool, waited=queued.waited)
+        if self.state is AgentState.QUEUED:
+            self._enter(AgentState.STREAMING)
 
     # -- streaming: the provider answered -----------------------------------------------------------------
     def _on_provider_done(self, result: CompletionResult) -> None:
         run = self.run
         assert run is not None
         run.call = None
+        run.waited += result.waited
         self._enter(AgentState.RUNNING)
         if result.error is not None:
             if result.error.kind == "cancelled":

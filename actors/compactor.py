@@ -335,13 +335,25 @@ class Compactor(SessionActor):
     def _summarize(
         self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int
     ) -> None:
-        from runtime.gateway import CompletionRequest
+        from runtime.capacity import Priority
+        from runtime.gateway import Admission, CompletionRequest
         from runtime.messages import system as system_message
         from runtime.messages import user
 
+        messages = [system_message(system), user(prompt)]
+        # A compaction a turn waits for goes before the turns' own calls; a manual one is background work.
+        manual = getattr(job.request, "trigger", None) == "manual"
+        admission = Admission(
+            flow=self.session_id,
+            priority=Priority.BACKGROUND if manual else Priority.UNBLOCK,
+            weight=self.spec.config.capacity.weight,
+            input_tokens=sum(self.counter.count_message(m) for m in messages),
+            wait_budget=self.spec.config.capacity.queue_timeout,
+        )
         request = CompletionRequest(
+            admission=admission,
             model=model,
-            messages=[system_message(system), user(prompt)],
+            messages=messages,
             tools=[],
             api_base=self.spec.api_base,
             api_key=self.spec.api_key,

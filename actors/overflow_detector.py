@@ -55,6 +55,8 @@ class OverflowDetector(SessionActor):
 
     def classify(self, request: ClassifyError) -> Verdict:
         error = request.error
+        if error.kind == "rate_limited":  # waited past capacity.queue_timeout (design §3.11)
+            return Verdict("fail", error.message, code="rate_limited", retryable=True)
         overflow = error.kind == "overflow" or is_context_overflow(
             message=error.message, status_code=error.status_code, code=error.code
         )

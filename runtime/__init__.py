@@ -107,6 +107,8 @@ if TYPE_CHECKING:
         PersistenceFailed as PersistenceFailed,
         ProviderRetry as ProviderRetry,
         ReasoningDelta as ReasoningDelta,
+        RequestAdmitted as RequestAdmitted,
+        RequestQueued as RequestQueued,
         RequestStart as RequestStart,
         SessionDead as SessionDead,
         SessionHibernated as SessionHibernated,

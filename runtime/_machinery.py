@@ -23,7 +23,7 @@ from runtime.affinity import allowed_cpus
 from runtime.approval import ApprovalBroker
 from runtime.bus import EventBus
 from runtime.config import Config
-from runtime.gateway import Gateway, IoLoop
+from runtime.gateway import AdmissionControl, Gateway, IoLoop
 from runtime.observability import tracing_for
 from runtime.store.index import IndexAppender
 from runtime.store.sessions import SessionDirectory
@@ -71,7 +71,12 @@ class Machinery:
         self.services = Services(
             dispatcher=self.dispatcher,
             bus=self.bus,
-            gateway=Gateway(self.io, cfg.retry, max_connections=cfg.gateway.max_connections),
+            gateway=Gateway(
+                self.io,
+                cfg.retry,
+                max_connections=cfg.gateway.max_connections,
+                capacity=AdmissionControl(cfg.capacity, cfg.limits),
+            ),
             executor=ToolExecutor(workers=cfg.runtime.tool_workers, cpus=self.process_cpus),
             writer=writer,
             directory=directory,

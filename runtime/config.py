@@ -27,11 +27,13 @@ __all__ = [
     "AgentConfig",
     "AgentProfile",
     "BusConfig",
+    "CapacityConfig",
     "CompactionConfig",
     "Config",
     "ConfigError",
     "Fraction",
     "GatewayConfig",
+    "LimitConfig",
     "McpConfig",
     "McpServerConfig",
     "ModelsConfig",
@@ -250,6 +252,30 @@ class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
     max_connections: PosInt = 1_000  # the native transport's open connections per endpoint
 
 
+class CapacityConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """design §3.11: admission control, many sessions sharing a provider key's limits (runtime.capacity)."""
+
+    enabled: bool = True
+    group_by: Literal["key", "model"] = "key"  # a pool per endpoint + key, or per endpoint + key + model
+    queue_timeout: Seconds = 300.0  # the most a turn waits for capacity, in all; then it ends rate_limited
+    headroom: Fraction = 0.98  # the share of a known limit sent (a little under: no refusals from drift)
+    burst: Seconds = 1.0  # the seconds of a rate its bucket holds (what may go at once)
+    jitter: NonNegFloat = 0.25  # a 429's pause is its retry-after plus up to this share of it
+    max_refusals: PosInt = 8  # 429s one call may meet (each re-queued, no retry attempt used) before failing
+    default_output_tokens: NonNegInt = 1_024  # reserved against an output-token limit when no cap is set
+    weight: PosFloat = 1.0  # a session's share of the fair queue against the others (per session)
+
+
+class LimitConfig(_Section, frozen=True, forbid_unknown_fields=True):
+    """design §3.11: ``[limits."<model or api_base>"]``, the limits of a key (per minute; None: learned)."""
+
+    rpm: PosFloat | None = None
+    tpm: PosFloat | None = None  # input and output tokens together (OpenAI)
+    input_tpm: PosFloat | None = None  # (Anthropic)
+    output_tpm: PosFloat | None = None
+    max_concurrent: PosInt | None = None
+
+
 class RuntimeConfig(_Section, frozen=True, forbid_unknown_fields=True):
     """design §1.1."""
 
@@ -388,6 +414,8 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
+    capacity: CapacityConfig = msgspec.field(default_factory=CapacityConfig)
+    limits: dict[str, LimitConfig] = msgspec.field(default_factory=dict)
     subagents: SubagentsConfig = msgspec.field(default_factory=SubagentsConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     agents: dict[str, AgentProfile] = msgspec.field(default_factory=dict)
@@ -434,6 +462,8 @@ SESSION_KEYS = frozenset(
         "tool_output.mode",
         "retry.request_timeout",
         "gateway.transport",
+        "capacity.queue_timeout",
+        "capacity.weight",
         "persistence.fsync",
         "runtime.max_restarts",
         "runtime.max_restart_seconds",

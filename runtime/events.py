@@ -42,6 +42,8 @@ __all__ = [
     "PersistenceFailed",
     "ProviderRetry",
     "ReasoningDelta",
+    "RequestAdmitted",
+    "RequestQueued",
     "RequestStart",
     "SessionDead",
     "SessionHibernated",
@@ -129,6 +131,24 @@ class RequestStart(Event, frozen=True, tag="request_start"):
     estimated_tokens: int
     transport: str | None = None  # the gateway transport the call goes over: litellm or openai_compat
     message_id: str | None = None  # the id the answer will have when it is appended
+
+
+class RequestQueued(Event, frozen=True, tag="request_queued"):
+    """The step's provider call waits for capacity of its pool (a provider key's limits, design §3.11):
+    ``position`` in the pool's queue when it started waiting, ``estimated_wait`` in seconds (rough)."""
+
+    turn_id: str | None
+    pool: str
+    position: int
+    estimated_wait: float
+
+
+class RequestAdmitted(Event, frozen=True, tag="request_admitted"):
+    """The waiting call got its capacity after ``waited`` seconds and goes to the provider now."""
+
+    turn_id: str | None
+    pool: str
+    waited: float
 
 
 class TextDelta(Event, frozen=True, tag="text_delta"):
@@ -393,6 +413,8 @@ AnyEvent = (
     | Branched
     | AgentStart
     | RequestStart
+    | RequestQueued
+    | RequestAdmitted
     | TextDelta
     | ReasoningDelta
     | ToolCallDelta

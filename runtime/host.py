@@ -43,6 +43,7 @@ from runtime.bus import Subscription
 from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
 from runtime.errors import RuntimeStopped, SessionNotFound
+from runtime.gateway import PoolSnapshot
 from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.ids import validate_session_id
 from runtime.messages import Message, Usage, new_id, user
@@ -135,6 +136,14 @@ class Runtime(RuntimeAPI):
             if self._metrics is None:
                 self._metrics = RuntimeMetrics(self)
             return self._metrics
+
+    def capacity(self) -> list[PoolSnapshot]:
+        """The capacity pools of the runtime's provider keys (design §3.11): each one's limits in force
+        (configured or learned), the calls waiting and running, 429s, admissions; one
+        :class:`~runtime.gateway.PoolSnapshot` a pool, in the order they were first used."""
+        self._require_started()
+        control = self.services.gateway.capacity
+        return control.snapshot() if control is not None else []
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -43,6 +43,7 @@ from runtime import events as ev
 from runtime.api import RuntimeAPI, ToolsArg
 from runtime.bus import Subscription
 from runtime.cluster import _wire
+from runtime.cluster._capacity import Leases
 from runtime.cluster._channel import LOST
 from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
 from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied
@@ -125,6 +126,7 @@ class ClusterRuntime(RuntimeAPI):
         self.approval = approval
         self.address = address
         self.shard_count = shards
+        self._leases: Leases | None = None
         self.shard_cpus = shard_cpus
         self.start_timeout = start_timeout
         self._ray_init = dict(ray_init or {})
@@ -161,7 +163,27 @@ class ClusterRuntime(RuntimeAPI):
             fleet.gone = None
             fleet.started = True
             self._feeds.start()
+            self._leases = Leases(self._live_shards)
+            self._leases.start()
             return self
+
+    def _live_shards(self) -> list[tuple[str, Any]]:
+        with self._fleet.lock:
+            return [(s.name, s.actor) for s in self._fleet.shards.values() if s.alive]
+
+    def capacity(self) -> list[Any]:
+        """Every shard's capacity pools (``Runtime.capacity``), each naming its shard: a pool's limits on
+        a shard are its lease, the shard's part of the key's limits (design §10.5)."""
+        import msgspec
+        import ray
+
+        self._fleet.require_started()
+        shards = self._live_shards()
+        refs = [actor.capacity.remote() for _, actor in shards]
+        out: list[Any] = []
+        for (name, _), ref in zip(shards, refs):
+            out.extend(msgspec.structs.replace(p, shard=name) for p in ray.get(ref, timeout=30))
+        return out
 
     def _connect(self, ray: Any) -> None:
         if self.address is not None:
@@ -201,6 +223,9 @@ class ClusterRuntime(RuntimeAPI):
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every session on every shard (logs flushed), end the subscriptions after what they have
         queued, and stop the shards; disconnect from Ray if this runtime connected."""
+        if self._leases is not None:
+            self._leases.stop()
+            self._leases = None
         import ray
 
         with self._fleet.lock:

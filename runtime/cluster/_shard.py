@@ -96,6 +96,15 @@ class Shard:
         if self._channel is not None:
             await self._channel.close()  # after the answers of the turns the stop ended, and their events
 
+    # -- capacity (design §3.11, §10.5) ------------------------------------------------------------------
+    async def capacity(self) -> list[Any]:
+        """This shard's capacity pools (``Runtime.capacity``)."""
+        return self.runtime.capacity()
+
+    async def set_capacity_shares(self, shares: dict[str, float], default: float) -> None:
+        """This shard's lease: its part of each pool's limits (the front rebalances them)."""
+        self.runtime.services.gateway.set_capacity_shares(shares, default)
+
     # -- sessions -----------------------------------------------------------------------------------------
     async def start_session(self, session_id: str | None, options: dict[str, Any]) -> SessionSummary:
         sid = await asyncio.to_thread(lambda: self.runtime.start_session(session_id, **options))

@@ -16,6 +16,7 @@ Layout, one concern a module::
     _models.py      CompletionRequest, CompletionResult, ProviderError, Delta, RetryInfo
     _errors.py      classify_error: provider failures into error kinds (one classifier for all transports)
     _retry.py       backoff with jitter, honouring retry-after
+    _admission.py   AdmissionControl: each call waits for its capacity pool (runtime.capacity) on the loop
     _usage.py       usage of any response shape, normalized
     _cost.py        prices from litellm's map, read once per model; a call's cost
     _stream.py      StreamAssembler: the assistant message from streamed pieces; stop reasons
@@ -26,12 +27,14 @@ Layout, one concern a module::
     transports/     base.py (the interface), litellm.py, openai_compat.py (+ _http.py, its HTTP/1.1 client)
 """
 
+from runtime.gateway._admission import AdmissionControl, PoolSnapshot, QueueTimeout
 from runtime.gateway._convert import accepts_reasoning, to_provider_messages
 from runtime.gateway._errors import classify_error, clean_error_message, retry_after_seconds
 from runtime.gateway._gateway import CallHandle, Gateway, complete_sync
 from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import (
     RETRYABLE_KINDS,
+    Admission,
     CompletionRequest,
     CompletionResult,
     Delta,
@@ -51,6 +54,8 @@ __all__ = [
     "DIALECTS",
     "MAX_HONOURED_RETRY_AFTER",
     "RETRYABLE_KINDS",
+    "Admission",
+    "AdmissionControl",
     "CallHandle",
     "CompletionRequest",
     "CompletionResult",
@@ -60,7 +65,9 @@ __all__ = [
     "ErrorKind",
     "Gateway",
     "IoLoop",
+    "PoolSnapshot",
     "ProviderError",
+    "QueueTimeout",
     "RetryInfo",
     "Route",
     "ServerTokenizer",

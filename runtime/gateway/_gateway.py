@@ -20,15 +20,24 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
 import pykka
 
+from runtime.capacity import RateLimitInfo, Ticket, parse_rate_limit_headers
 from runtime.config import RetryConfig
+from runtime.gateway._admission import AdmissionControl, OnQueued, PoolState, QueueTimeout
 from runtime.gateway._loop import IoLoop
-from runtime.gateway._models import CompletionRequest, CompletionResult, Delta, ProviderError, RetryInfo
+from runtime.gateway._models import (
+    Admission,
+    CompletionRequest,
+    CompletionResult,
+    Delta,
+    ProviderError,
+    RetryInfo,
+)
 from runtime.gateway._retry import backoff_delay
 from runtime.gateway._routing import Route, Router
 from runtime.gateway._windows import WindowBook
@@ -81,14 +90,22 @@ class _Call:
         on_retry: Callable[[RetryInfo], object] | None,
         on_stall: Callable[[float], object] | None,
         stall_after: float,
+        on_queued: OnQueued | None = None,
+        on_admitted: Callable[[float], object] | None = None,
     ) -> None:
         self.request = request
+        self.on_queued = on_queued
+        self.on_admitted = on_admitted
+        self.headers: Mapping[str, str] | None = None  # the last attempt's answer headers
         self.on_result = on_result
         self.on_delta = _safe(on_delta) if on_delta is not None else None
         self.on_retry = on_retry
         self.on_stall = on_stall
         self.stall_after = stall_after
         self.attempts = 0
+        self.refusals = 0  # 429s met while admission control paced the call (attempts that count for none)
+        self.waited = 0.0  # seconds waited for capacity
+        self.pool = ""
         self.transport = ""
         self.started = time.monotonic()
         self.task: asyncio.Task[CompletionResult] | None = None
@@ -104,6 +121,9 @@ class _Call:
         self.cancel_requested = True
         if self.task is not None:
             self.task.cancel()
+
+    def received_headers(self, headers: Mapping[str, str]) -> None:
+        self.headers = headers
 
     # Stall watch: one timer per stall period, re-armed lazily (not per chunk).
 
@@ -168,9 +188,12 @@ class Gateway:
         *,
         rng: random.Random | None = None,
         max_connections: int = 1_000,
+        capacity: AdmissionControl | None = None,
     ) -> None:
         self._io = loop
         self._retry = retry or RetryConfig()
+        self.capacity = capacity
+        """Admission control (design §3.11); None or disabled: every call goes at once."""
         self._rng = rng or random.Random()
         self._in_flight: set[_Call] = set()
         self._router = Router()
@@ -185,6 +208,12 @@ class Gateway:
     @property
     def retry_config(self) -> RetryConfig:
         return self._retry
+
+    def set_capacity_shares(self, shares: Mapping[str, float], default: float) -> None:
+        """Set this process's part of each capacity pool's limits (a cluster shard's lease); from any
+        thread."""
+        if self.capacity is not None:
+            self._io.call_soon(self.capacity.set_shares, dict(shares), default)
 
     @property
     def in_flight(self) -> int:
@@ -230,15 +259,19 @@ class Gateway:
         on_retry: Callable[[RetryInfo], object] | None = None,
         on_stall: Callable[[float], object] | None = None,
         stall_after: float = 10.0,
+        on_queued: OnQueued | None = None,
+        on_admitted: Callable[[float], object] | None = None,
     ) -> CallHandle:
         """Start ``request`` on the loop and return at once.
 
         ``on_result`` fires exactly once (from the loop thread) with the result, a classified error, or a
         ``cancelled`` error after :meth:`CallHandle.cancel`. ``on_delta`` gets each streamed piece,
         ``on_retry`` each retry before its backoff, ``on_stall`` the idle seconds once per stall (no chunk
-        for ``stall_after`` seconds). Callbacks must not block: hand the value on (e.g. ``ref.tell``).
+        for ``stall_after`` seconds), ``on_queued`` ``(pool, position, estimated_wait)`` when the call
+        starts waiting for its pool's capacity and ``on_admitted`` the seconds it waited when it goes
+        (design §3.11). Callbacks must not block: hand the value on (e.g. ``ref.tell``).
         """
-        call = _Call(request, on_result, on_delta, on_retry, on_stall, stall_after)
+        call = _Call(request, on_result, on_delta, on_retry, on_stall, stall_after, on_queued, on_admitted)
         try:
             self._io.call_soon(self._start, call)
         except RuntimeError:  # the loop is closed
@@ -315,6 +348,8 @@ class Gateway:
             attempts=call.attempts,
             latency=time.monotonic() - call.started,
             transport=call.transport,
+            waited=call.waited,
+            pool=call.pool,
         )
 
     async def _run(self, call: _Call) -> CompletionResult:
@@ -325,11 +360,29 @@ class Gateway:
         transport = self._transports[route.transport]
         call.transport = transport.name
         max_attempts = self._retry.max_attempts
+        capacity = self.capacity
+        pool: PoolState | None = None
+        if capacity is not None and capacity.enabled and request.mock_response is None:
+            pool = capacity.pool(
+                model=request.model,
+                endpoint=request.api_base or route.base_url or route.url or (route.provider or "default"),
+                api_key=request.api_key or route.api_key,
+            )
+            call.pool = pool.pool.name
         while True:
+            ticket = None
+            if pool is not None:
+                assert capacity is not None
+                ticket, error = await self._admit(call, capacity, pool)
+                if error is not None:
+                    return self._result(call, error)
             call.attempts += 1
+            call.headers = None
             call.watch(asyncio.get_running_loop())
+            answered = False
             try:
                 message = await self._attempt(call, transport, route)
+                answered = True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -338,26 +391,53 @@ class Gateway:
                     error = msgspec.structs.replace(
                         error, message=error.message.replace(request.api_key, "***")
                     )
-                if not error.retryable or call.attempts >= max_attempts:
-                    return self._result(call, error)
-                delay = backoff_delay(
-                    call.attempts, self._retry, retry_after=error.retry_after, rng=self._rng
-                )
-                info = RetryInfo(
-                    attempt=call.attempts,
-                    max_attempts=max_attempts,
-                    delay=delay,
+                paced = pool is not None and error.kind == "rate_limit"
+                if paced:  # the pool pauses and the call waits again for capacity, using no attempt
+                    assert capacity is not None and pool is not None and ticket is not None
+                    info = parse_rate_limit_headers(call.headers or _headers_of(exc), now=time.time())
+                    if info is None and error.retry_after is not None:
+                        info = RateLimitInfo(retry_after=error.retry_after)
+                    delay = capacity.refused(pool, ticket, info)
+                    ticket = None
+                    call.refusals += 1
+                    limit = capacity.config.max_refusals
+                    if call.refusals > limit:
+                        return self._result(call, error)
+                    attempt, attempts_allowed = call.refusals, limit
+                else:
+                    attempt = call.attempts - call.refusals  # refusals under pacing use no attempt
+                    if not error.retryable or attempt >= max_attempts:
+                        return self._result(call, error)
+                    delay = backoff_delay(attempt, self._retry, retry_after=error.retry_after, rng=self._rng)
+                    attempts_allowed = max_attempts
+                info_ = RetryInfo(
+                    attempt=attempt,
+                    max_attempts=attempts_allowed,
+                    delay=round(delay, 3),
                     error=error.message,
                     status_code=error.status_code,
                     kind=error.kind,
                 )
                 call.unwatch()
                 if call.on_retry is not None:
-                    _safely(call.on_retry, info)
-                await asyncio.sleep(delay)
+                    _safely(call.on_retry, info_)
+                if not paced:
+                    await asyncio.sleep(delay)
                 continue
             finally:
                 call.unwatch()
+                if ticket is not None:
+                    assert capacity is not None and pool is not None
+                    usage_out = None
+                    if answered and message.usage is not None:
+                        usage_out = message.usage.output_tokens
+                    capacity.release(
+                        pool,
+                        ticket,
+                        output_tokens=usage_out,
+                        info=parse_rate_limit_headers(call.headers, now=time.time()) if answered else None,
+                        answered=answered,
+                    )
             usage = message.usage or Usage()
             return CompletionResult(
                 message=message,
@@ -365,7 +445,53 @@ class Gateway:
                 attempts=call.attempts,
                 latency=time.monotonic() - call.started,
                 transport=call.transport,
+                waited=call.waited,
+                pool=call.pool,
             )
+
+    async def _admit(
+        self, call: _Call, capacity: AdmissionControl, pool: PoolState
+    ) -> tuple[Ticket | None, ProviderError | None]:
+        """Wait for ``pool``'s capacity for the call's next attempt: its ticket, or the ``rate_limited``
+        error when its wait budget ran out."""
+        request = call.request
+        admission = request.admission or Admission()
+        ticket = capacity.ticket(
+            admission.flow,
+            admission.priority,
+            admission.weight,
+            admission.input_tokens,
+            request.max_tokens,
+        )
+        budget = admission.wait_budget
+        if budget is None:
+            budget = capacity.config.queue_timeout
+        budget -= call.waited
+        queued: list[bool] = []
+
+        def on_queued(name: str, position: int, estimate: float) -> None:
+            queued.append(True)
+            if call.on_queued is not None:
+                _safely3(call.on_queued, name, position, estimate)
+
+        try:
+            waited = await capacity.acquire(pool, ticket, budget, on_queued)
+        except QueueTimeout as exc:
+            call.waited += exc.waited
+            total = round(call.waited, 1)
+            return None, ProviderError(
+                kind="rate_limited",
+                message=(
+                    f"rate_limited: waited {total:g} s for capacity of the pool {exc.pool!r} and gave up "
+                    f"(capacity.queue_timeout is {capacity.config.queue_timeout:g} s a turn); the provider "
+                    "key is busier than its limits allow"
+                ),
+                code="rate_limited",
+            )
+        call.waited += waited
+        if queued and call.on_admitted is not None:
+            _safely(call.on_admitted, round(waited, 3))
+        return ticket, None
 
     async def _attempt(self, call: _Call, transport: Transport, route: Route) -> Message:
         """One attempt of a streamed call under the silence limits (``retry.first_byte_timeout`` until the
@@ -422,6 +548,24 @@ def _safely(fn: Callable[[T], object], value: T) -> None:
         _log.debug("gateway callback %r: its actor has stopped; the value is dropped", fn)
     except Exception:
         _log.exception("gateway callback %r raised", fn)
+
+
+def _safely3(fn: OnQueued, pool: str, position: int, estimate: float) -> None:
+    try:
+        fn(pool, position, estimate)
+    except pykka.ActorDeadError:
+        _log.debug("gateway callback %r: its actor has stopped; the value is dropped", fn)
+    except Exception:
+        _log.exception("gateway callback %r raised", fn)
+
+
+def _headers_of(exc: BaseException) -> Mapping[str, str] | None:
+    headers = getattr(exc, "headers", None)
+    if headers is None:
+        headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    return headers if isinstance(headers, Mapping) or hasattr(headers, "items") else None
 
 
 def _safe(fn: Callable[[T], object]) -> Callable[[T], None]:

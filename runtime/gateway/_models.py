@@ -12,6 +12,7 @@ from runtime.messages import Message, Usage
 ErrorKind = Literal[
     "overflow",
     "rate_limit",
+    "rate_limited",
     "transient",
     "auth",
     "invalid_request",
@@ -21,6 +22,19 @@ ErrorKind = Literal[
     "unknown",
 ]
 RETRYABLE_KINDS: Final[frozenset[str]] = frozenset({"rate_limit", "transient", "timeout"})
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asks for capacity (design §3.11): the flow the fair queue serves it in (its session), its
+    priority (:class:`runtime.capacity.Priority`) and weight, its exact input tokens, and how long it may wait
+    for capacity (the rest of its turn's ``capacity.queue_timeout``; None: all of it)."""
+
+    flow: str = ""
+    priority: int = 1
+    weight: float = 1.0
+    input_tokens: int = 0
+    wait_budget: float | None = None
+
 
 TransportMode = Literal["auto", "litellm", "openai_compat"]
 """Which transport serves a call: ``auto`` (the native one where it does what litellm does), or one forced."""
@@ -47,6 +61,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     mock_response: str | None = None
     transport: TransportMode = "auto"
+    admission: Admission | None = None
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "None"
@@ -97,6 +112,10 @@ class CompletionResult(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     latency: float = 0.0
     transport: str = ""
+    waited: float = 0.0
+    """Seconds the call waited for capacity (design §3.11), in all its attempts."""
+    pool: str = ""
+    """The capacity pool it drew on (empty when admission control is off)."""
 
     @property
     def ok(self) -> bool:

@@ -30,13 +30,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between stream chunks")
     parser.add_argument("--encoding", default="o200k_base", help="tiktoken encoding (default o200k_base)")
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: accept any)")
+    parser.add_argument(
+        "--rpm", type=float, default=None, help="requests per minute a key may send (default: no limit)"
+    )
+    parser.add_argument(
+        "--tpm", type=float, default=None, help="tokens per minute a key may send (prompt + output cap)"
+    )
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="requests of a key answered at once (default: no limit)",
+    )
+    parser.add_argument(
+        "--no-rate-limit-headers",
+        action="store_true",
+        help="send no x-ratelimit-* headers (only 429s with retry-after)",
+    )
     parser.add_argument("--script", default=None, metavar="FILE.json", help='scripts: {"model": [turns...]}')
     return parser
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """Run the provider until SIGINT/SIGTERM; prints its base URL first. Returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, value in (("--rpm", args.rpm), ("--tpm", args.tpm), ("--max-concurrent", args.max_concurrent)):
+        if value is not None and value <= 0:
+            parser.error(f"{flag} must be positive, not {value:g}")
     from runtime.provider.script import load_scripts
     from runtime.provider.server import LocalProvider
 
@@ -49,6 +70,10 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         api_key=args.api_key,
         chunk_delay=args.chunk_delay,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        max_concurrent=args.max_concurrent,
+        rate_limit_headers=not args.no_rate_limit_headers,
     )
     if args.script:
         try:
@@ -71,7 +96,17 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         stop.set()
 
     previous = signal.signal(signal.SIGTERM, on_signal)
-    print(f"agentcell provider listening on {provider.url} (window {args.context_window} tokens)", flush=True)
+    limits = ", ".join(
+        f"{name} {value:g}"
+        for name, value in (("rpm", args.rpm), ("tpm", args.tpm), ("max concurrent", args.max_concurrent))
+        if value is not None
+    )
+    print(
+        f"agentcell provider listening on {provider.url} (window {args.context_window} tokens"
+        + (f"; per key: {limits}" if limits else "")
+        + ")",
+        flush=True,
+    )
     try:
         while not stop.wait(0.5) and provider.running:
             pass

@@ -8,6 +8,7 @@ overload, bad key) have their own builders below.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -279,19 +280,36 @@ def overflow_error(fmt: str, prompt: int, window: int, completion: int = 0) -> E
 # Faults
 
 
-def rate_limit_error(model: str, retry_after: float | None) -> ErrorResponse:
-    """OpenAI's 429 for a requests-per-minute limit, with ``retry-after`` (and ``retry-after-ms``)."""
+def rate_limit_error(
+    model: str,
+    retry_after: float | None,
+    *,
+    limit: str = "requests",
+    limit_value: int = 60,
+    headers: dict[str, str] | None = None,
+) -> ErrorResponse:
+    """OpenAI's 429 for a per-minute limit (``limit``: ``requests``, ``tokens`` or ``concurrent``), with
+    ``retry-after`` (and ``retry-after-ms``); ``headers``: the rate-limit headers to send (default: OpenAI's
+    for an exhausted request limit)."""
     wait = f"{retry_after:g}s" if retry_after is not None else "a moment"
+    what = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}.get(
+        limit, "concurrent requests"
+    )
     message = (
-        f"Rate limit reached for {model} in organization org-agentcell-local on requests per min (RPM): "
-        f"Limit 60, Used 60, Requested 1. Please try again in {wait}. Visit "
+        f"Rate limit reached for {model} in organization org-agentcell-local on {what}: "
+        f"Limit {limit_value}, Used {limit_value}, Requested 1. Please try again in {wait}. Visit "
         "https://platform.openai.com/account/rate-limits to learn more."
     )
-    headers: dict[str, str] = {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0"}
+    sent: dict[str, str] = (
+        {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0"}
+        if headers is None
+        else dict(headers)
+    )
     if retry_after is not None:
-        headers["retry-after"] = f"{retry_after:g}"
-        headers["retry-after-ms"] = str(round(retry_after * 1000))
-    return ErrorResponse(429, _openai_error(message, "requests", "rate_limit_exceeded"), headers)
+        sent["retry-after"] = f"{retry_after:.3f}".rstrip("0").rstrip(".")
+        sent["retry-after-ms"] = str(math.ceil(retry_after * 1000))
+    type_ = "requests" if limit != "tokens" else "tokens"
+    return ErrorResponse(429, _openai_error(message, type_, "rate_limit_exceeded"), sent)
 
 
 def server_error(status: int | None = None) -> ErrorResponse:

@@ -34,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.provider import errors, policy
+from runtime.provider.limits import Decision, ProviderLimiter
 from runtime.provider.script import Fault, FaultKind, ToolCallSpec, Turn
 from runtime.provider.usage import PromptCount, TokenCounter
 
@@ -109,8 +110,18 @@ class LocalProvider:
         chunk_chars: int = 24,
         chunk_delay: float = 0.0,
         log_size: int = 1_000,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        max_concurrent: int | None = None,
+        rate_limit_headers: bool = True,
     ) -> None:
         errors.overflow_error(overflow_format, 1, 1)  # fail fast on an unknown format
+        self.limiter = ProviderLimiter(
+            rpm=rpm, tpm=tpm, max_concurrent=max_concurrent, headers=rate_limit_headers
+        )
+        """Per-key limits (``rpm``, ``tpm``, ``max_concurrent``; :mod:`runtime.provider.limits`): over them a
+        request gets a 429 with ``retry-after``; every answer carries OpenAI's ``x-ratelimit-*`` headers
+        (unless ``rate_limit_headers`` is false). Replace it to change the limits."""
         self.context_window = context_window
         self.overflow_format = overflow_format
         self.latency = latency
@@ -334,10 +345,45 @@ class LocalProvider:
         if not authorized:
             log(401, "auth")
             return _error_response(errors.auth_error())
-        with self._lock:
-            fault = self._faults.popleft() if self._faults else None
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         count = self._counter.prompt(messages, tools)
+        limiter = self.limiter
+        if not limiter.active:
+            return await self._answer(request, body, model, stream, messages, tools, count, log, {})
+        key = _bearer(request)
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        tokens = count.prompt_tokens + (cap if isinstance(cap, int) and cap > 0 else 0)
+        decision = limiter.admit(key, tokens, time.monotonic())
+        if not decision.admitted:
+            log(429, "rate_limit", count)
+            return _error_response(_limit_error(model, decision, limiter))
+        try:
+            response = await self._answer(
+                request, body, model, stream, messages, tools, count, log, decision.headers
+            )
+        except BaseException:
+            limiter.release(key)
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _released(response.body_iterator, limiter, key)
+        else:
+            limiter.release(key)
+        return response
+
+    async def _answer(
+        self,
+        request: Request,
+        body: dict[str, Any],
+        model: str,
+        stream: bool,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        count: PromptCount,
+        log: Callable[..., None],
+        limit_headers: dict[str, str],
+    ) -> Response:
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else None
         window = self._windows.get(model, self.context_window)
         if fault is None and count.prompt_tokens > window:
             completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
@@ -362,12 +408,13 @@ class LocalProvider:
         log(200, "ok", count, source)
         reply = _Reply(turn, model, count, self._counter, self.reasoning_field)
         if not stream:
-            return _json_response(200, reply.completion())
+            return _json_response(200, reply.completion(), limit_headers or None)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         frames = reply.sse_frames(self.chunk_chars, include_usage)
+        headers = {**_SSE_HEADERS, **limit_headers} if limit_headers else _SSE_HEADERS
         if self.chunk_delay <= 0:
-            return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
-        return StreamingResponse(self._paced(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
+            return Response(b"".join(frames), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(self._paced(frames), media_type="text/event-stream", headers=headers)
 
     def _authorized(self, request: Request) -> bool:
         if self._api_key is None:
@@ -496,6 +543,32 @@ class LocalProvider:
 
 
 _SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _bearer(request: Request) -> str:
+    """The request's API key (its bearer token), the key its limits are counted under."""
+    header = request.headers.get("authorization", "")
+    return header[7:] if header.startswith("Bearer ") else ""
+
+
+def _limit_error(model: str, decision: Decision, limiter: ProviderLimiter) -> errors.ErrorResponse:
+    value = {"requests": limiter.rpm, "tokens": limiter.tpm}.get(decision.limit) or limiter.max_concurrent
+    return errors.rate_limit_error(
+        model,
+        decision.retry_after,
+        limit=decision.limit,
+        limit_value=int(value or 0),
+        headers=decision.headers,
+    )
+
+
+async def _released(body: Any, limiter: ProviderLimiter, key: str) -> AsyncIterator[Any]:
+    """A streamed body that frees its request's concurrent slot when it ends (or is cut off)."""
+    try:
+        async for piece in body:
+            yield piece
+    finally:
+        limiter.release(key)
 
 
 def _model_name(raw: Any) -> str:

@@ -119,7 +119,10 @@ def test_retries_and_clear_errors(rt_on: Any, events: Recorder, provider: Any, t
     failed = rt_on.prompt(sid, "again").result(timeout=20)
     assert failed.status == "error" and "401" in (failed.error or "")
     events.wait_type("agent_end", 2)
-    assert [(r.attempt, r.status_code) for r in events.of("provider_retry", sid)] == [(1, 429), (2, 500)]
+    # a 429 pauses the key's pool and the call waits again for capacity, using no attempt (design §3.11):
+    # the first 429 of its allowance of capacity.max_refusals, then the 500 is attempt 1 of retry.max_attempts
+    retries = events.of("provider_retry", sid)
+    assert [(r.attempt, r.max_attempts, r.status_code) for r in retries] == [(1, 8, 429), (1, 3, 500)]
     assert events.of("error", sid)[-1].code == "provider_auth"
     went_over(events, sid, transport)
 

@@ -255,7 +255,9 @@ def test_a_provider_that_keeps_failing_ends_the_turn_without_a_loop(
     runtime_with_events: tuple[Runtime, EventLog], provider: Any, kind: FaultKind
 ) -> None:
     rt, events = runtime_with_events
-    attempts = rt.config.retry.max_attempts
+    # a 429 puts the call back in its pool's queue and uses no retry attempt: capacity.max_refusals bounds
+    # those (design §3.11)
+    attempts = rt.config.capacity.max_refusals + 1 if kind == "rate_limit" else rt.config.retry.max_attempts
     fault = Turn(fault=Fault(kind=kind, retry_after=0.01, after_chunks=2))
     sid, main = fault_session(rt, provider, *[fault] * attempts, Turn(text="back again"))
     result = rt.prompt(sid, "hello").result(timeout=60)

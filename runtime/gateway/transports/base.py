@@ -10,7 +10,7 @@ life through ``call.activity()``, and maps its own failures into the shared erro
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from runtime.gateway._errors import classify_error
@@ -32,6 +32,9 @@ class Attempt(Protocol):
 
     def activity(self) -> None:
         """Something arrived from the provider (resets the stall watch)."""
+
+    def received_headers(self, headers: Mapping[str, str]) -> None:
+        """The answer's headers (its rate limits feed the call's capacity pool, design §3.11)."""
 
 
 class Transport(abc.ABC):

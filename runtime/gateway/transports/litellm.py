@@ -12,7 +12,7 @@ import gc
 import importlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from runtime.gateway._convert import to_provider_messages
@@ -121,6 +121,8 @@ class LitellmTransport(Transport):
         request = call.request
         response = await litellm.acompletion(**build_call_kwargs(request))
         call.activity()
+        if (headers := _response_headers(response)) is not None:
+            call.received_headers(headers)
         model = request.model
         if not request.stream:
             raw_usage = field(response, "usage")
@@ -189,3 +191,15 @@ def _loop_key_suffix(cache: object, loop: asyncio.AbstractEventLoop) -> str:
         if isinstance(suffix, str) and suffix:
             return suffix
     return f"-{id(loop)}"
+
+
+def _response_headers(response: object) -> Mapping[str, str] | None:
+    """The provider's answer headers as litellm keeps them (``_hidden_params["additional_headers"]``, or
+    ``_response_headers``), or None."""
+    hidden = getattr(response, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    if not isinstance(headers, Mapping):
+        headers = getattr(response, "_response_headers", None)
+    if headers is not None and (isinstance(headers, Mapping) or hasattr(headers, "items")):
+        return {str(k).removeprefix("llm_provider-"): str(v) for k, v in headers.items()}
+    return None

@@ -145,6 +145,7 @@ class OpenAICompatTransport(Transport):
         )
         try:
             call.activity()
+            call.received_headers(response.headers)
             if response.status >= 400:
                 raise await _error_of(response)
             if not request.stream:
