@@ -408,6 +408,32 @@ def _responses(doc: dict[str, Any]) -> Summary:
     ]
 
 
+def _limits(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    for row in _rows(doc, limiter="on"):
+        met = row["failed"] == 0 and row["refused_share"] <= 0.05 and row["of_limit"] >= 0.95
+        out.append(
+            _figure(
+                "limits",
+                f"{row['sessions']:,} sessions, one key at {row['limit_rps']:g} requests/s: goodput of the limit,"
+                " refused, failed",
+                f"{row['of_limit']:.2f}, {row['refused_share']:.1%}, {row['failed']} "
+                f"(limiter off: {_off(doc, row)})",
+                ">= 0.95, <= 5%, 0",
+                met,
+            )
+        )
+    return out
+
+
+def _off(doc: dict[str, Any], on: dict[str, Any]) -> str:
+    rows = _rows(doc, limiter="off", sessions=on["sessions"])
+    if not rows:
+        return "not run"
+    row = rows[0]
+    return f"{row['of_limit']:.2f}, {row['refused_share']:.1%}, {row['failed']} failed"
+
+
 BENCHES: tuple[Bench, ...] = (
     Bench(
         "sessions",
@@ -455,6 +481,13 @@ BENCHES: tuple[Bench, ...] = (
         (),
         _responses,
         "the OpenAI Responses API front door's CPU per turn against the runtime's own HTTP API",
+    ),
+    Bench(
+        "limits",
+        ("--quick",),
+        (),
+        _limits,
+        "sessions sharing one rate-limited key: goodput against the limit, refused, waits; limiter on and off",
     ),
     Bench(
         "cluster",

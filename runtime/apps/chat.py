@@ -21,7 +21,7 @@ from runtime import events as ev
 
 HELP = """commands:
   /compact [focus]  compact the conversation now, optionally telling the summary what to focus on
-  /context          how full the context window is: a bar and the breakdown
+  /context          how full the context window is: a bar and the breakdown; the provider keys' pools
   /sessions         the stored sessions (* marks this one)
   /branch [n]       list your messages; /branch n continues the conversation from just before message n
   /help             this text
@@ -37,6 +37,34 @@ def context_bar(used: int, window: int, width: int = 40) -> str:
     frac = 0.0 if window <= 0 else min(1.0, max(0.0, used / window))
     filled = round(frac * width)
     return f"[{'#' * filled}{'.' * (width - filled)}] {used:,} / {window:,} tokens ({frac:.0%})"
+
+
+def format_capacity(pools: Any) -> str:
+    """The provider keys' capacity pools (design §3.11): limits in force, calls running and waiting."""
+    lines = ["provider keys (capacity pools):"]
+    for pool in pools:
+        limits = [
+            f"{label} {value:,.0f}"
+            for label, value in (
+                ("rpm", pool.rpm),
+                ("tpm", pool.tpm),
+                ("input tpm", pool.input_tpm),
+                ("output tpm", pool.output_tpm),
+                ("at once", pool.max_concurrent),
+            )
+            if value is not None
+        ]
+        known = (
+            ", ".join(limits) + (" (learned)" if pool.learned else " (configured)")
+            if limits
+            else "no limit known"
+        )
+        paused = f", paused {pool.paused_for:.1f}s" if pool.paused_for else ""
+        lines.append(
+            f"  {pool.name}: {known}; {pool.running} running, {pool.queued} queued{paused}; "
+            f"{pool.admitted:,} sent, {pool.refused:,} refused (429)"
+        )
+    return "\n".join(lines)
 
 
 def format_stats(stats: Any) -> str:
@@ -137,6 +165,11 @@ class ChatPrinter:
                 self._note(f"[archived {count} old tool results]")
             case ev.WindowLearned(old=old, new=new, source=source):
                 self._note(f"[the model's window is {new:,} tokens (not {old:,}): the {source} said so]")
+            case ev.RequestQueued(pool=pool, position=position, estimated_wait=wait):
+                about = f", about {wait:.1f}s" if wait else ""
+                self._note(f"[waiting for capacity of {pool}: {position} in the queue{about}]")
+            case ev.RequestAdmitted(waited=waited):
+                self._note(f"[capacity after {waited:.1f}s]")
             case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
                 self._note(f"[retry {attempt}/{most} in {delay:.1f}s: {error}]")
             case ev.ErrorOccurred(code="aborted"):
@@ -386,6 +419,9 @@ class _Repl:
                 self.compact(arg or None)
             elif name == "/context":
                 self.out.write(format_stats(self.rt.context_stats(self.sid)) + "\n")
+                pools = self.rt.capacity()
+                if pools:
+                    self.out.write(format_capacity(pools) + "\n")
             elif name == "/sessions":
                 self.sessions()
             elif name == "/branch":

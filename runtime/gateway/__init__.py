@@ -27,7 +27,7 @@ Layout, one concern a module::
     transports/     base.py (the interface), litellm.py, openai_compat.py (+ _http.py, its HTTP/1.1 client)
 """
 
-from runtime.gateway._admission import AdmissionControl, PoolSnapshot, QueueTimeout
+from runtime.gateway._admission import WAIT_BUCKETS, AdmissionControl, PoolSnapshot, QueueTimeout
 from runtime.gateway._convert import accepts_reasoning, to_provider_messages
 from runtime.gateway._errors import classify_error, clean_error_message, retry_after_seconds
 from runtime.gateway._gateway import CallHandle, Gateway, complete_sync
@@ -54,6 +54,7 @@ __all__ = [
     "DIALECTS",
     "MAX_HONOURED_RETRY_AFTER",
     "RETRYABLE_KINDS",
+    "WAIT_BUCKETS",
     "Admission",
     "AdmissionControl",
     "CallHandle",

@@ -24,6 +24,8 @@ The metrics (``agentcell_`` prefix)::
     tool_calls_total{outcome}       counter    ok or error
     tool_call_duration_seconds      histogram
     event_bus_dropped_events_total  counter    events lost by subscribers that fell behind (all of them)
+    capacity_*{pool, shard}         the capacity pools (design §3.11): queued, running, limits, refused,
+                                               admitted calls and tokens, wait histogram (capacity_metrics.py)
 
 Label values are bounded, whatever clients send (a model name is free text): ``model`` is a model the host
 configured (``agent.model``, ``compaction.summarizer_model``, the ``models.*`` tables, agent profiles) or
@@ -44,6 +46,7 @@ from typing import Any
 
 from runtime import events as ev
 from runtime.errors import RuntimeStateError
+from runtime.observability.capacity_metrics import capacity_families
 
 __all__ = [
     "EVENT_TYPES",
@@ -240,6 +243,13 @@ class RuntimeMetrics:
         )
         for family in self._families:
             yield from family.collect()
+        capacity = getattr(self._runtime, "capacity", None)
+        if capacity is not None:
+            try:
+                pools = capacity() if getattr(self._runtime, "running", True) else []
+            except Exception:  # a stopping runtime: no pools to report
+                pools = []
+            yield from capacity_families(pools)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in Prometheus' text format, and its content type."""

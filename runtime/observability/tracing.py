@@ -245,6 +245,9 @@ class Tracing:
         span.set_attribute("agentcell.attempts", result.attempts)
         if result.transport:
             span.set_attribute("agentcell.transport", result.transport)
+        if result.pool:  # admission control (design §3.11): the key's pool and the wait for its capacity
+            span.set_attribute("agentcell.capacity.pool", result.pool)
+            span.set_attribute("agentcell.capacity.waited_seconds", round(result.waited, 3))
         error = result.error
         message: Message | None = result.message
         if error is not None:

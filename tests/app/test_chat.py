@@ -379,3 +379,38 @@ def test_a_failed_compact_says_why_once(tmp_path: Path, monkeypatch: pytest.Monk
     text = out.getvalue()
     assert "[compaction failed: the compaction would only take the context" in text
     assert text.count("less than the required 10% reduction") == 1, text
+
+
+def test_context_lists_the_capacity_pools_and_the_chat_shows_the_wait() -> None:
+    from runtime import events as ev
+    from runtime.apps.chat import format_capacity
+    from runtime.gateway import PoolSnapshot
+
+    pool = PoolSnapshot(
+        name="http://127.0.0.1:8400/v1 (key 1a2b3c4d)",
+        queued=12,
+        running=3,
+        paused_for=1.5,
+        rpm=600.0,
+        tpm=None,
+        input_tpm=None,
+        output_tpm=None,
+        max_concurrent=None,
+        learned=True,
+        admitted=1_234,
+        admitted_input_tokens=0,
+        admitted_output_tokens=0,
+        refused=2,
+        waited=40,
+    )
+    text = format_capacity([pool])
+    assert "http://127.0.0.1:8400/v1 (key 1a2b3c4d): rpm 600 (learned)" in text
+    assert "3 running, 12 queued, paused 1.5s; 1,234 sent, 2 refused (429)" in text
+    out = io.StringIO()
+    printer = ChatPrinter(out, color=False)
+    printer(
+        ev.RequestQueued(session_id="s", seq=1, turn_id="t", pool=pool.name, position=4, estimated_wait=2.0)
+    )
+    printer(ev.RequestAdmitted(session_id="s", seq=2, turn_id="t", pool=pool.name, waited=1.8))
+    assert f"[waiting for capacity of {pool.name}: 4 in the queue, about 2.0s]" in out.getvalue()
+    assert "[capacity after 1.8s]" in out.getvalue()

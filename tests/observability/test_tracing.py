@@ -157,6 +157,9 @@ def test_retries_are_events_of_the_chat_span_and_a_failure_is_an_error(
     assert all(e.attributes["http.response.status_code"] == 429 for e in retries)
     assert len(tr.recorder.of("provider_retry", sid)) == 2
     assert chat.attributes["agentcell.attempts"] == 3
+    # each 429 paused the key's pool and the call waited for its capacity again (design §3.11)
+    assert chat.attributes["agentcell.capacity.pool"].startswith(provider.url)
+    assert chat.attributes["agentcell.capacity.waited_seconds"] > 0
     assert chat.status.status_code is not StatusCode.ERROR and "error.type" not in chat.attributes
 
     down = Turn(fault=Fault(kind="server_error"))

@@ -31,6 +31,8 @@ DURATIONS = [
     "persistence.hibernate_after",
     "runtime.max_restart_seconds",
     "subagents.timeout",
+    "capacity.queue_timeout",
+    "capacity.burst",
     "mcp.startup_timeout",
     "mcp.ping_timeout",
     "models.discovery_timeout",

@@ -15,7 +15,7 @@
   const TIMELINE_LIMIT = 400; // top-level timeline entries kept in the page
   const REPLAY_EVENTS = 5000; // a session view replays at most this many seqs of its history
   const MESSAGES_LIMIT = 300; // messages shown (the newest)
-  const ACTIVE = new Set(["running", "streaming", "executing_tools"]);
+  const ACTIVE = new Set(["running", "streaming", "queued", "executing_tools"]); // queued: waiting for a provider key's capacity
 
   const $ = (id) => document.getElementById(id);
   const stats = { events: 0, frames: 0, rowWrites: 0, flushMs: 0, maxFlushMs: 0, overviews: 0 };
