@@ -32,7 +32,6 @@ DURATIONS = [
     "runtime.max_restart_seconds",
     "subagents.timeout",
     "capacity.queue_timeout",
-    "capacity.burst",
     "mcp.startup_timeout",
     "mcp.ping_timeout",
     "models.discovery_timeout",
