@@ -260,7 +260,9 @@ class CapacityConfig(_Section, frozen=True, forbid_unknown_fields=True):
     queue_timeout: Seconds = 300.0  # the most a turn waits for capacity, in all; then it ends rate_limited
     headroom: Fraction = 0.98  # the share of a known limit sent (a little under: no refusals from drift)
     burst: Seconds = 1.0  # the seconds of a rate its bucket holds (what may go at once)
-    jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.25  # a 429's pause is its retry-after plus up to this share of it
+    jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = (
+        0.25  # a 429's pause is its retry-after plus up to this share of it
+    )
     max_refusals: PosInt = 8  # 429s one call may meet (each re-queued, no retry attempt used) before failing
     default_output_tokens: NonNegInt = 1_024  # reserved against an output-token limit when no cap is set
     weight: PosFloat = 1.0  # a session's share of the fair queue against the others (per session)
