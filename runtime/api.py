@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from runtime import events as ev
     from runtime.bus import Subscription
     from runtime.context.estimate import ContextStats
+    from runtime.gateway import PoolSnapshot
     from runtime.handles import CompactionResult, Handle, PromptHandle
     from runtime.messages import Message, Usage
     from runtime.observability.metrics import RuntimeMetrics
@@ -47,6 +48,13 @@ class RuntimeAPI(Protocol):
         ...
 
     def __enter__(self) -> Self: ...
+
+    def capacity(self) -> list[PoolSnapshot]:
+        """The capacity pools of the runtime's provider keys (design §3.11): each one's limits in force
+        (configured or learned), the calls waiting and running, 429s, admissions; one
+        :class:`~runtime.gateway.PoolSnapshot` a pool, in the order they were first used. On a cluster, every
+        shard's pools, each naming its shard: a pool's limits there are the shard's lease (design §10.5)."""
+        ...
 
     def metrics(self) -> RuntimeMetrics:
         """The runtime's Prometheus metrics (a :class:`~runtime.observability.metrics.RuntimeMetrics`): a

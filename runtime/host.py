@@ -138,9 +138,6 @@ class Runtime(RuntimeAPI):
             return self._metrics
 
     def capacity(self) -> list[PoolSnapshot]:
-        """The capacity pools of the runtime's provider keys (design §3.11): each one's limits in force
-        (configured or learned), the calls waiting and running, 429s, admissions; one
-        :class:`~runtime.gateway.PoolSnapshot` a pool, in the order they were first used."""
         self._require_started()
         control = self.services.gateway.capacity
         return control.snapshot() if control is not None else []

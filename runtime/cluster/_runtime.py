@@ -62,6 +62,7 @@ from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
 
 if TYPE_CHECKING:
+    from runtime.gateway import PoolSnapshot
     from runtime.messages import Usage
     from runtime.observability.metrics import RuntimeMetrics
     from runtime.store.sessions import SessionInfo
@@ -171,16 +172,14 @@ class ClusterRuntime(RuntimeAPI):
         with self._fleet.lock:
             return [(s.name, s.actor) for s in self._fleet.shards.values() if s.alive]
 
-    def capacity(self) -> list[Any]:
-        """Every shard's capacity pools (``Runtime.capacity``), each naming its shard: a pool's limits on
-        a shard are its lease, the shard's part of the key's limits (design §10.5)."""
+    def capacity(self) -> list[PoolSnapshot]:
         import msgspec
         import ray
 
         self._fleet.require_started()
         shards = self._live_shards()
         refs = [actor.capacity.remote() for _, actor in shards]
-        out: list[Any] = []
+        out: list[PoolSnapshot] = []
         for (name, _), ref in zip(shards, refs):
             out.extend(msgspec.structs.replace(p, shard=name) for p in ray.get(ref, timeout=30))
         return out
