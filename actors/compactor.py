@@ -108,6 +108,7 @@ class _Job:
     plan: Any = None
     answers: list[str | None] = field(default_factory=list)
     outstanding: int = 0
+    tokens_before: int = 0  # the full count before (design §4.2): every event of the compaction reports it
     artifacts: list[str] = field(default_factory=list)
     calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
@@ -167,7 +168,7 @@ class Compactor(SessionActor):
             for call in job.calls:  # a summarizer answer would find no one waiting for it
                 call.cancel()
             request = job.request
-            tokens = job.estimate.tokens if job.estimate is not None else 0
+            tokens = job.tokens_before or (job.estimate.tokens if job.estimate is not None else 0)
             try:
                 if isinstance(request, MaybeCompact | Compact) and job.plan is not None:  # it was announced
                     self._end_span(job, error=f"the compaction was interrupted: {why}", reason="interrupted")
@@ -285,7 +286,9 @@ class Compactor(SessionActor):
     ) -> None:
         assert job.estimate is not None
         messages = list(job.view.messages)
-        tokens_before = job.estimate.tokens
+        # One figure from start to end: the full count the progress guard compares the summary with (the
+        # estimate that triggered may rest on a provider's usage, which no count of ours can match).
+        tokens_before = job.tokens_before = self.estimate.full(messages)
         # An automatic compaction never summarizes the working set away (design §5.13).
         keep_from = working_set_start(messages) if trigger != "manual" else None
         keep_tokens = comp.keep_recent_budget(
@@ -310,9 +313,13 @@ class Compactor(SessionActor):
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
                 self._no_progress_at = self._leaf(tuple(messages))
-                self._done(job, Outcome(messages=tuple(messages), estimate=tokens_before, attempted=True))
+                self._done(
+                    job, Outcome(messages=tuple(messages), estimate=job.estimate.tokens, attempted=True)
+                )
+            elif trigger == "manual":  # asked for, so answered: there is nothing to do, which is no failure
+                self._skip(job, trigger, "nothing_to_compact", f"nothing to compact: {plan.reason}")
             else:
-                self._fail(job, trigger, "nothing_to_compact", plan.reason, tokens_before)
+                self._fail(job, trigger, "nothing_to_compact", plan.reason, job.estimate.tokens)
             return
         self.emit(
             ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before
@@ -397,23 +404,32 @@ class Compactor(SessionActor):
 
     def _finish(self, job: _Job, trigger: CompactionTrigger) -> None:
         assert job.estimate is not None
-        tokens_before = job.estimate.tokens
-        # The progress guard compares counts of the same kind: a full count before and after. (The
-        # estimate that triggered may rest on a provider's usage that no count of ours can match.)
+        tokens_before = job.tokens_before
+        # The progress guard compares counts of the same kind: a full count before and after.
         outcome = comp.finish_compaction(
             job.plan,
             job.answers,
             count=self.counter.count_message,
-            tokens_before=self.estimate.full(job.view.messages),
+            tokens_before=tokens_before,
             limit=effective_limit(self.context_window, self.cfg),
             kept_at=str(self._artifact_path(job, 1)) if job.number else None,
         )
         if isinstance(outcome, comp.CompactionFailure):
-            over = tokens_before >= self.context_window
+            over = job.estimate.tokens >= self.context_window
             # Only hard_reset kills a session (design §5.8); otherwise the turn ends and the session goes on.
             dead = self.cfg.mode == "hard_reset" and (outcome.context_exceeded or over)
             if outcome.reason == "no_progress":
                 self._no_progress_at = self._leaf(tuple(job.view.messages))
+                if not (dead or outcome.context_exceeded) and trigger in ("manual", "threshold"):
+                    # A summary no shorter than what it replaces: the conversation is as short as it gets.
+                    after = outcome.tokens_after if outcome.tokens_after is not None else tokens_before
+                    why = (
+                        f"nothing to compact: a summary would take the context from {tokens_before:,} to "
+                        f"{after:,} tokens (a compaction must save at least "
+                        f"{self.cfg.min_reduction:.0%}); the conversation is unchanged"
+                    )
+                    self._skip(job, trigger, "no_progress", why)
+                    return
             message = outcome.message
             if dead:  # design §5.8: no fallback; the log marks it dead
                 message = (
@@ -462,6 +478,10 @@ class Compactor(SessionActor):
                     estimate=tokens_after,
                     attempted=True,
                     compacted=True,
+                    messages_before=len(job.view.messages),
+                    tokens_before=tokens_before,
+                    summary_chars=len(summary.text),
+                    fallback=outcome.fallback,
                 ),
             )
 
@@ -475,6 +495,29 @@ class Compactor(SessionActor):
             artifacts=tuple(job.artifacts),
         )
         self.call(self.refs.store, record, recorded)
+
+    def _skip(self, job: _Job, trigger: CompactionTrigger, reason: str, message: str) -> None:
+        """A compaction with nothing to reduce: said once (``compaction_skipped``), the history unchanged."""
+        messages = tuple(job.view.messages)
+        if job.span is None:
+            self._start_span(job, trigger, len(messages), job.tokens_before)
+        self._end_span(job, skipped=reason)
+        self.emit(
+            ev.CompactionSkipped, reason=reason, message=message, tokens=job.tokens_before, trigger=trigger
+        )
+        assert job.estimate is not None
+        self._done(
+            job,
+            Outcome(
+                messages=messages,
+                estimate=job.estimate.tokens,
+                attempted=True,
+                skipped=True,
+                message=message,
+                messages_before=len(messages),
+                tokens_before=job.tokens_before,
+            ),
+        )
 
     def _fail(
         self,
@@ -502,10 +545,11 @@ class Compactor(SessionActor):
             job,
             Outcome(
                 messages=tuple(job.view.messages) if job.view is not None else (),
-                estimate=tokens,
+                estimate=job.estimate.tokens if job.estimate is not None else tokens,
                 attempted=True,
                 dead=dead,
                 message=message,
+                tokens_before=tokens,
             ),
         )
 
@@ -640,7 +684,12 @@ class Compactor(SessionActor):
     def _as_result(outcome: Outcome) -> CompactionResult:
         return CompactionResult(
             compacted=outcome.compacted,
+            skipped=outcome.skipped,
             reason=outcome.message,
+            messages_before=outcome.messages_before,
             messages_after=len(outcome.messages),
-            tokens_after=outcome.estimate,
+            tokens_before=outcome.tokens_before,
+            tokens_after=outcome.tokens_before if outcome.skipped else outcome.estimate,
+            summary_chars=outcome.summary_chars,
+            fallback=outcome.fallback,
         )

@@ -396,6 +396,11 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     compacted: bool = False
     dead: bool = False
     message: str | None = None
+    skipped: bool = False  # nothing to reduce (``compaction_skipped``): no failure
+    messages_before: int = 0
+    tokens_before: int = 0  # the full count the compaction's events report
+    summary_chars: int = 0
+    fallback: bool = False
 
 
 class MaybeCompact(Ask[Outcome], frozen=True):

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         Calibration as Calibration,
         CompactionEnd as CompactionEnd,
         CompactionFailed as CompactionFailed,
+        CompactionSkipped as CompactionSkipped,
         CompactionStart as CompactionStart,
         ErrorOccurred as ErrorOccurred,
         Event as Event,

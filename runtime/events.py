@@ -28,6 +28,7 @@ __all__ = [
     "CompactionEnd",
     "CompactionFailed",
     "CompactionMode",
+    "CompactionSkipped",
     "CompactionStart",
     "CompactionTrigger",
     "ErrorOccurred",
@@ -334,6 +335,18 @@ class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     trigger: CompactionTrigger | None = None
 
 
+class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
+    """A compaction that had nothing to reduce: the history is too short to summarize
+    (``reason`` ``nothing_to_compact``), or its summary would not have made it shorter (``no_progress``).
+    The history is unchanged and the session goes on: not an error. ``tokens`` is the same full count a
+    ``compaction_start`` before it reported; ``message`` says why, for a person."""
+
+    reason: str
+    message: str
+    tokens: int = 0
+    trigger: CompactionTrigger | None = None
+
+
 class ToolResultsArchived(Event, frozen=True, tag="tool_results_archived"):
     archived: int
     strategy: str
@@ -439,6 +452,7 @@ AnyEvent = (
     | CompactionStart
     | CompactionEnd
     | CompactionFailed
+    | CompactionSkipped
     | ToolResultsArchived
     | ToolOutputsCleared
     | SubscriberLagged

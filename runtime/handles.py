@@ -86,9 +86,12 @@ class PromptHandle(Handle[TurnResult]):
 
 
 class CompactionResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What a compaction did (``compacted`` False with ``reason`` when it did nothing or failed)."""
+    """What a compaction did: ``compacted``; or ``skipped`` when there was nothing to reduce (no failure:
+    the conversation is unchanged; ``reason`` says why); or neither, a failure, with ``reason``.
+    ``tokens_before`` is the figure its ``compaction_start`` event reported."""
 
     compacted: bool
+    skipped: bool = False
     reason: str | None = None
     messages_before: int = 0
     messages_after: int = 0

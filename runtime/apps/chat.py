@@ -110,8 +110,9 @@ class ChatPrinter:
         self._cond = threading.Condition()
         self._seen = 0
         self._open: str | None = None  # the line being streamed: "text", "reasoning", or None
-        self.compactions_failed = 0
-        """``compaction_failed`` events printed so far (the REPL does not repeat their reason)."""
+        self.compactions_reported = 0
+        """``compaction_failed`` and ``compaction_skipped`` events printed so far (the REPL does not
+        repeat their reason)."""
 
     def __call__(self, event: ev.Event) -> None:
         with self._cond:
@@ -160,7 +161,10 @@ class ChatPrinter:
                 self._note(f"[compacted: {before:,} -> {after:,} tokens, {count} messages in context]")
             case ev.CompactionFailed(error=error):
                 self._note(f"[compaction failed: {error}]")
-                self.compactions_failed += 1
+                self.compactions_reported += 1
+            case ev.CompactionSkipped(message=message):
+                self._note(f"[{message}]")
+                self.compactions_reported += 1
             case ev.ToolResultsArchived(archived=count):
                 self._note(f"[archived {count} old tool results]")
             case ev.WindowLearned(old=old, new=new, source=source):
@@ -435,10 +439,10 @@ class _Repl:
         return True
 
     def compact(self, focus: str | None) -> None:
-        failed = self.printer.compactions_failed
+        reported = self.printer.compactions_reported
         result = self.rt.compact(self.sid, instructions=focus).result(timeout=600)
         self.printer.catch_up(self.rt.bus.last_seq(self.sid))
-        if not result.compacted and self.printer.compactions_failed == failed:  # else its event said why
+        if not result.compacted and self.printer.compactions_reported == reported:  # else its event said why
             self.out.write(f"not compacted: {result.reason}\n")
 
     def sessions(self) -> None:

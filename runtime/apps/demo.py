@@ -374,6 +374,8 @@ def describe(event: ev.Event, view: SessionView | None = None) -> str | None:
             )
         case ev.CompactionFailed(error=error):
             return f"compaction failed: {error}"
+        case ev.CompactionSkipped(message=message):
+            return message
         case ev.ToolResultsArchived(archived=count, strategy=strategy):
             return f"archived {count} old tool results ({strategy} summary)"
         case ev.UsageOverflow(input_tokens=tokens, context_window=window):

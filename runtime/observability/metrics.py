@@ -18,7 +18,7 @@ The metrics (``agentcell_`` prefix)::
     provider_retries_total          counter    failed attempts that were retried (summarizer calls too)
     tokens_total{model, type}       counter    input, output, cache_read, cache_write, reasoning
     cost_usd_total{model}           counter    where litellm knows the model's prices
-    compactions_total{trigger, result}   counter    compacted or failed, by trigger
+    compactions_total{trigger, result}   counter    compacted, skipped (nothing to reduce) or failed
     overflow_recoveries_total{trigger, result}  counter  compactions after an overflow (trigger overflow)
                                                or a silent one (usage_overflow)
     tool_calls_total{outcome}       counter    ok or error
@@ -72,6 +72,7 @@ EVENT_TYPES = frozenset(
         "compaction_start",
         "compaction_end",
         "compaction_failed",
+        "compaction_skipped",
         "tool_execution_end",
         "session_stopped",
     }
@@ -309,6 +310,8 @@ class RuntimeMetrics:
                 if trigger == "overflow":
                     self._end_request(sid, event.ts, "overflow")
                 self._compaction(trigger or "unknown", "failed")
+            case ev.CompactionSkipped(trigger=trigger):
+                self._compaction(trigger or "unknown", "skipped")
             case ev.ToolExecutionEnd(is_error=is_error, duration=duration):
                 self.tool_calls.labels("error" if is_error else "ok").inc()
                 self.tool_duration.observe(duration)

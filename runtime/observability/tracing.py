@@ -358,9 +358,12 @@ class Tracing:
         fallback: bool = False,
         error: str | None = None,
         reason: str | None = None,
+        skipped: str | None = None,
     ) -> None:
         if span.is_recording():
-            if error is not None:
+            if skipped is not None:  # nothing to reduce: no error
+                span.set_attribute("agentcell.compaction.skipped", skipped)
+            elif error is not None:
                 span.set_attribute(ERROR_TYPE, reason or "_OTHER")
                 span.set_status(Status(StatusCode.ERROR, error))
             else:

@@ -229,12 +229,33 @@ def test_a_compaction_that_frees_nothing_is_discarded_and_never_loops(
     for i in range(4):
         assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
     result = rt.compact(sid, keep_recent_tokens=100).result(timeout=30)
-    assert not result.compacted
-    recorder.wait_type("compaction_failed")
-    (failed,) = recorder.of("compaction_failed", sid)
-    assert failed.reason == "no_progress"
-    assert not recorder.of("compaction_end", sid)
+    # Nothing to reduce is said as such, not as a failure, with one figure from start to end.
+    assert not result.compacted and result.skipped
+    assert result.reason is not None and result.reason.startswith("nothing to compact")
+    recorder.wait_type("compaction_skipped")
+    (skipped,) = recorder.of("compaction_skipped", sid)
+    (start,) = recorder.of("compaction_start", sid)
+    assert skipped.reason == "no_progress" and skipped.trigger == "manual"
+    assert skipped.tokens == start.tokens_before == result.tokens_before > 0
+    assert f"from {start.tokens_before:,} to" in skipped.message
+    assert not recorder.of("compaction_end", sid) and not recorder.of("compaction_failed", sid)
     assert rt.messages(sid, view="model")[0].kind != KIND_COMPACTION_SUMMARY
+
+
+def test_a_manual_compaction_of_a_short_conversation_is_nothing_to_compact(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    model = chatty_model(provider, words=5)
+    sid = session(model, tools=None)
+    assert rt.prompt(sid, "hi").result(timeout=30).status == "ok"
+    result = rt.compact(sid).result(timeout=30)
+    assert not result.compacted and result.skipped
+    assert result.reason is not None and result.reason.startswith("nothing to compact")
+    recorder.wait_type("compaction_skipped")
+    (skipped,) = recorder.of("compaction_skipped", sid)
+    assert skipped.reason in ("no_progress", "nothing_to_compact") and skipped.tokens > 0
+    assert not recorder.of("compaction_failed", sid)
+    assert rt.prompt(sid, "and now?").result(timeout=30).status == "ok"
 
 
 def test_old_tool_results_are_archived_with_a_summary(

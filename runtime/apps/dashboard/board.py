@@ -110,6 +110,8 @@ class _Row:
             case ev.CompactionFailed(error=error):
                 self.compacting = False
                 self.last_error = error
+            case ev.CompactionSkipped():
+                self.compacting = False
             case ev.ErrorOccurred(message=message):
                 self.errors += 1
                 self.last_error = message

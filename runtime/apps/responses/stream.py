@@ -37,6 +37,7 @@ PASSED_ON: Final = frozenset(
         "compaction_start",
         "compaction_end",
         "compaction_failed",
+        "compaction_skipped",
         "tool_results_archived",
         "tool_outputs_cleared",
         "usage_overflow",

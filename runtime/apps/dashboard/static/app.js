@@ -352,6 +352,9 @@
         row.compacting = false;
         row.last_error = ev.error;
         break;
+      case "compaction_skipped":
+        row.compacting = false;
+        break;
       case "error":
         row.errors += 1;
         row.last_error = ev.message;
@@ -899,6 +902,17 @@
         entry.label = "compaction failed";
         entry.running = false;
         entry.text = `${ev.trigger || ""} ${ev.reason}: ${ev.error}`.trim();
+        sv.compaction = null;
+        touch(entry);
+        break;
+      }
+      case "compaction_skipped": {
+        // Nothing to reduce: no failure, the conversation is unchanged.
+        const entry = sv.compaction || child(ev, "compaction", "compaction", "", {});
+        entry.kind = "compaction";
+        entry.label = "nothing to compact";
+        entry.running = false;
+        entry.text = ev.message;
         sv.compaction = null;
         touch(entry);
         break;
