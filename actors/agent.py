@@ -49,6 +49,7 @@ from runtime.events import CompactionTrigger
 from runtime.handles import Handle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
+from runtime.tools.saved import READ_SAVED
 
 if TYPE_CHECKING:
     from runtime.gateway import CallHandle, CompletionResult, Delta, RetryInfo
@@ -910,6 +911,10 @@ class Agent(SessionActor):
             config=self.spec.config,
             logs_dir=self.services.directory.spill_dir(self.session_id),
             turn_id=turn_id,
+            saved_dirs=(
+                self.services.directory.spill_dir(self.session_id),
+                self.services.directory.artifacts_dir(self.session_id),
+            ),
         )
 
     def _on_tools_done(self, results: list[ToolRunResult]) -> None:
@@ -948,11 +953,14 @@ class Agent(SessionActor):
         results = run.step_results
         clips = ws.plan_clips([(self.counter.count_message(m), len(m.text)) for m in results], budget)
         fitted = list(results)
+        reader = READ_SAVED if READ_SAVED in self.spec.tools else None
         for clip in clips:
             message = results[clip.index]
             path, sha = run.saved.get(message.id) or self._save_full_output(message)
             run.saved[message.id] = (path, sha)
-            fitted[clip.index] = ws.clip_result(message, clip.max_chars, saved_path=path, sha256=sha)
+            fitted[clip.index] = ws.clip_result(
+                message, clip.max_chars, saved_path=path, sha256=sha, reader=reader
+            )
         return tuple(fitted)
 
     def _clip_again(self, context: tuple[Message, ...], estimate: int) -> bool:

@@ -412,7 +412,7 @@ class Compactor(SessionActor):
             count=self.counter.count_message,
             tokens_before=tokens_before,
             limit=effective_limit(self.context_window, self.cfg),
-            kept_at=str(self._artifact_path(job, 1)) if job.number else None,
+            kept_at=self._saved_as(self._artifact_path(job, 1)) if job.number else None,
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = job.estimate.tokens >= self.context_window
@@ -581,6 +581,11 @@ class Compactor(SessionActor):
     def _artifact_path(self, job: _Job, which: int) -> Path:
         """The summarizer input (``which=0``) or the summary (1) of ``job``'s compaction."""
         return self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
+
+    @staticmethod
+    def _saved_as(path: Path) -> str:
+        """Where a clipped summary's whole text is, for the model: its path and its ``read_saved`` id."""
+        return f'{path}, read_saved(id="{path.name}")'
 
     def _write_artifact(self, which: int, text: str, job: _Job) -> None:
         """Save the summarizer input (``which=0``) or the summary (1) beside the session (design §2.3)."""

@@ -72,18 +72,21 @@ def limit_output(
     spill_dir: str | os.PathLike[str] | None = None,
     label: str = "tool",
     allow_spill: bool = True,
+    reader: str | None = None,
 ) -> LimitedOutput:
     """Apply the tool output limits of ``config`` to ``text`` (see the module docstring for the order).
 
     ``spill_dir`` is where a spill file would go (else ``config.spill_dir``, else the system temp
     directory); nothing is written here. ``label`` (a tool or call name) prefixes the spill file's name.
     ``allow_spill=False`` truncates instead of spilling (for when the spill file cannot be written).
+    ``reader`` names the tool the model reads a saved output with (``read_saved``): the notice then tells
+    it how, by the file's name (its id), in parts.
     """
     cfg = config or ToolOutputConfig()
     chars = len(text)
     lines = count_lines(text)
     if allow_spill and chars > cfg.spill_threshold_chars:
-        return _spill(text, cfg, lines, spill_dir, label)
+        return _spill(text, cfg, lines, spill_dir, label, reader)
 
     text = _encodable(text)
     size = _utf8_len(text)
@@ -162,7 +165,12 @@ def count_lines(text: str) -> int:
 
 
 def _spill(
-    text: str, cfg: ToolOutputConfig, lines: int, spill_dir: str | os.PathLike[str] | None, label: str
+    text: str,
+    cfg: ToolOutputConfig,
+    lines: int,
+    spill_dir: str | os.PathLike[str] | None,
+    label: str,
+    reader: str | None,
 ) -> LimitedOutput:
     digest = hashlib.sha256()
     size = 0
@@ -174,10 +182,18 @@ def _spill(
     path = directory / f"{_safe_label(label)}-{sha[:16]}.txt"
     spill = SpillRequest(text, sha, path, len(text), size)
     preview = _preview(text)
+    shown = count_lines(preview)
+    if reader is not None:
+        whole = text.startswith(preview + "\n") or len(preview) == len(text)  # its last line uncut
+        saved = (
+            f'The full output is saved as "{path.name}" (SHA-256 {sha}): read it in parts with '
+            f'{reader}(id="{path.name}", offset={shown + 1 if whole else max(1, shown)}, limit=200). '
+        )
+    else:
+        saved = f"The full output was saved to {path} (SHA-256 {sha}). "
     notice = (
         f"[Output too large for the context: {len(text):,} chars, {size:,} bytes, {lines:,} lines. "
-        f"The full output was saved to {path} (SHA-256 {sha}). "
-        f"Showing the first {count_lines(preview):,} lines.]"
+        f"{saved}Showing the first {shown:,} lines.]"
     )
     return LimitedOutput(f"{notice}\n{preview}", True, spill, len(text), size, lines, notice)
 

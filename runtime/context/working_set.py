@@ -156,18 +156,25 @@ def _common_cap(tokens: list[int], budget: int) -> int:
     return ordered[-1] if ordered else 0
 
 
-def clip_result(message: Message, max_chars: int, *, saved_path: str, sha256: str) -> Message:
+def clip_result(
+    message: Message, max_chars: int, *, saved_path: str, sha256: str, reader: str | None = None
+) -> Message:
     """``message`` (a tool result) with its text clipped to about ``max_chars`` characters, head and tail,
-    and a notice naming the file that holds the full text. The metadata records the clip."""
+    and a notice naming the file that holds the full text: by its id (its file name) and the tool that reads
+    it (``reader``) when the model has one, else by its path. The metadata records the clip."""
     text = message.text
     if len(text) <= max_chars:
         return message
     head = (max_chars + 1) // 2
     tail = max_chars - head
+    if reader is not None:
+        name = saved_path.replace("\\", "/").rsplit("/", 1)[-1]
+        where = f'saved as "{name}" (SHA-256 {sha256}); read the middle in parts with {reader}(id="{name}").'
+    else:
+        where = f"saved at {saved_path} (SHA-256 {sha256}); read it in parts if you need the middle."
     notice = (
         f"[Tool output clipped to fit the context window: {len(text):,} chars → {max_chars:,} "
-        f"(head and tail kept). The full output is saved at {saved_path} (SHA-256 {sha256}); "
-        "read it in parts if you need the middle.]"
+        f"(head and tail kept). The full output is {where}]"
     )
     clipped = (
         f"{text[:head]}\n[... {len(text) - max_chars:,} chars omitted ...]\n{text[-tail:] if tail else ''}"

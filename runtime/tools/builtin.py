@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import codecs
 import fnmatch
-import itertools
 import os
 import re
 import selectors
@@ -36,7 +35,9 @@ from typing import Final
 import re2  # google-re2: linear-time matching that releases the GIL
 
 from runtime.context.tool_output import decode_output
+from runtime.tools._lines import MAX_LINE_CHARS, numbered_lines
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry, tool
+from runtime.tools.saved import read_saved
 
 __all__ = [
     "GREP_CHUNK_BYTES",
@@ -55,13 +56,13 @@ __all__ = [
     "grep",
     "list_dir",
     "read_file",
+    "read_saved",
     "shell_environment",
     "shell_tool",
     "write_file",
 ]
 
 
-MAX_LINE_CHARS: Final = 2_000  # read_file: longer lines are cut
 GREP_LINE_CHARS: Final = 300
 GREP_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
 GREP_CHUNK_BYTES: Final = 64 * 1024  # grep checks for cancellation (timeout, abort) after each chunk
@@ -101,23 +102,8 @@ def read_file(path: str, offset: int = 1, limit: int = 2000, *, ctx: ToolContext
         raise ToolError(
             f"{rel} is a binary file ({real.stat().st_size:,} bytes); read_file shows text files only"
         )
-    out: list[str] = []
     with real.open(encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(itertools.islice(fh, offset - 1, offset - 1 + limit), start=offset):
-            line = line.rstrip("\r\n")
-            if len(line) > MAX_LINE_CHARS:
-                line = f"{line[:MAX_LINE_CHARS]}… [line cut at {MAX_LINE_CHARS:,} of {len(line):,} chars]"
-            out.append(f"{number:>6}\t{line}")
-        remaining = sum(1 for _ in fh)
-    total = offset - 1 + len(out) + remaining
-    if not out:
-        if total == 0:
-            return f"[{rel} is empty]"
-        raise ToolError(f"offset {offset} is past the end of {rel} ({total:,} lines)")
-    last = offset + len(out) - 1
-    if remaining:
-        out.append(f"[lines {offset:,}-{last:,} of {total:,}; continue with offset={last + 1}]")
-    return "\n".join(out)
+        return numbered_lines(fh, rel, offset, limit)
 
 
 @tool
@@ -357,10 +343,11 @@ def shell_tool(command: str, timeout: float | None = None, *, ctx: ToolContext) 
     run = _ShellRun(command, ws.root, log_path, ctx)
     status = run.wait(limit)
     tail = decode_output(bytes(run.tail)).rstrip("\n")
+    where = f'read_saved(id="{log_path.name}")' if ctx.logs_dir in ctx.saved_dirs else str(log_path)
     shown = (
-        f"[output: {run.total:,} bytes, last {len(run.tail):,} shown; full output in {log_path}]"
+        f"[output: {run.total:,} bytes, last {len(run.tail):,} shown; full output: {where}]"
         if run.total > len(run.tail)
-        else f"[full output in {log_path}]"
+        else f"[full output: {where}]"
     )
     if status == "timeout":
         raise ToolError(f"command timed out after {limit:g} s; its process group was killed\n{tail}\n{shown}")
@@ -382,7 +369,7 @@ def shell_environment(environ: Mapping[str, str], extra: Iterable[str] = ()) -> 
 
 def builtin_registry(shell: bool = False) -> ToolRegistry:
     """A registry with the built-in file tools, and ``shell`` when ``shell`` is true."""
-    registry = ToolRegistry([read_file, write_file, edit_file, list_dir, grep])
+    registry = ToolRegistry([read_file, write_file, edit_file, list_dir, grep, read_saved])
     if shell:
         registry.register(shell_tool)
     return registry

@@ -42,6 +42,7 @@ from runtime.context.integrity import malformed_arguments_text, unknown_tool_tex
 from runtime.context.tool_output import decode_output, limit_output, write_spill
 from runtime.messages import Message, ToolCallPart, tool_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
+from runtime.tools.saved import READ_SAVED
 from runtime.tools.workspace import Workspace
 
 __all__ = [
@@ -89,8 +90,10 @@ def context_factory(
     config: Config,
     logs_dir: str | os.PathLike[str],
     turn_id: str = "",
+    saved_dirs: tuple[Path, ...] = (),
 ) -> ContextFactory:
-    """A ``ctx_factory`` for :meth:`ToolExecutor.run` from a session's settings."""
+    """A ``ctx_factory`` for :meth:`ToolExecutor.run` from a session's settings. ``saved_dirs``: the
+    session's folders of saved outputs and artifacts, which ``read_saved`` reads (and nothing else does)."""
     ws = workspace if isinstance(workspace, Workspace) or workspace is None else Workspace(workspace)
     logs = Path(logs_dir)
 
@@ -104,6 +107,7 @@ def context_factory(
             shell_timeout=config.agent.shell_timeout,
             shell_env=tuple(config.agent.shell_env),
             logs_dir=logs,
+            saved_dirs=saved_dirs,
         )
 
     return make
@@ -454,7 +458,8 @@ class _Batch:
         self, call: ToolCallPart, st: _Call, text: str, *, is_error: bool, error: str | None
     ) -> ToolRunResult:
         duration = time.monotonic() - st.started if st.started else 0.0
-        limited = limit_output(text, self.limits, spill_dir=self.spill_dir, label=call.name)
+        reader = READ_SAVED if READ_SAVED in self.registry else None
+        limited = limit_output(text, self.limits, spill_dir=self.spill_dir, label=call.name, reader=reader)
         spilled: Path | None = None
         if limited.spill is not None:
             try:

@@ -53,6 +53,9 @@ class ToolContext:
     shell_env: tuple[str, ...] = ()  # names (or shell-style patterns) passed to shell beyond its allow-list
     logs_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "agentcell_logs")
     metadata: dict[str, Any] = field(default_factory=dict)  # the tool's notes, kept on its result message
+    # The session's saved outputs and artifacts (its spill and artifacts folders), for read_saved only:
+    # the file tools never reach them.
+    saved_dirs: tuple[Path, ...] = ()
 
     def require_workspace(self) -> Workspace:
         """The session's workspace; a clear :class:`ToolError` when the session has none."""

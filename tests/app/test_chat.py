@@ -362,7 +362,9 @@ def test_reasoning_is_shown_apart_from_the_answer() -> None:
     assert hidden.getvalue() == "Here is what I did:"
 
 
-def test_a_compact_with_nothing_to_reduce_says_so_once_with_one_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compact_with_nothing_to_reduce_says_so_once_with_one_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     lines = iter(["hello there", "/compact", "/quit"])
     out = io.StringIO()

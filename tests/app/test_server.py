@@ -3,6 +3,7 @@ server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from runtime.apps.server import ApiServer, ServerPolicy, parse_cursor
-from runtime.provider.script import Fault, Turn
+from runtime.provider.script import Fault, ToolCallSpec, Turn
 from tests.conftest import Recorder
 from tests.serve import serve_process
 
@@ -336,3 +337,33 @@ def test_serve_command_binds_localhost_and_generates_a_token(tmp_path: Path) -> 
         headers = {"Authorization": f"Bearer {token.group(1)}"}
         ok = httpx.get(f"{served.url}/sessions", headers=headers, timeout=10)
         assert ok.status_code == 200 and ok.json() == {"sessions": []}
+
+
+def test_the_model_reads_a_clipped_output_back_in_parts(
+    client: httpx.Client, provider: Any, script: Any, workspace: Path, sessions_dir: Path
+) -> None:
+    # A file whose read_file result (2,000 numbered lines of 130 characters) is too large for the context.
+    lines = [f"row {i:05d} " + "x" * 120 for i in range(1, 2_001)]
+    (workspace / "big.txt").write_text("\n".join(lines) + "\n")
+    shown = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(lines, 1))
+    saved = f"read_file-{hashlib.sha256(shown.encode()).hexdigest()[:16]}.txt"
+    read_saved = lambda **args: ToolCallSpec(name="read_saved", arguments=json.dumps(args))  # noqa: E731
+    model = script(
+        Turn(tool_calls=(ToolCallSpec(name="read_file", arguments='{"path": "big.txt"}'),)),
+        Turn(tool_calls=(read_saved(id=saved, offset=21, limit=30),)),
+        Turn(tool_calls=(read_saved(id=saved, offset=1_990, limit=30),)),
+        Turn(text="I read all of it."),
+    )
+    sid = create(client, provider, model, tools="builtin", workspace=str(workspace))
+    result = client.post(f"/sessions/{sid}/prompt", json={"text": "read big.txt", "wait": True}).json()
+    assert result["status"] == "ok", result
+    tools = [m for m in client.get(f"/sessions/{sid}/messages").json()["messages"] if m["role"] == "tool"]
+    texts = [m["parts"][0]["text"] for m in tools]
+    assert len(texts) == 3 and not any(m.get("is_error") for m in tools), texts
+    # (the preview's 2,000 characters end inside line 15: the notice says to go on from there)
+    assert f'read it in parts with read_saved(id="{saved}", offset=15, limit=200)' in texts[0]
+    assert str(sessions_dir) not in texts[0]  # no path the model cannot use
+    first = texts[1].splitlines()
+    assert first[0] == f"    21\t    21\t{lines[20]}" and first[29] == f"    50\t    50\t{lines[49]}"
+    assert first[30] == "[lines 21-50 of 2,000; continue with offset=51]"
+    assert texts[2].splitlines()[-1] == f"  2000\t  2000\t{lines[-1]}"  # the end, and nothing after it

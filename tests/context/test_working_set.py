@@ -160,6 +160,18 @@ def test_a_clipped_result_keeps_head_and_tail_and_names_the_full_text() -> None:
     assert ws.clip_result(result, 20_000, saved_path="-", sha256="-") is result
 
 
+def test_a_clipped_result_names_its_id_and_the_tool_that_reads_it_when_there_is_one() -> None:
+    result = m.tool_result("c1", "grep", "x" * 10_000)
+    clipped = ws.clip_result(
+        result, 1_000, saved_path="/s/a.spill/grep-ab.txt", sha256="ab", reader="read_saved"
+    )
+    assert (
+        'saved as "grep-ab.txt" (SHA-256 ab); read the middle in parts with read_saved(id="grep-ab.txt")'
+        in (clipped.text)
+    )
+    assert "/s/a.spill" not in clipped.text  # a path the model cannot open is not offered
+
+
 def test_the_budget_leaves_room_for_the_call_and_a_summary() -> None:
     budget = ws.working_set_budget(limit=9_000, fixed_tokens=500, call_tokens=100, config=CONFIG)
     assert budget == 9_000 - 500 - 100 - 1_800  # a fifth of the limit for the summary

@@ -126,7 +126,8 @@ def test_parallel_results_twice_the_window_are_clipped_and_kept_on_disk(
         saved = Path(message.metadata["clip_path"])
         data = saved.read_bytes()
         assert hashlib.sha256(data).hexdigest() == message.metadata["clip_sha256"]
-        assert message.metadata["clip_sha256"] in message.text and str(saved) in message.text
+        assert message.metadata["clip_sha256"] in message.text
+        assert f'read the middle in parts with read_saved(id="{saved.name}")' in message.text
         assert len(data.decode()) == message.metadata["clipped_from_chars"] > len(message.text) - 400
         assert f"def function_{message.text.split('function_')[1].split('_')[0]}_0(x)" in data.decode()
     # the request that went out held every call with its (clipped) result, and fit the window
@@ -228,7 +229,8 @@ def test_a_summary_longer_than_the_room_left_is_clipped_to_fit_and_kept_whole(
     assert end.tokens_after <= 1_000 < end.tokens_before
     summary = next(m for m in rt.messages(sid, view="model") if m.kind == "compaction_summary")
     kept = SessionDirectory(sessions_dir).compaction_artifacts(sid, 1)[1]
-    assert f"characters of the summary (cut to fit the context; all of it is in {kept})" in summary.text
+    where = f'{kept}, read_saved(id="{kept.name}")'  # the model can read it back
+    assert f"characters of the summary (cut to fit the context; all of it is in {where})" in summary.text
     assert "step 0:" in summary.text and "mod5.py" in summary.text  # its head, and the files read
     rt.flush()
     assert "\n".join(lines) in kept.read_text()

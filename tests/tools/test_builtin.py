@@ -29,7 +29,14 @@ def run(name: str, ctx: ToolContext, **args: object) -> str:
 
 
 def test_builtin_registry_has_shell_only_when_asked() -> None:
-    assert builtin_registry().names == ["read_file", "write_file", "edit_file", "list_dir", "grep"]
+    assert builtin_registry().names == [
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "grep",
+        "read_saved",
+    ]
     assert "shell" in builtin_registry(shell=True)
 
 
@@ -157,7 +164,7 @@ def test_shell_keeps_the_tail_of_big_output(ctx: ToolContext) -> None:
     on = replace(ctx, shell_enabled=True)
     out = run("shell", on, command="seq 1 200000")
     assert "200000\n[exit code 0]" in out and "\n1\n" not in out
-    assert "full output in" in out
+    assert "full output: /" in out  # a path: this context has no saved folders for read_saved
     assert (on.logs_dir / "shell-call_1.log").read_text().splitlines()[0] == "1"
 
 
