@@ -11,3 +11,12 @@
 They use only the runtime's public API (and :mod:`runtime.served` for the server); nothing in the core
 imports them.
 """
+
+from typing import Final
+
+__all__ = ["LOCAL_API_KEY", "LOCAL_MODEL"]
+
+LOCAL_MODEL: Final = "openai/agentcell-local"
+"""The model name the apps use with the built-in local provider (``--local``): its built-in policy answers."""
+LOCAL_API_KEY: Final = "sk-local"
+"""The key the apps send the local provider (it checks none; litellm wants one)."""

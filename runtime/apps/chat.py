@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from runtime import events as ev
+from runtime.apps import LOCAL_API_KEY, LOCAL_MODEL
 
 HELP = """commands:
   /compact [focus]  compact the conversation now, optionally telling the summary what to focus on
@@ -27,9 +28,6 @@ HELP = """commands:
   /help             this text
   /quit             leave (Ctrl-D works too); Ctrl-C aborts a running turn
 while a turn runs, a line you type steers it (applied after the running tools); /queue TEXT runs next"""
-
-LOCAL_MODEL = "openai/agentcell-local"
-"""The model name ``--local`` uses: the local provider's built-in policy answers it."""
 
 
 def context_bar(used: int, window: int, width: int = 40) -> str:
@@ -245,7 +243,7 @@ def run_chat(
                 api_base = provider.url
                 model = model or LOCAL_MODEL
             model = model or cfg.agent.model
-            api_key = os.environ.get("AGENTCELL_API_KEY") or ("sk-local" if provider is not None else None)
+            api_key = os.environ.get("AGENTCELL_API_KEY") or (LOCAL_API_KEY if provider is not None else None)
             rt = stack.enter_context(Runtime(cfg))
             try:
                 sid, resumed = _open_session(rt, session_id, model, api_base, api_key, servers)

@@ -64,6 +64,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         metrics_public=True if args.metrics_public else None,
         shards=args.shards,
         ray_address=args.ray_address,
+        local=args.local,
     )
 
 
@@ -222,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-public",
         action="store_true",
         help="serve GET /metrics (Prometheus) without the bearer token (server.metrics_public)",
+    )
+    serve.add_argument(
+        "--local",
+        action="store_true",
+        help="start the built-in local provider (offline, scripted replies, no key) and run sessions that "
+        "name no api_base against it: try the server and its dashboard with one command",
     )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
     serve.add_argument("--config", default=None, help="TOML config file")

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 
 from runtime import events as ev
+from runtime.apps import LOCAL_API_KEY, LOCAL_MODEL
 from runtime.apps.connections import guarded_protocol
 from runtime.apps.dashboard import DashboardFiles, SessionBoard
 from runtime.config import AgentProfile, Config, ConfigError, McpServerConfig, ServerConfig
@@ -103,6 +104,8 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     the server's machine (the runtime's own ``[mcp.servers]`` are always allowed).
     ``mcp_allowed_urls``: the URLs a session's MCP servers may have (see :mod:`runtime.apps.client_mcp`:
     never ``${NAME}`` from the server's environment, never an internal address the list does not name).
+    ``local_provider``: the URL of the built-in local provider (``serve --local``): a session that names no
+    ``api_base`` runs against it (with its key), new sessions and resumed ones alike.
     """
 
     workspace_root: str | None = None
@@ -112,6 +115,14 @@ class ServerPolicy(msgspec.Struct, frozen=True, kw_only=True):
     mcp_allowed_urls: tuple[str, ...] = ()
     api_base_allowed_urls: tuple[str, ...] = ("*",)
     api_base_private: bool = True
+    local_provider: str | None = None
+
+    def endpoint(self, api_base: str | None, api_key: str | None) -> tuple[str | None, str | None]:
+        """The ``api_base`` and ``api_key`` a session runs with: the local provider's when the server has
+        one and the request names no ``api_base``; else the request's."""
+        if self.local_provider is not None and api_base is None:
+            return self.local_provider, api_key or LOCAL_API_KEY
+        return api_base, api_key
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerPolicy:
@@ -482,8 +493,13 @@ def create_app(
                 return session_id
             if not await asyncio.to_thread(_is_stored, runtime, session_id):
                 raise SessionNotFound(f"no session {session_id!r}")
-            workspace = await asyncio.to_thread(policy.check_stored, runtime, session_id, None)
-            await asyncio.to_thread(runtime.resume_session, session_id, workspace=workspace)
+            api_base, api_key = policy.endpoint(None, None)
+            workspace = await asyncio.to_thread(
+                policy.check_stored, runtime, session_id, None, api_base=api_base, api_key=api_key
+            )
+            await asyncio.to_thread(
+                runtime.resume_session, session_id, workspace=workspace, api_base=api_base, api_key=api_key
+            )
         return session_id
 
     async def create_session(request: Request) -> Response:
@@ -492,8 +508,9 @@ def create_app(
             validate_session_id(body.session_id)
             if _is_hosted(runtime, body.session_id) or _is_stored(runtime, body.session_id):
                 raise HttpError(409, f"session {body.session_id!r} already exists")
-        policy.check_api_base(body.api_base, body.api_key)
-        await asyncio.to_thread(policy.check_endpoint, body.api_base)
+        api_base, api_key = policy.endpoint(body.api_base, body.api_key)
+        policy.check_api_base(api_base, api_key)
+        await asyncio.to_thread(policy.check_endpoint, body.api_base)  # (a client's, not the local one)
         policy.check_config(runtime.config.for_session(body.config), runtime.config)
         mcp_servers = await asyncio.to_thread(
             policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
@@ -510,8 +527,8 @@ def create_app(
             tools=_tools(body.tools, runtime),
             workspace=policy.workspace(body.workspace),
             config=body.config,
-            api_base=body.api_base,
-            api_key=body.api_key,
+            api_base=api_base,
+            api_key=api_key,
             agents=body.agents,
             mcp_servers=mcp_servers,
         )
@@ -549,21 +566,22 @@ def create_app(
         mcp_servers = await asyncio.to_thread(
             policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
         )
+        api_base, api_key = policy.endpoint(body.api_base, body.api_key)
         workspace = await asyncio.to_thread(
             policy.check_stored,
             runtime,
             session_id,
             body.workspace,
-            api_base=body.api_base,
-            api_key=body.api_key,
+            api_base=api_base,
+            api_key=api_key,
         )
         await asyncio.to_thread(
             runtime.resume_session,
             session_id,
             tools=_tools(body.tools, runtime),
             workspace=workspace,
-            api_key=body.api_key,
-            api_base=body.api_base,
+            api_key=api_key,
+            api_base=api_base,
             repair=body.repair,
             mcp_servers=mcp_servers,
         )
@@ -955,8 +973,12 @@ def run_server(
     metrics_public: bool | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
+    local: bool = False,
 ) -> int:
     """The ``serve`` command: serve until interrupted; returns the exit status.
+
+    ``local`` starts the built-in local provider (offline, scripted replies) beside the server: new
+    sessions default to its model, and a session that names no ``api_base`` runs against it.
 
     With ``shards`` or ``ray_address`` the sessions live on shards of a Ray cluster
     (:class:`runtime.cluster.ClusterRuntime`: ``shards`` of them, 2 by default, on the cluster at
@@ -980,6 +1002,8 @@ def run_server(
         overrides["server.allow_mcp_commands"] = allow_mcp_commands
     if metrics_public is not None:
         overrides["server.metrics_public"] = metrics_public
+    if local:
+        overrides["agent.model"] = LOCAL_MODEL
     try:
         cfg = load_config(config_path).with_overrides(overrides)
         policy = ServerPolicy.from_config(cfg.server)
@@ -991,6 +1015,30 @@ def run_server(
         token = secrets.token_urlsafe(24)
         print(f"agentcell serve: generated bearer token: {token}", file=sys.stderr, flush=True)
     bind_host = host or cfg.server.host
+    with contextlib.ExitStack() as stack:
+        if local:
+            from runtime.provider import LocalProvider
+
+            provider = stack.enter_context(LocalProvider())
+            policy = msgspec.structs.replace(policy, local_provider=provider.url)
+            print(
+                f"agentcell serve: the built-in local provider at {provider.url} answers sessions that name "
+                f"no api_base (model {LOCAL_MODEL} by default; its replies are scripted, offline, no key)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return _serve(cfg, policy, token, bind_host, port, shards, ray_address)
+
+
+def _serve(
+    cfg: Config,
+    policy: ServerPolicy,
+    token: str,
+    bind_host: str,
+    port: int | None,
+    shards: int | None,
+    ray_address: str | None,
+) -> int:
     try:
         host_runtime = _host_runtime(cfg, shards, ray_address)
     except ValueError as exc:

@@ -339,6 +339,23 @@ def test_serve_command_binds_localhost_and_generates_a_token(tmp_path: Path) -> 
         assert ok.status_code == 200 and ok.json() == {"sessions": []}
 
 
+@pytest.mark.slow  # an agentcell serve process: seconds even on an idle machine
+def test_serve_local_answers_a_session_that_names_nothing(tmp_path: Path) -> None:
+    with serve_process(tmp_path / "sessions", "--local", "--token", TOKEN) as served:
+        assert re.search(r"built-in local provider at http://127\.0\.0\.1:\d+/v1 answers", served.banner)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=served.url, headers=headers, timeout=60) as client:
+            created = client.post("/sessions", json={})
+            assert created.status_code == 201, created.text
+            assert created.json()["model"] == "openai/agentcell-local"
+            sid = created.json()["id"]
+            reply = client.post(f"/sessions/{sid}/prompt", json={"text": "Hello there", "wait": True}).json()
+            assert reply["status"] == "ok" and "'Hello there'" in reply["message"]["parts"][0]["text"]
+            # A session naming its own endpoint still goes there (and needs its own key for it).
+            other = client.post("/sessions", json={"api_base": "http://127.0.0.1:9/v1"})
+            assert other.status_code == 403
+
+
 def test_the_model_reads_a_clipped_output_back_in_parts(
     client: httpx.Client, provider: Any, script: Any, workspace: Path, sessions_dir: Path
 ) -> None:
