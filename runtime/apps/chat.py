@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from runtime import events as ev
 from runtime.apps import LOCAL_API_KEY, LOCAL_MODEL
+from runtime.wording import plural
 
 HELP = """commands:
   /compact [focus]  compact the conversation now, optionally telling the summary what to focus on
@@ -156,7 +157,9 @@ class ChatPrinter:
             case ev.CompactionStart(trigger=trigger, tokens_before=tokens):
                 self._note(f"[compacting ({trigger}) at {tokens:,} tokens...]")
             case ev.CompactionEnd(tokens_before=before, tokens_after=after, messages_after=count):
-                self._note(f"[compacted: {before:,} -> {after:,} tokens, {count} messages in context]")
+                self._note(
+                    f"[compacted: {before:,} -> {after:,} tokens, {plural(count, 'message')} in context]"
+                )
             case ev.CompactionFailed(error=error):
                 self._note(f"[compaction failed: {error}]")
                 self.compactions_reported += 1
@@ -450,7 +453,9 @@ class _Repl:
         for info in infos:
             mark = "*" if info.id == self.sid else " "
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.updated_at))
-            self.out.write(f"{mark} {info.id:<28} {when}  {info.messages:>5} messages  {info.model or '?'}\n")
+            self.out.write(
+                f"{mark} {info.id:<28} {when}  {plural(info.messages, 'message'):>14}  {info.model or '?'}\n"
+            )
 
     def branch(self, arg: str) -> None:
         history = self.rt.messages(self.sid)

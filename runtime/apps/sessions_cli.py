@@ -12,6 +12,7 @@ import time
 from typing import Any, TextIO
 
 from runtime.ids import InvalidSessionId, validate_session_id
+from runtime.wording import plural
 
 
 def run_sessions(
@@ -92,7 +93,7 @@ def _show(directory: Any, session_id: str, out: TextIO) -> None:
     messages = tree.messages()
     out.write(
         f"session {session_id} · model {tree.model or header.model or '?'} · "
-        f"created {_when(header.created_at)} · {len(messages)} messages on the current branch · "
+        f"created {_when(header.created_at)} · {plural(len(messages), 'message')} on the current branch · "
         f"{tree.compaction_count} compaction{'s' if tree.compaction_count != 1 else ''}\n"
     )
     if header.workspace:

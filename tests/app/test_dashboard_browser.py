@@ -107,7 +107,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, screenshots: list[Path]) -> 
     with provider, Runtime(config, sessions_dir=root / "sessions") as rt:
         for n in range(20):
             workspace = root / "workspaces" / f"s{n:02d}"
-            demo._write_project(workspace)  # the demo's little project: files to read
+            demo.write_project(workspace)  # the demo's little project: files to read
             model = SLOW_MODEL if n == 19 else demo.DEMO_MODEL
             rt.start_session(
                 f"s{n:02d}",

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -36,18 +42,30 @@ def test_demo_shows_threshold_compaction_and_overflow_recovery(
     assert "[demo-2] turn ok" in text[compacted:]
     assert "[demo-2] ERROR" not in text
     # One delegation: a lead session hands a task to a sub-agent and reports its answer.
-    assert re.search(r"\[demo-lead\] sub-agent \w+: its own session, [1-9]\d* model calls", text)
-    assert "[demo-lead] The sub-agent reported: Here is what I did: - I read `inventory.py`" in text
+    assert "[demo-lead] > Delegate to a sub-agent" in text
+    assert re.search(r"\[demo-lead\] sub-agent \w+: its own session, [1-9]\d* model calls?", text)
+    assert (
+        "[demo-lead] assistant: The sub-agent reported: Here is what I did: - I read `inventory.py`" in text
+    )
     # The closing table: one row per session with its turns and a context bar.
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("demo-")}
-    assert set(rows) == {"demo-1", "demo-2"}
+    assert set(rows) == {"demo-1", "demo-2", "demo-lead"}  # the lead is in the table too
+    assert re.match(r"demo-lead\s+lead\s+1\s+", rows["demo-lead"])
     turns = len(demo.TASK)
     assert re.match(
         rf"demo-1\s+steady\s+{turns}\s+\d+\s+[\d,]+\s+[\d,]+\s+\d+ threshold\s+\[[#.]{{20}}\]", rows["demo-1"]
     )
     assert re.match(rf"demo-2\s+overflow\s+{turns}\s.*\d+ overflow\s+\[", rows["demo-2"])
     assert re.search(r"threshold compactions?, [1-9]\d* overflow recover(y|ies), ", text)
-    assert list(tmp_path.iterdir()) == []  # the temporary workspaces and sessions are removed
+    assert re.search(rf"\n3 sessions, {2 * turns + 1} turns in [\d.]+ s: [\d.]+ turns/s\n", text)
+    # The header says what the provider is and names the sessions as they are.
+    assert (
+        "its replies are scripted (a policy reads and edits the files a prompt names), not a model's" in text
+    )
+    assert "  demo-1: told the real window, it compacts at the threshold" in text
+    assert "demo-1..demo-1" not in text
+    # the temporary workspaces and sessions are removed (the runtime's CPU lock files may stay: they are shared)
+    assert list(tmp_path.glob("agentcell-demo-*")) == []
 
 
 def test_demo_fails_when_it_shows_no_compaction(
@@ -122,5 +140,70 @@ def test_the_closing_line_counts_in_real_plurals() -> None:
         view.threshold_compactions, view.recoveries = compactions, recoveries
         return demo.DemoOutcome(views=[view], seconds=12.34)
 
-    assert demo._verdict(outcome(1, 1)) == "1 threshold compaction, 1 overflow recovery, 12.3 s"
-    assert demo._verdict(outcome(2, 3)) == "2 threshold compactions, 3 overflow recoveries, 12.3 s"
+    assert demo.verdict(outcome(1, 1)) == "1 threshold compaction, 1 overflow recovery, 12.3 s"
+    assert demo.verdict(outcome(2, 3)) == "2 threshold compactions, 3 overflow recoveries, 12.3 s"
+
+
+def test_one_message_is_one_message() -> None:
+    end = ev.CompactionEnd(
+        session_id="s",
+        trigger="threshold",
+        messages_before=9,
+        messages_after=1,
+        tokens_before=5_000,
+        tokens_after=900,
+        summary_chars=1_200,
+        mode="summarize",
+    )
+    assert (
+        demo.describe(end)
+        == "COMPACTED (threshold): 5,000 -> 900 tokens, 1 message now, summary of 1,200 chars"
+    )
+
+
+class _FailingRuntime:
+    """A runtime whose one turn fails: its error event and its end reach the monitor, then the handle."""
+
+    def __init__(self, monitor: DemoMonitor) -> None:
+        self.monitor = monitor
+
+    def prompt(self, sid: str, text: str) -> Any:
+        self.monitor(ev.AgentStart(session_id=sid, turn_id="t"))
+        self.monitor(ev.ErrorOccurred(session_id=sid, turn_id="t", code="provider_error", message="boom"))
+        self.monitor(ev.AgentEnd(session_id=sid, turn_id="t", status="error"))
+        failed = SimpleNamespace(status="error", text="", error="boom")
+        return SimpleNamespace(result=lambda timeout: failed)
+
+
+def test_one_failed_turn_is_one_failure() -> None:
+    monitor, view = _view()
+    sent = {"s": 0}
+    demo._drive(_FailingRuntime(monitor), monitor, "s", sent)
+    assert view.failures == ["boom"]  # its error, once; not also "stopped: turn 1 ended error"
+    outcome = demo.DemoOutcome(views=[view], seconds=2.0)
+    assert [p for p in outcome.problems if p.startswith("s:")] == ["s: boom"]
+    assert demo.throughput(outcome) == "1 session, 1 turn in 2.0 s: 0.5 turns/s"
+
+
+@pytest.mark.slow  # an agentcell demo process: seconds even on an idle machine
+def test_demo_serve_stopped_by_sigterm_cleans_up_and_has_printed_its_summary(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "runtime.apps.cli", "demo", "--serve", "--port", "0", "--plain"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "the demo is done" in line:
+                break
+        text = "".join(seen)
+        assert re.search(r"^demo-lead\s+lead\s", text, re.MULTILINE), text  # the table came first
+        assert list(tmp_path.glob("agentcell-demo-*")), "the demo's folder exists while it serves"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert list(tmp_path.glob("agentcell-demo-*")) == []  # the temporary workspaces and sessions are removed
