@@ -10,10 +10,12 @@ or ``/quit`` leaves. Commands: ``/compact [focus]``, ``/context``, ``/sessions``
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -29,6 +31,10 @@ HELP = """commands:
   /help             this text
   /quit             leave (Ctrl-D works too); Ctrl-C aborts a running turn
 while a turn runs, a line you type steers it (applied after the running tools); /queue TEXT runs next"""
+
+
+_QUIET = (ev.RequestStart, ev.StatusUpdate, ev.MessageAppended, ev.UsageUpdate, ev.Calibration)
+"""Events that print nothing: the waiting indicator stays up through them."""
 
 
 def context_bar(used: int, window: int, width: int = 40) -> str:
@@ -98,6 +104,23 @@ def format_stats(stats: Any) -> str:
     return "\n".join(lines)
 
 
+def recap(messages: list[Any], chars: int = 300) -> str:
+    """The last exchange of a resumed conversation: the last prompt and the reply to it, clipped."""
+    prompts = [i for i, m in enumerate(messages) if m.role == "user" and m.kind is None]
+    if not prompts:
+        return ""
+    last = prompts[-1]
+    replies = [m.text for m in messages[last + 1 :] if m.role == "assistant" and m.text.strip()]
+
+    def clip(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= chars else text[: chars - 1] + "…"
+
+    lines = ["last exchange:", f"  you: {clip(messages[last].text)}"]
+    lines.append(f"  assistant: {clip(replies[-1])}" if replies else "  (no reply)")
+    return "\n".join(lines) + "\n"
+
+
 class ChatPrinter:
     """Prints one session's events as a chat transcript. A bus callback (it runs on the subscription's
     thread): the REPL waits with :meth:`catch_up` until it has printed a turn's last event before it
@@ -109,12 +132,17 @@ class ChatPrinter:
         self._cond = threading.Condition()
         self._seen = 0
         self._open: str | None = None  # the line being streamed: "text", "reasoning", or None
+        self._waiting: float | None = None  # when the model was asked (None: not waiting for it)
+        self._indicator = False  # the waiting indicator is on the screen (its line)
+        self._frames = itertools.cycle("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
         self.compactions_reported = 0
         """``compaction_failed`` and ``compaction_skipped`` events printed so far (the REPL does not
         repeat their reason)."""
 
     def __call__(self, event: ev.Event) -> None:
         with self._cond:
+            if not isinstance(event, _QUIET):
+                self._stop_waiting()
             self._print(event)
             self.out.flush()
             self._seen = max(self._seen, event.seq)
@@ -125,6 +153,25 @@ class ChatPrinter:
         with self._cond:
             return self._cond.wait_for(lambda: self._seen >= seq, timeout)
 
+    def tick(self) -> None:
+        """While the model has not answered yet: redraw the indicator (a spinner and the seconds waited), on a
+        terminal. Called by the REPL a few times a second during a turn."""
+        with self._cond:
+            if self._waiting is None or not self.color:
+                return
+            waited = time.monotonic() - self._waiting
+            self.out.write(
+                f"\r\x1b[K{self._dim(f'{next(self._frames)} waiting for the model… {waited:.0f}s')}"
+            )
+            self.out.flush()
+            self._indicator = True
+
+    def _stop_waiting(self) -> None:
+        self._waiting = None
+        if self._indicator:
+            self.out.write("\r\x1b[K")  # the indicator's line, blank again
+            self._indicator = False
+
     def skip_to(self, seq: int) -> None:
         """Events up to ``seq`` were published before the subscription: do not wait for them."""
         with self._cond:
@@ -133,12 +180,19 @@ class ChatPrinter:
     def _dim(self, text: str) -> str:
         return f"\x1b[2m{text}\x1b[0m" if self.color else text
 
+    def dimmed(self, text: str) -> str:
+        """``text`` dimmed on a terminal, line by line."""
+        return "".join(self._dim(line) + "\n" for line in text.splitlines())
+
     def _note(self, text: str) -> None:
         self._newline()
         self.out.write(self._dim(text) + "\n")
 
     def _print(self, event: ev.Event) -> None:
         match event:
+            case ev.RequestStart():
+                self._newline()
+                self._waiting = time.monotonic()
             case ev.TextDelta(delta=delta):
                 if self._open == "reasoning":  # the answer starts on a line of its own
                     self._newline()
@@ -221,12 +275,15 @@ def run_chat(
     the provider's usual environment variable (litellm reads it); it is never stored. ``mcp``: MCP servers
     the session takes tools from, as ``[NAME=]COMMAND ARGS`` or ``[NAME=]URL`` (design §3.9).
     """
+    out = out if out is not None else sys.stdout
+    tty = out.isatty()
+    out.write("starting…" if tty else "starting…\n")  # the runtime and the provider take seconds to start
+    out.flush()
     from runtime.config import ConfigError, load_config
     from runtime.host import Runtime, SessionNotFound
     from runtime.ids import InvalidSessionId
     from runtime.tools.mcp import parse_servers
 
-    out = out if out is not None else sys.stdout
     try:
         cfg = load_config(config_path)
         if sessions_dir is not None:
@@ -257,7 +314,10 @@ def run_chat(
             stack.enter_context(rt.subscribe(sid, callback=printer))
             printer.skip_to(rt.bus.last_seq(sid))
         verb = "resumed" if resumed else "new"
-        out.write(f"{verb} session {sid} · model {_session_model(rt, sid)} · /help for commands\n")
+        erase = "\r\x1b[K" if tty else ""
+        out.write(f"{erase}{verb} session {sid} · model {_session_model(rt, sid)} · /help for commands\n")
+        if resumed:
+            out.write(printer.dimmed(recap(rt.messages(sid))))
         _Repl(rt, sid, printer, input_fn, out).run()
     return 0
 
@@ -349,6 +409,7 @@ class _Repl:
         self.printer = printer
         self.input = input_fn
         self.out = out
+        self.pending: list[Any] = []  # handles of the running prompt and those queued behind it
         # a line typed while a turn runs (None: none yet); reads the terminal when the REPL reads it
         self.typed = typed if typed is not None else (_typed_line if input_fn is input else lambda: None)
 
@@ -380,13 +441,15 @@ class _Repl:
                 self.out.write("\n(interrupted)\n")
 
     def turn(self, text: str) -> None:
-        """Send one prompt and wait for its run to end; Ctrl-C aborts it."""
-        handle = self.rt.prompt(self.sid, text)
-        while True:
+        """Send one prompt and wait for its run to end, and for the runs of the prompts queued meanwhile
+        (``/queue``), so the next prompt is drawn after the last of them; Ctrl-C aborts the running one."""
+        self.pending.append(self.rt.prompt(self.sid, text))
+        while self.pending:
+            handle = self.pending[0]
             try:
                 result = handle.result(timeout=0.2)
-                break
             except TimeoutError:
+                self.printer.tick()
                 self.while_running()
                 continue
             except KeyboardInterrupt:
@@ -394,8 +457,11 @@ class _Repl:
                     self.rt.abort(self.sid).result(timeout=10)
                 except (KeyboardInterrupt, TimeoutError):
                     pass
-        if result.status == "ok" and not result.text and result.message is not None:
-            self.out.write("(no text in the reply)\n")
+                continue
+            self.pending.pop(0)
+            if result.status == "ok" and not result.text and result.message is not None:
+                self.printer.catch_up(self.rt.bus.last_seq(self.sid))
+                self.out.write("(no text in the reply)\n")
 
     def while_running(self) -> None:
         """A line typed during a turn steers it; ``/queue TEXT`` queues TEXT as the next turn."""
@@ -403,7 +469,7 @@ class _Repl:
         if not line:
             return
         if line.startswith("/queue "):
-            self.rt.prompt(self.sid, line.removeprefix("/queue ").strip())
+            self.pending.append(self.rt.prompt(self.sid, line.removeprefix("/queue ").strip()))
             self.out.write("(queued: it runs when this turn ends)\n")
             return
         self.rt.prompt(self.sid, line, steer=True)

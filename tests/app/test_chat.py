@@ -154,6 +154,7 @@ def test_a_chat_streams_replies_and_runs_every_command(chat: Any) -> None:
     )
     (chat.workspace / "notes.txt").write_text(notes + "\n")
     term = chat("--session", "talk")
+    term.expect(r"starting…")  # at once: the runtime and the provider take seconds to start
     term.expect(r"new session talk · model openai/agentcell-local · /help for commands")
 
     term.line("Please read notes.txt and tell me what it says.")
@@ -225,6 +226,10 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     # Every reply takes 120 s: a turn that ends well before that was aborted, not answered.
     term = chat("--session", "resume-me", "--latency", "120")
     term.expect(r"resumed session resume-me")
+    # A recap of where the conversation stopped.
+    term.expect(
+        r"last exchange:\n  you: remember the blue door\n  assistant: You asked: \"remember the blue door\""
+    )
     term.line("/branch")
     term.expect(r"1\. remember the blue door")
     term.expect(PROMPT)
@@ -236,6 +241,7 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     # after a fixed pause: on a loaded machine the line may not even be read yet, and a Ctrl-C then
     # discards it in the terminal and leaves nothing to abort.
     wait_until(lambda: transcript.read_bytes().count(b'"type":"request_start"') > requests, timeout=60)
+    term.expect(r"waiting for the model… \d+s")  # something on screen while the model is silent
     started = time.monotonic()
     term.type("\x03")
     term.expect(r"\[aborted\]", timeout=60)
@@ -253,6 +259,25 @@ def test_ctrl_c_aborts_the_turn_not_the_chat(chat: Any, tmp_path: Path) -> None:
     term.type("\x04")  # Ctrl-D leaves
     assert term.wait() == 0
     assert 'You asked: "this reply will be slow"' not in term.seen  # it was never answered
+
+
+@pytest.mark.slow  # an agentcell chat process: seconds even on an idle machine
+def test_a_new_prompt_is_drawn_after_a_queued_turn_ends(chat: Any) -> None:
+    term = chat("--session", "queue", "--latency", "2")
+    term.expect(r"new session queue")
+    term.wait_reading()
+    term.line("first question")
+    term.expect(r"waiting for the model")
+    term.line("/queue second question")
+    term.expect(r"\(queued: it runs when this turn ends\)")
+    term.expect(r'You asked: "first question"')
+    term.expect(r'You asked: "second question"[^\n]*\n')
+    term.expect(r"> ")  # a prompt, drawn after the queued turn's reply
+    term.wait_reading()
+    assert term.seen.endswith("> "), term.seen[-300:]
+    term.wait_reading()
+    term.line("/quit")
+    assert term.wait() == 0
 
 
 def stats(**overrides: Any) -> ContextStats:
