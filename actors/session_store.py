@@ -420,6 +420,7 @@ class SessionStore(PooledActor):
                                 message_id=m.id,
                                 role=m.role,
                                 kind=m.kind,
+                                preview=_preview(m),
                             )
                         )
                 _settle(reply_to, future, Stored(session_id, entries, view=view))
@@ -506,3 +507,10 @@ def _deliver(reply_to: pykka.ActorRef[Any] | Callable[[Any], Any], value: Any) -
         log.debug("reply to a stopped actor dropped: %r", value)
     except Exception:
         log.exception("a store reply callback raised")
+
+
+def _preview(message: Message) -> str | None:
+    """The start of a prompt, for a ``message_appended`` event (None for any other message)."""
+    if message.role != "user" or message.kind is not None:
+        return None
+    return " ".join(message.text[: ev.PREVIEW_CHARS * 2].split())[: ev.PREVIEW_CHARS] or None

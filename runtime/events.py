@@ -176,9 +176,17 @@ class StreamStalled(Event, frozen=True, tag="stream_stalled"):
 
 
 class MessageAppended(Event, frozen=True, tag="message_appended"):
+    """A message is in the log. ``preview``: the first characters of a prompt (a user message of no
+    special kind), so a list of sessions can title each by its first prompt; None for the rest."""
+
     message_id: str
     role: str
     kind: str | None = None
+    preview: str | None = None
+
+
+PREVIEW_CHARS = 120
+"""The most characters of a prompt a ``message_appended`` event carries (its ``preview``)."""
 
 
 class ToolExecutionStart(Event, frozen=True, tag="tool_execution_start"):

@@ -151,6 +151,7 @@ def test_the_overview_tells_every_hosted_session_without_waking_one(
     assert row["last_type"] in STREAM_TYPES and row["last_ts"] >= row["created"] > 0
     assert row["seq"] >= rt.bus.last_seq(busy) - 20  # the last folded event (deltas are not folded)
     assert row["compactions"] == 0 and row["errors"] == 0
+    assert row["title"] == long_prompt[:120]  # the first prompt's start titles the session
 
     assert found["quiet"]["state"] == "new" and found["quiet"]["turns"] == 0
     assert found["quiet"]["context_tokens"] is None
@@ -251,3 +252,16 @@ def test_demo_serve_on_the_command_line() -> None:
     assert (args.serve, args.port) == (True, 0)
     args = build_parser().parse_args(["demo"])
     assert (args.serve, args.port) == (False, 8765)
+
+
+def test_one_failed_turn_is_one_error_on_the_board(
+    rt: Any, client: httpx.Client, session: Any, script: Any
+) -> None:
+    from runtime.provider.script import Fault, Turn
+
+    model = script(Turn(fault=Fault(kind="auth")))
+    sid = session(model, session_id="fails")
+    assert rt.prompt(sid, "hello").result(timeout=30).status == "error"
+    found = eventually(lambda: (r := rows(client)["fails"])["turns"] == 1 and r)
+    assert found["errors"] == 1, found  # its error event, not also its agent_end
+    assert found["title"] == "hello"

@@ -30,7 +30,8 @@ from runtime.apps.server import ApiServer, ServerPolicy
 from runtime.config import Config
 from runtime.host import Runtime
 from runtime.provider import LocalProvider
-from runtime.provider.script import Turn
+from runtime.provider.script import ToolCallSpec, Turn
+from runtime.tools.registry import tool
 
 TOKEN = "browser-test-token"
 SLOW_MODEL = "openai/agentcell-slow"
@@ -60,6 +61,7 @@ class Stack:
     server: ApiServer
     screenshots: Path
     shots: list[Path]
+    workspaces: Path
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # the module's tab's: url, auth
     errors: list[str] = field(default_factory=list)  # its script errors
 
@@ -118,9 +120,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, screenshots: list[Path]) -> 
                 api_key="sk-local",
                 config=_config(model),
             )
-        policy = ServerPolicy(workspace_root=str(root / "workspaces"))
+        # (as under `agentcell serve --local`: a session created from the page runs on the local provider)
+        policy = ServerPolicy(workspace_root=str(root / "workspaces"), local_provider=provider.url)
         with ApiServer(rt, TOKEN, policy=policy) as server:
-            yield Stack(rt, provider, server, folder, screenshots)
+            yield Stack(rt, provider, server, folder, screenshots, root / "workspaces")
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +292,9 @@ def test_a_session_shows_its_events_context_and_messages_and_takes_prompts(page:
 
     compaction = page.locator('.tl-child[data-kind="compaction"]').first
     expect(compaction.locator(".tl-text")).to_have_text(
-        re.compile(r"^threshold: [\d,]+ → [\d,]+ tokens, \d+ → \d+ messages, summarize, summary [\d,]+ chars")
+        re.compile(
+            r"^at the threshold: [\d,]+ → [\d,]+ tokens, \d+ → \d+ messages?, summarize, summary [\d,]+ chars"
+        )
     )
     expect(compaction.locator(".tl-dur")).to_have_text(re.compile(r"\d+(\.\d+)? (ms|s)$"))
     tools = page.locator('.tl-child[data-kind="tool"]')
@@ -308,6 +313,16 @@ def test_a_session_shows_its_events_context_and_messages_and_takes_prompts(page:
     assert (
         page.locator('#ctx-bar [data-part="messages"]').evaluate("e => e.getBoundingClientRect().width") > 0
     )
+    # The session's title is its first prompt; its context over time is drawn, the compaction marked.
+    expect(page.locator("#s-subtitle")).to_have_text(READS[0])
+    expect(page.locator("#ctx-chart polyline")).to_have_count(1)
+    assert page.locator("#ctx-chart line.compaction").count() >= 1
+    expect(page.locator("#ctx-chart line.threshold")).to_have_count(1)
+    expect(page.locator("#chart-caption")).to_contain_text("compaction")
+    # Figures in words, with thousands separators; a cost no price is known for says so.
+    expect(page.locator("#ctx-legend")).not_to_contain_text("_")  # no raw back_calculated
+    expect(page.locator("#ctx-legend")).to_contain_text(re.compile(r"reserve [\d,]+\s*configured"))
+    expect(page.locator("#s-meta")).to_contain_text("(no price known)")
     shot(page, stack, "3-session-compaction")
 
     # The compact button: a manual compaction, shown in the timeline as one.
@@ -317,7 +332,7 @@ def test_a_session_shows_its_events_context_and_messages_and_takes_prompts(page:
     page.click("#s-compact")
     expect(page.locator("#toast")).to_have_text(re.compile(r"^Compacted: [\d,]+ → [\d,]+ tokens$"))
     expect(page.locator('.tl-child[data-kind="compaction"]').last.locator(".tl-text")).to_contain_text(
-        "manual:"
+        "asked for:"
     )
     expect(page.locator("#s-compact")).to_be_enabled()
     assert not stack.errors
@@ -335,6 +350,7 @@ def test_a_slow_turn_can_be_steered_and_aborted_from_the_page(page: Any, stack: 
     expect(running).to_have_count(1)
     expect(page.locator("#s-state")).to_have_text("streaming")
     expect(running.locator(".tl-detail")).to_have_text(re.compile(r"^\d+(\.\d+)? (ms|s)"))
+    expect(page.locator("#counts")).to_have_text("20 sessions · 1 active")  # counted in this view too
 
     page.check("#prompt-steer")
     page.fill("#prompt-text", "Actually, wrap it up.")
@@ -354,6 +370,108 @@ def test_a_slow_turn_can_be_steered_and_aborted_from_the_page(page: Any, stack: 
     expect(page.locator("#s-state")).to_have_text("idle")
     expect(page.locator("#ctx-caption")).to_contain_text(" 3 messages")
     shot(page, stack, "5-aborted")
+    assert not stack.errors
+
+
+def test_the_table_reads_at_900_and_600_px_with_titles_totals_and_sub_agents(page: Any, stack: Stack) -> None:
+    # A lead session delegates to a sub-agent: the sub-agent's row comes right under its parent's.
+    lead = stack.rt.start_session(
+        "lead",
+        model=demo.DEMO_MODEL,
+        tools="builtin",
+        workspace=stack.workspaces / "s00",
+        api_base=stack.provider.url,
+        api_key="sk-local",
+        config=_config(demo.DEMO_MODEL),
+        agents={"reader": {"description": "reads files", "tools": "builtin"}},
+    )
+    assert stack.rt.prompt(lead, demo.DELEGATION).result(timeout=60).status == "ok"
+    (child,) = stack.rt.children(lead)
+    page.click(".brand")
+    expect(row(page, child)).to_have_count(1)
+    expect(row(page, child).locator(".c-id .sub")).to_contain_text("↳")  # once the page knows its parent
+    ids = page.locator("tr.row").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    assert ids[ids.index("lead") + 1] == child, ids
+    expect(row(page, "lead").locator(".c-id .title")).to_have_text(demo.DELEGATION)
+    # Totals of the rows shown; a cost no price is known for says why.
+    expect(page.locator("#totals")).to_have_text(re.compile(r"^total: [\d,]+ in · [\d,]+ out · –$"))
+    assert "no price known" in (page.locator("#totals").get_attribute("title") or "")
+    assert "no price known" in (row(page, "s00").locator(".c-cost").get_attribute("title") or "")
+    expect(row(page, "s00").locator(".c-in")).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
+
+    try:
+        for width in (900, 600):
+            page.set_viewport_size({"width": width, "height": 800})
+            expect(page.locator('th[data-key="model"]')).to_be_hidden()
+            for sid in ("s00", "lead", child):
+                cell = row(page, sid).locator(".c-id .sid")
+                expect(cell).to_have_text(sid)
+                box = row(page, sid).locator(".c-id").bounding_box()
+                text = cell.bounding_box()
+                assert box and text and box["width"] >= 120, (width, box)
+                assert text["x"] + text["width"] <= box["x"] + box["width"], (width, sid)  # not cut off
+            shot(page, stack, f"6-sessions-{width}px")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 900})
+    assert not stack.errors
+
+
+def test_a_long_tool_name_leaves_the_timeline_room(page: Any, stack: Stack) -> None:
+    name = "fetch_customer_records_from_the_warehouse_inventory_database"
+
+    @tool(name=name)
+    def fetch(query: str) -> str:
+        """Fetch records."""
+        return "a record\n" * 5
+
+    stack.provider.add_script(
+        "long-tool",
+        [
+            Turn(tool_calls=(ToolCallSpec(name=name, arguments='{"query": "customers in the north-east"}'),)),
+            Turn(text="Fetched them."),
+        ],
+    )
+    sid = stack.rt.start_session(
+        "long-tool", model="openai/long-tool", tools=[fetch], api_base=stack.provider.url, api_key="sk-local"
+    )
+    assert stack.rt.prompt(sid, "fetch the customers").result(timeout=60).status == "ok"
+    page.goto(stack.url + "/#/s/long-tool")
+    entry = page.locator('.tl-child[data-kind="tool"]').first
+    expect(entry.locator(".tl-text")).to_contain_text("customers in the north-east")
+    try:
+        for width in (1400, 600):
+            page.set_viewport_size({"width": width, "height": 800})
+            kind = entry.locator(".tl-kind").bounding_box()
+            text = entry.locator(".tl-text").bounding_box()
+            whole = entry.bounding_box()
+            assert kind and text and whole
+            assert kind["width"] <= 0.4 * whole["width"], (width, kind, whole)
+            assert text["width"] >= 0.35 * whole["width"], (width, text, whole)  # not a letter a line
+            shot(page, stack, f"7-long-tool-{width}px")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 900})
+
+
+def test_sessions_are_created_and_deleted_from_the_page(page: Any, stack: Stack) -> None:
+    page.click(".brand")
+    page.click("#new-session")
+    page.fill("#new-model", "openai/agentcell-local")
+    page.fill("#new-system", "Be brief.")
+    page.click("#new-create")
+    expect(page.locator("#session-view")).to_be_visible()
+    sid = page.locator("#s-title").inner_text()
+    assert sid and stack.rt.services.directory is not None
+    assert sid in stack.rt.hosted_sessions()
+    page.fill("#prompt-text", "Hello from the page")
+    page.click("#prompt-send")
+    expect(page.locator('.tl-item[data-status="ok"]')).to_have_count(1)
+    expect(page.locator("#s-subtitle")).to_have_text("Hello from the page")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#s-delete")
+    expect(page.locator("#sessions-view")).to_be_visible()
+    expect(page.locator("#toast")).to_have_text(f"Session {sid} deleted")
+    expect(row(page, sid)).to_have_count(0)
+    assert sid not in stack.rt.hosted_sessions()
     assert not stack.errors
 
 

@@ -50,6 +50,7 @@ class _Row:
         "output_tokens",
         "seq",
         "state",
+        "title",
         "turns",
         "window",
     )
@@ -71,6 +72,7 @@ class _Row:
         self.last_error: str | None = None
         self.last_type: str | None = None
         self.last_ts: float | None = None
+        self.title: str | None = None  # the session's first prompt (its start)
 
     def apply(self, event: ev.Event) -> None:
         if event.seq:
@@ -95,12 +97,12 @@ class _Row:
                 self.cost = totals.cost
                 self.context_tokens = tokens
                 self.window = window or self.window
-            case ev.AgentEnd(status=status, context_tokens=tokens):
+            case ev.AgentEnd(context_tokens=tokens):  # (a failed turn's error event counted it)
                 self.turns += 1
                 if tokens:
                     self.context_tokens = tokens
-                if status == "error":
-                    self.errors += 1
+            case ev.MessageAppended(preview=preview) if preview and self.title is None:
+                self.title = preview
             case ev.CompactionStart():
                 self.compacting = True
             case ev.CompactionEnd(tokens_after=after):
@@ -229,6 +231,7 @@ class SessionBoard:
             "cost": row.cost,
             "compactions": row.compactions,
             "turns": row.turns,
+            "title": row.title,
             "errors": row.errors,
             "last_error": row.last_error,
             "last_type": row.last_type,

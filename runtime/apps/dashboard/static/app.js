@@ -50,6 +50,28 @@
     return d.toTimeString().slice(0, 8);
   }
   const clip = (text, n) => (text.length <= n ? text : text.slice(0, n - 1) + "…");
+  const plural = (n, word, many) => `${int(n)} ${n === 1 ? word : many || word + "s"}`;
+  // What the figures' sources and the compactions' triggers mean, in words (the API's names are terse).
+  const SOURCES = {
+    actual: "actual",
+    estimated: "estimated",
+    back_calculated: "back-calculated",
+    configured: "configured",
+  };
+  const SOURCE_HINTS = {
+    actual: "the provider's own count",
+    estimated: "counted here with a tokenizer",
+    back_calculated: "the provider's count for the whole request, less the parts counted here",
+    configured: "from the configuration",
+  };
+  const TRIGGERS = {
+    threshold: "at the threshold",
+    overflow: "after an overflow",
+    manual: "asked for",
+    usage_overflow: "after a silent overflow",
+  };
+  const NO_COST =
+    "no price known: the provider reported no cost and litellm has no price for this model (a local or custom model)";
 
   function el(tag, props, ...children) {
     const node = document.createElement(tag);
@@ -285,6 +307,7 @@
       cost: null,
       compactions: 0,
       turns: 0,
+      title: null,
       errors: 0,
       last_error: null,
       last_type: null,
@@ -335,10 +358,12 @@
         row.context_tokens = ev.context_tokens;
         if (ev.context_window) row.window = ev.context_window;
         break;
-      case "agent_end":
+      case "agent_end": // (a failed turn's error event counted it)
         row.turns += 1;
         if (ev.context_tokens) row.context_tokens = ev.context_tokens;
-        if (ev.status === "error") row.errors += 1;
+        break;
+      case "message_appended":
+        if (ev.preview && !row.title) row.title = ev.preview;
         break;
       case "compaction_start":
         row.compacting = true;
@@ -422,6 +447,7 @@
     ingestEvents(buffered);
     table.orderDirty = true;
     schedule(renderTable);
+    schedule(renderCounts);
     if (view.name === "session") schedule(renderSessionHead);
   }
 
@@ -453,8 +479,17 @@
     if (changed) {
       table.orderDirty = true;
       schedule(renderTable);
+      schedule(renderCounts);
       if (view.name === "session") schedule(renderSessionHead);
     }
+  }
+
+  // The header's counts, in every view: "N sessions · M active" (running, streaming, running tools, or
+  // compacting).
+  function renderCounts() {
+    let active = 0;
+    for (const row of table.rows.values()) if (ACTIVE.has(row.state) || row.compacting) active += 1;
+    $("counts").textContent = `${plural(table.rows.size, "session")} · ${nf.format(active)} active`;
   }
 
   let mainStream = null;
@@ -518,8 +553,37 @@
       if (y == null) return -1;
       return (x < y ? -1 : 1) * dir;
     });
-    table.order = list;
+    table.order = underParents(list);
     table.orderDirty = false;
+  }
+
+  // Sub-agents right under their parent (in the sorted order among themselves), indented; a sub-agent
+  // whose parent is not shown stays where the sort put it.
+  function underParents(list) {
+    const shown = new Set(list.map((row) => row.id));
+    const children = new Map();
+    for (const row of list) {
+      if (row.parent && shown.has(row.parent) && row.parent !== row.id) {
+        if (!children.has(row.parent)) children.set(row.parent, []);
+        children.get(row.parent).push(row);
+      }
+    }
+    if (!children.size) {
+      for (const row of list) row.depth = 0;
+      return list;
+    }
+    const out = [];
+    const placed = new Set();
+    const visit = (row, depth) => {
+      if (placed.has(row.id)) return;
+      placed.add(row.id);
+      row.depth = depth;
+      out.push(row);
+      for (const kid of children.get(row.id) || []) visit(kid, depth + 1);
+    };
+    for (const row of list) if (!(row.parent && shown.has(row.parent))) visit(row, 0);
+    for (const row of list) visit(row, 0); // a cycle, were there one
+    return out;
   }
 
   function makeRow() {
@@ -565,7 +629,12 @@
   function bindRow(tr, row, t) {
     const c = tr._cells;
     if (tr.dataset.id !== row.id) tr.dataset.id = row.id;
-    put(tr, "id", c.id, row.id);
+    put(tr, "id", c.id, `${row.depth || 0}|${row.id}|${row.title || ""}`, () => {
+      const kid = row.depth ? el("span", { class: "sub", text: "↳ ".padStart(2 * row.depth + 1, " ") }) : null;
+      const title = row.title ? el("span", { class: "title", text: row.title }) : null;
+      c.id.replaceChildren(...[kid, el("span", { class: "sid", text: row.id }), title].filter(Boolean));
+      c.id.title = row.id + (row.title ? "\n" + row.title : "") + (row.parent ? "\nsub-agent of " + row.parent : "");
+    });
     const state = displayState(row);
     put(tr, "state", c.badge, state, (v) => {
       c.badge.textContent = v;
@@ -601,9 +670,12 @@
     });
     put(tr, "in", c.input, int(row.input_tokens));
     put(tr, "out", c.output, int(row.output_tokens));
-    put(tr, "cost", c.cost, cost(row.cost));
-    put(tr, "compactions", c.compactions, String(row.compactions));
-    put(tr, "turns", c.turns, String(row.turns));
+    put(tr, "cost", c.cost, cost(row.cost), (v) => {
+      c.cost.textContent = v;
+      c.cost.title = row.cost == null ? NO_COST : "";
+    });
+    put(tr, "compactions", c.compactions, int(row.compactions));
+    put(tr, "turns", c.turns, int(row.turns));
     put(tr, "last", c.last, row.last_type ? `${row.last_type} · ${ago(t - row.last_ts)} ago` : "–");
     put(tr, "age", c.age, row.created ? ago(t - row.created) : "–");
   }
@@ -637,9 +709,7 @@
     for (let i = 0; i < count; i++) bindRow(table.pool[i], table.order[first + i], t);
 
     $("empty").hidden = table.rows.size > 0;
-    let active = 0;
-    for (const row of table.rows.values()) if (ACTIVE.has(row.state) || row.compacting) active += 1;
-    $("counts").textContent = `${nf.format(table.rows.size)} sessions · ${nf.format(active)} active`;
+    renderTotals();
     $("shown").textContent =
       total === table.rows.size ? "" : `${nf.format(total)} of ${nf.format(table.rows.size)} shown`;
     for (const th of $("sessions").tHead.rows[0].cells) {
@@ -647,6 +717,21 @@
         th.setAttribute("aria-sort", table.sortDir > 0 ? "ascending" : "descending");
       else th.removeAttribute("aria-sort");
     }
+  }
+
+  // The totals of the sessions shown (the filter applies): tokens in and out, and cost.
+  function renderTotals() {
+    let input = 0;
+    let output = 0;
+    let spent = null;
+    for (const row of table.order) {
+      input += row.input_tokens || 0;
+      output += row.output_tokens || 0;
+      if (row.cost != null) spent = (spent || 0) + row.cost;
+    }
+    const node = $("totals");
+    node.textContent = `total: ${int(input)} in · ${int(output)} out · ${cost(spent)}`;
+    node.title = spent == null ? "cost: " + NO_COST : "the sessions shown; cost where a price is known";
   }
 
   // -- one session ----------------------------------------------------------------------------------
@@ -671,6 +756,7 @@
       state: null,
       trimmed: false,
       messagesBusy: false,
+      points: [], // the context's size over time, for the chart: {ts, tokens, compaction?}
     };
     $("s-title").textContent = id;
     $("timeline").replaceChildren();
@@ -679,6 +765,9 @@
     $("ctx-bar").replaceChildren();
     $("ctx-legend").replaceChildren();
     $("ctx-caption").textContent = "";
+    $("chart-caption").textContent = "";
+    $("ctx-chart").replaceChildren();
+    $("s-subtitle").textContent = "";
     $("tl-caption").textContent = "";
     $("msg-caption").textContent = "";
     $("live-reply").hidden = true;
@@ -871,7 +960,7 @@
           ev,
           ev.trigger === "overflow" ? "overflow" : "compaction",
           label,
-          `${ev.trigger}: compacting ${int(ev.messages_before)} messages, ${int(ev.tokens_before)} tokens…`,
+          `${TRIGGERS[ev.trigger] || ev.trigger}: compacting ${plural(ev.messages_before, "message")}, ${int(ev.tokens_before)} tokens…`,
           { running: true, start: ev.ts },
         );
         refreshContext();
@@ -885,13 +974,16 @@
         entry.running = false;
         entry.dur = entry.start ? duration(ev.ts - entry.start) : "";
         entry.text =
-          `${ev.trigger}: ${int(ev.tokens_before)} → ${int(ev.tokens_after)} tokens, ` +
-          `${ev.messages_before} → ${ev.messages_after} messages, ${ev.mode}` +
+          `${TRIGGERS[ev.trigger] || ev.trigger}: ${int(ev.tokens_before)} → ${int(ev.tokens_after)} tokens, ` +
+          `${int(ev.messages_before)} → ${plural(ev.messages_after, "message")}, ${ev.mode}` +
           (ev.summary_chars ? `, summary ${int(ev.summary_chars)} chars` : "") +
           (ev.fallback ? " (fallback summary)" : "");
         entry.compaction = true;
         sv.compaction = null;
         touch(entry);
+        sv.points.push({ ts: ev.ts, tokens: ev.tokens_before });
+        sv.points.push({ ts: ev.ts, tokens: ev.tokens_after, compaction: ev });
+        schedule(renderChart);
         refreshContext(200);
         refreshMessages(200);
         break;
@@ -901,7 +993,7 @@
         entry.kind = "error";
         entry.label = "compaction failed";
         entry.running = false;
-        entry.text = `${ev.trigger || ""} ${ev.reason}: ${ev.error}`.trim();
+        entry.text = (ev.trigger ? `${TRIGGERS[ev.trigger] || ev.trigger}: ` : "") + ev.error;
         sv.compaction = null;
         touch(entry);
         break;
@@ -940,11 +1032,11 @@
         child(ev, "queue", ev.steer ? "steer" : "queued", ev.steer ? "steering message: joins at the next step" : `prompt queued at #${ev.position}`);
         break;
       case "tool_results_archived":
-        child(ev, "compaction", "archived", `${ev.archived} old tool result(s), ${ev.strategy} summary`);
+        child(ev, "compaction", "archived", `${plural(ev.archived, "old tool result")}, ${ev.strategy} summary`);
         refreshMessages();
         break;
       case "tool_outputs_cleared":
-        child(ev, "compaction", "cleared", `${ev.cleared} old tool output(s), ${int(ev.tokens_freed)} tokens freed`);
+        child(ev, "compaction", "cleared", `${plural(ev.cleared, "old tool output")}, ${int(ev.tokens_freed)} tokens freed`);
         refreshMessages();
         break;
       case "approval_request":
@@ -955,6 +1047,8 @@
         schedule(renderSessionHead);
         break;
       case "usage_update":
+        if (ev.context_tokens) sv.points.push({ ts: ev.ts, tokens: ev.context_tokens });
+        schedule(renderChart);
         refreshContext();
         break;
       case "message_appended":
@@ -994,7 +1088,7 @@
         note(ev, "error", "restarted", `${ev.actor} (${ev.restarts}): ${ev.error}`);
         break;
       case "agent_recovered":
-        note(ev, "note", "recovered", `${ev.messages} messages` + (ev.interrupted_turn ? ", an interrupted turn" : ""));
+        note(ev, "note", "recovered", plural(ev.messages, "message") + (ev.interrupted_turn ? ", an interrupted turn" : ""));
         break;
       case "log_recovered":
         note(ev, "error", "log repaired", `${ev.path}: ${int(ev.torn_bytes)} bytes cut`);
@@ -1147,7 +1241,9 @@
         { dataset: { part: key } },
         el("span", { class: "sw seg-" + key }),
         `${label} ${int(ctx[key])}`,
-        sources[key] ? el("span", { class: "src", text: sources[key] }) : null,
+        sources[key]
+          ? el("span", { class: "src", text: SOURCES[sources[key]] || sources[key], title: SOURCE_HINTS[sources[key]] })
+          : null,
       ),
     );
     if (ctx.compaction_threshold != null)
@@ -1155,9 +1251,64 @@
     $("ctx-legend").replaceChildren(...legend);
     const pct = window ? ((100 * ctx.total) / window).toFixed(0) : "–";
     $("ctx-caption").textContent =
-      `${int(ctx.total)} of ${int(window)} tokens (${pct}%) · ${ctx.message_count} messages · ` +
-      (ctx.estimated ? "estimated" : sources.total || "actual") +
+      `${int(ctx.total)} of ${int(window)} tokens (${pct}%) · ${plural(ctx.message_count, "message")} · ` +
+      (ctx.estimated ? "estimated" : SOURCES[sources.total] || sources.total || "actual") +
       (ctx.will_compact ? " · compacts on the next turn" : "");
+  }
+
+  // The context's size over time (one point per model call, a drop at each compaction), against the
+  // compaction threshold and the window. An SVG drawn with attributes only (the page's CSP allows no
+  // inline styles), stretched to the panel's width.
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS($("ctx-chart").namespaceURI, tag); // (the page's own svg element's)
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    for (const c of children) if (c != null) node.append(c);
+    return node;
+  }
+  function renderChart() {
+    if (!sv) return;
+    const points = sv.points;
+    const row = table.rows.get(sv.id);
+    const window = (row && row.window) || 0;
+    const threshold = row && row.threshold;
+    const chart = $("ctx-chart");
+    if (points.length < 2) {
+      chart.replaceChildren();
+      $("chart-caption").textContent = points.length ? "" : "no model calls yet";
+      return;
+    }
+    const W = 1000;
+    const H = 100;
+    const top = Math.max(window, ...points.map((p) => p.tokens), 1);
+    const x = (i) => ((i / (points.length - 1)) * W).toFixed(1);
+    const y = (tokens) => (H - (tokens / top) * H).toFixed(1);
+    const parts = [];
+    if (threshold)
+      parts.push(
+        svg("line", { class: "threshold", x1: 0, x2: W, y1: y(threshold), y2: y(threshold) }, svg("title", {}, `compacts at ${int(threshold)}`)),
+      );
+    parts.push(svg("polyline", { class: "line", points: points.map((p, i) => `${x(i)},${y(p.tokens)}`).join(" ") }));
+    let compactions = 0;
+    points.forEach((p, i) => {
+      if (!p.compaction) return;
+      compactions += 1;
+      const c = p.compaction;
+      parts.push(
+        svg(
+          "line",
+          { class: "compaction", x1: x(i), x2: x(i), y1: 0, y2: H },
+          svg("title", {}, `${clock(c.ts)} compaction ${TRIGGERS[c.trigger] || c.trigger}: ${int(c.tokens_before)} → ${int(c.tokens_after)} tokens`),
+        ),
+      );
+    });
+    chart.replaceChildren(...parts);
+    chart.dataset.compactions = String(compactions);
+    chart.dataset.points = String(points.length);
+    const peak = Math.max(...points.map((p) => p.tokens));
+    $("chart-caption").textContent =
+      `${plural(points.length, "point")} from ${clock(points[0].ts)} to ${clock(points[points.length - 1].ts)} · ` +
+      `peak ${int(peak)} of ${int(window)} · ${plural(compactions, "compaction")} (violet)` +
+      (threshold ? " · the dashed line is the compaction threshold" : "");
   }
 
   // The user view of the conversation, each message marked by how context management treats it.
@@ -1173,7 +1324,7 @@
       nodes.unshift(el("div", { class: "tl-more", text: `${all.length - shown.length} earlier messages not shown` }));
     box.replaceChildren(...nodes);
     const inContext = all.filter((m) => model.has(m.id)).length;
-    $("msg-caption").textContent = `${all.length} messages, ${inContext} in the model's context`;
+    $("msg-caption").textContent = `${plural(all.length, "message")}, ${int(inContext)} in the model's context`;
     if (atBottom || !box.dataset.loaded) box.scrollTop = box.scrollHeight;
     box.dataset.loaded = "1";
   }
@@ -1237,8 +1388,9 @@
     if (row) {
       $("s-meta").textContent =
         `${row.model} · window ${int(row.window)} · ${int(row.input_tokens)} in / ${int(row.output_tokens)} out · ` +
-        `${cost(row.cost)} · ${row.compactions} compaction${row.compactions === 1 ? "" : "s"}` +
+        `${cost(row.cost)}${row.cost == null ? " (no price known)" : ""} · ${plural(row.compactions, "compaction")}` +
         (row.parent ? ` · sub-agent of ${row.parent}` : "");
+      $("s-subtitle").textContent = row.title || "";
     }
     $("crumbs").textContent = "/ " + sv.id;
   }
@@ -1292,6 +1444,46 @@
     } finally {
       button.disabled = false;
       button.textContent = "Compact";
+    }
+  }
+
+  async function createSession(event) {
+    event.preventDefault();
+    const body = {};
+    const model = $("new-model").value.trim();
+    const system = $("new-system").value;
+    if (model) body.model = model;
+    if (system.trim()) body.system_prompt = system;
+    const button = $("new-create");
+    button.disabled = true;
+    try {
+      const created = await api("POST", "/sessions", body);
+      $("new-form").hidden = true;
+      $("new-model").value = "";
+      $("new-system").value = "";
+      toast(`Session ${created.id} started (${created.model})`);
+      requestOverview(0);
+      location.hash = "#/s/" + encodeURIComponent(created.id);
+    } catch (err) {
+      toast("The session was refused: " + err.message, true);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function deleteSession() {
+    if (!sv) return;
+    const id = sv.id;
+    if (!confirm(`Delete session ${id}? Its log and files are removed for good.`)) return;
+    try {
+      await api("DELETE", `/sessions/${encodeURIComponent(id)}`);
+      table.rows.delete(id);
+      table.orderDirty = true;
+      schedule(renderCounts);
+      toast(`Session ${id} deleted`);
+      location.hash = "#/";
+    } catch (err) {
+      toast("Delete failed: " + err.message, true);
     }
   }
 
@@ -1421,6 +1613,13 @@
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("prompt-form").requestSubmit();
     });
     $("s-abort").addEventListener("click", abortTurn);
+    $("s-delete").addEventListener("click", deleteSession);
+    $("new-session").addEventListener("click", () => {
+      $("new-form").hidden = !$("new-form").hidden;
+      if (!$("new-form").hidden) $("new-model").focus();
+    });
+    $("new-form").addEventListener("submit", createSession);
+    $("new-cancel").addEventListener("click", () => ($("new-form").hidden = true));
     $("s-compact").addEventListener("click", compactNow);
     // Ages and "running…" durations move with the clock: redraw what is on screen once a second.
     setInterval(() => {
