@@ -30,12 +30,11 @@ _LISTED: Final = 40  # ids an error lists at most
 
 @tool(name=READ_SAVED)
 def read_saved(id: str, offset: int = 1, limit: int = 200, *, ctx: ToolContext) -> str:
-    """Read a saved output of this session by its id: the full output of a tool result that was too large
-    for the context (the result's notice names the id), a shell command's log, or a compaction's summary.
-    Each line is prefixed with its number and a tab; read a large one in parts with offset and limit.
+    """Read, in numbered lines, a saved output of this session (a clipped result's full text, a shell log,
+    a compaction summary) by the id its notice gives.
 
     Args:
-        id: The saved output's id, as the notice gives it (e.g. "grep-0123456789abcdef.txt").
+        id: The id the notice gives.
         offset: Line number to start from (1 = first line).
         limit: Maximum number of lines to return.
     """

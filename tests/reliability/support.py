@@ -184,7 +184,7 @@ def order_problems(events: Sequence[Event], *, contiguous: bool = True) -> list[
             if compacting:
                 problems.append("compaction_start while a compaction runs")
             compacting = True
-        elif kind in ("compaction_end", "compaction_failed"):
+        elif kind in ("compaction_end", "compaction_failed", "compaction_skipped"):
             compacting = False
         elif kind == "message_appended":
             mid = e.message_id  # type: ignore[attr-defined]
