@@ -115,7 +115,7 @@ def estimate_context(
             tokens=system_tokens + tools_tokens + body,
             estimated=True,
             new_messages_tokens=body,
-            basis=BASIS_FULL,
+            basis=BASIS_FULL,  # pragma: no mutate (the field's default: said for the reader)
         )
     usage = messages[anchor].usage
     assert usage is not None  # usable_response checked it

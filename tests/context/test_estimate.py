@@ -303,3 +303,76 @@ def test_context_stats_and_the_compaction_trigger_agree(
     assert s.estimated == est.estimated
     assert s.will_compact == due
     assert s.system_prompt + s.tools + s.messages == max(s.total, system_tokens + tools_tokens)
+
+
+# -- boundaries the mutation run found untested (issue 47 item 12) -------------------------------------------
+
+
+def test_a_response_of_one_input_token_anchors_the_estimate() -> None:
+    est = estimate([reply("a", 1, 2)])
+    assert (est.tokens, est.estimated, est.basis) == (3, False, BASIS_LAST_RESPONSE)
+
+
+def test_a_first_message_that_is_a_response_anchors_by_default() -> None:
+    history = [reply("a", 100, 5), user("b")]
+    assert (
+        estimate_context(history, count=count, system_tokens=SYSTEM, tools_tokens=TOOLS).tokens
+        == 100 + 5 + 11
+    )
+    assert estimate(history, usage_floor=-3).tokens == 116  # a floor below the start is the start
+    assert stats(history).basis == BASIS_LAST_RESPONSE
+
+
+def test_the_reserve_is_at_most_half_the_window_in_whole_tokens() -> None:
+    config = CompactionConfig(reserve_tokens=1_000)
+    assert effective_limit(1_001, config) == 501 and isinstance(effective_limit(1_001, config), int)
+    assert effective_limit(1, config) == 1  # a window of one token still has a limit
+    assert effective_limit(0, config) is None  # an unknown (zero) window: no limit unless max_tokens says
+    assert effective_limit(0, CompactionConfig(max_tokens=500)) == 500
+
+
+def test_the_message_count_trigger_counts_nothing_by_default() -> None:
+    config = CompactionConfig(max_messages=1)
+    assert not should_compact(0, 128_000, config)
+    assert should_compact(0, 128_000, config, 1)
+
+
+def test_stats_of_a_window_of_zero_reserve_nothing() -> None:
+    s = context_stats(
+        [user("a")],
+        count=count,
+        system_tokens=SYSTEM,
+        tools_tokens=TOOLS,
+        window=0,
+        config=CompactionConfig(),
+    )
+    assert (s.reserve, s.free, s.limit, s.compaction_threshold) == (0, 0, None, None)
+
+
+def test_stats_name_every_figure_and_its_source() -> None:
+    history = [user("a"), reply("b", 1_000, 10), user("c")]
+    s = stats(history)
+    assert s.message_count == 3 and s.basis == BASIS_LAST_RESPONSE
+    assert s.sources == {
+        "total": ACTUAL_PLUS_ESTIMATE,
+        "system_prompt": ESTIMATED,
+        "tools": ESTIMATED,
+        "messages": BACK_CALCULATED,
+        "last_input_tokens": ACTUAL,
+        "last_output_tokens": ACTUAL,
+        "new_messages_tokens": ESTIMATED,
+        "reserve": "configured",
+        "compaction_threshold": "configured",
+    }
+
+
+def test_messages_of_exactly_zero_are_not_floored() -> None:
+    s = stats([user("a"), reply("b", SYSTEM + TOOLS - 10, 10)])  # the total is exactly system + tools
+    assert s.messages == 0 and not s.messages_floored
+
+
+def test_the_newest_usable_response_is_found_from_the_start_by_default() -> None:
+    from runtime.context.estimate import last_response_index
+
+    assert last_response_index([reply("a", 10, 1), user("b")]) == 0
+    assert last_response_index([reply("a", 10, 1), user("b")], usage_floor=1) is None

@@ -254,3 +254,179 @@ def test_a_prompt_that_cannot_fit_on_its_own() -> None:
     assert ws.prompt_too_large(prompt_tokens=8_000, fixed_tokens=1_000, window=10_000, limit=9_000) is None
     refusal = ws.prompt_too_large(prompt_tokens=8_001, fixed_tokens=1_000, window=10_000, limit=9_000)
     assert refusal is not None and "8,001" in refusal and "10,000" in refusal
+
+
+# ---------------------------------------------------------------------------------------------------
+# Boundaries the mutation run found untested (issue 47 item 12)
+
+
+def test_the_message_count_trigger_compacts_before_a_request() -> None:
+    config = CompactionConfig(reserve_tokens=1_000, max_messages=40)
+    assert decide(1_000, message_count=40, config=config) == ws.StepDecision(
+        action="compact", trigger="threshold"
+    )
+    assert decide(1_000, message_count=39, config=config).action == "send"
+
+
+def test_a_compaction_is_tried_when_it_can_remove_exactly_the_required_share() -> None:
+    # 7,200 is the threshold; 10% of it is 720: exactly that much compactable is enough, one less is not.
+    assert decide(7_200, compactable=lambda: 720).action == "compact"
+    assert decide(7_200, compactable=lambda: 719).action == "send"
+
+
+def test_the_common_cap_is_a_whole_number_of_tokens() -> None:
+    # 1,000 tokens over three results of 500: a third each is 333 (whole tokens), not 333.33.
+    assert ws._common_cap([500, 500, 500], 1_000) == 333
+    assert isinstance(ws._common_cap([500, 500, 500], 1_000), int)
+    assert ws._common_cap([100, 500, 500], 1_000) == 450  # the small one whole, the rest split
+
+
+def test_a_budget_below_zero_clips_everything_to_the_minimum() -> None:
+    clips = ws.plan_clips([(5_000, 20_000), (4_000, 16_000)], -50)
+    assert [(c.index, c.max_chars) for c in clips] == [(0, ws.MIN_CLIP_CHARS), (1, ws.MIN_CLIP_CHARS)]
+    assert ws._common_cap([5_000, 4_000], 0) == 0
+
+
+def test_what_a_compaction_could_remove_is_everything_before_the_working_set_but_summaries() -> None:
+    summary = m.Message(role="user", parts=(m.TextPart("S" * 90),), kind=m.KIND_COMPACTION_SUMMARY)
+    hidden = m.Message(role="user", parts=(m.TextPart("H" * 90),), agent_visible=False)
+    call = m.assistant("", tool_calls=[m.ToolCallPart(id="c1", name="grep", arguments="{}")])
+    history = [summary, m.user("a" * 10), m.assistant("b" * 20), hidden, m.user("c" * 30), call]
+    size = lambda msg: len(msg.text)  # noqa: E731
+    # before the working set (the call): the two prompts and the answer; not the summary, not the hidden
+    assert ws.compactable_tokens(history, size) == 10 + 20 + 30
+    # no working set at all: every visible message but the summary
+    assert ws.compactable_tokens([summary, m.assistant("b" * 20)], size) == 20
+    assert ws.compactable_tokens([], size) == 0
+
+
+def test_an_answer_without_tool_calls_does_not_start_the_working_set() -> None:
+    history = [m.user("do it"), m.assistant("done")]
+    assert ws.working_set_start(history) == 0  # the turn's prompt, not the plain answer after it
+
+
+def test_a_clipped_result_keeps_exactly_its_head_and_tail() -> None:
+    text = "".join(chr(ord("a") + i % 26) for i in range(1_000))
+    clipped = ws.clip_result(
+        m.tool_result("c1", "grep", text), 101, saved_path="C:\\s\\x.spill\\grep-ab.txt", sha256="ab"
+    )
+    body = clipped.text.split("\n", 1)[1]
+    assert body == f"{text[:51]}\n[... 899 chars omitted ...]\n{text[-50:]}"
+    assert "saved at C:\\s\\x.spill\\grep-ab.txt (SHA-256 ab)" in clipped.text
+    named = ws.clip_result(
+        m.tool_result("c1", "grep", text),
+        101,
+        saved_path="C:\\s\\x.spill\\grep-ab.txt",
+        sha256="ab",
+        reader="r",
+    )
+    assert 'saved as "grep-ab.txt"' in named.text and 'r(id="grep-ab.txt")' in named.text
+    one = ws.clip_result(m.tool_result("c1", "grep", text), 1, saved_path="/s/a/b.txt", sha256="ab")
+    assert one.text.split("\n", 1)[1] == f"{text[:1]}\n[... 999 chars omitted ...]\n"  # no tail at all
+    exact = m.tool_result("c1", "grep", text)
+    assert ws.clip_result(exact, 1_000, saved_path="-", sha256="-") is exact  # it fits: untouched
+
+
+def test_the_common_cap_when_everything_fits_is_the_largest_result() -> None:
+    assert ws._common_cap([300, 100, 200], 1_000) == 300
+    assert ws._common_cap([], 1_000) == 0
+    assert ws._common_cap([100, 200, 300], 450) == 175  # 100 whole, then 350 between the other two
+    assert ws._common_cap([100, 200, 300], 300) == 100  # a share of exactly a result's size: it fits
+
+
+def test_results_that_fit_their_budget_exactly_are_not_clipped() -> None:
+    assert ws.plan_clips([(500, 2_000), (500, 2_000)], 1_000) == []
+    assert ws.plan_clips([], 0) == []
+    clips = ws.plan_clips([(500, 2_000), (1_500, 6_000)], 1_200)
+    assert [c.index for c in clips] == [1]  # the small one stays whole
+    assert clips[0].max_chars == int(6_000 * (1_200 - 500 - ws.CLIP_NOTICE_TOKENS) / 1_500 * 0.9)
+    # a result of no tokens is never clipped, whatever the cap
+    assert [c.index for c in ws.plan_clips([(0, 5_000), (3_000, 12_000)], 100)] == [1]
+
+
+def test_three_rounds_of_notice_room_settle_the_cap() -> None:
+    sizes = [(1_000, 4_000), (900, 3_600), (120, 480)]
+    clips = ws.plan_clips(sizes, 1_300)
+    # cap after the notices of the two large results: (1,300 - 2 × 110 - 120) / 2 = 480
+    assert [(c.index, c.max_chars) for c in clips] == [
+        (0, int(4_000 * 480 / 1_000 * 0.9)),
+        (1, int(3_600 * 480 / 900 * 0.9)),
+    ]
+
+
+def test_the_working_set_budget_is_whole_tokens() -> None:
+    budget = ws.working_set_budget(limit=9_003, fixed_tokens=3, call_tokens=0, config=CONFIG)
+    assert budget == 9_003 - 3 - 1_800 and isinstance(budget, int)  # a fifth of 9,003 is 1,800
+
+
+def test_a_request_of_exactly_the_limit_is_sent() -> None:
+    assert decide(9_000, threshold_used=True) == ws.StepDecision(action="send")
+    assert decide(9_001, threshold_used=True) == ws.StepDecision(action="compact", trigger="overflow")
+
+
+def test_a_request_over_the_limit_fails_with_what_is_left() -> None:
+    decision = decide(9_500, threshold_used=True, overflow_used=True)
+    assert decision == ws.StepDecision(
+        action="fail",
+        code=ws.WORKING_SET_TOO_LARGE,
+        message=(
+            "The next request (about 9,500 tokens) does not fit the model's context of 10,000 tokens "
+            "(at most 9,000 after the output reserve) even after compacting everything else: what is left is "
+            "the newest step's tool calls and results, which compaction keeps whole (their largest outputs "
+            "were clipped, the full text saved on disk). Nothing was lost; ask for smaller pieces of work, use "
+            "a model with a larger window, or compact by hand."
+        ),
+    )
+    off = CompactionConfig(reserve_tokens=1_000, auto=False)
+    manual = decide(10_001, config=off, tool_results_in_view=False)
+    assert manual.code == ws.CONTEXT_OVERFLOW
+    assert manual.message == (
+        "The next request (about 10,001 tokens) does not fit the model's context of 10,000 tokens "
+        "(at most 9,000 after the output reserve) and automatic compaction is off for this session "
+        "(compaction.auto): what is left is the newest messages. Nothing was lost; ask for smaller pieces of "
+        "work, use a model with a larger window, or compact by hand."
+    )
+    assert decide(10_000, config=off).action == "send"  # without auto, up to the window itself
+
+
+def test_the_turn_budget_error_says_what_was_spent() -> None:
+    decision = decide(5_000, turn_input_tokens=196_000)
+    assert decision == ws.StepDecision(
+        action="fail",
+        code=ws.TURN_BUDGET,
+        message=(
+            "The turn stopped before its next request: it has sent 196,000 input tokens, and the next request "
+            "(about 5,000) would pass its budget of 200,000 (agent.max_turn_input_tokens, by default 20 × the "
+            "context window). Nothing was lost; send another prompt to go on, or raise the budget."
+        ),
+    )
+    assert decide(5_000, turn_input_tokens=195_000).action == "send"  # exactly the budget
+
+
+def test_a_prompt_too_large_is_explained_word_for_word() -> None:
+    assert ws.prompt_too_large(prompt_tokens=8_000, fixed_tokens=1_000, window=10_000, limit=9_000) is None
+    assert ws.prompt_too_large(prompt_tokens=8_001, fixed_tokens=1_000, window=10_000, limit=9_000) == (
+        "The prompt is about 8,001 tokens; with the system prompt and tools (1,000) it does not fit the "
+        "model's context window of 10,000 tokens (at most 9,000 after the output reserve). It was not sent "
+        "and not summarized: it stays in the session's record, hidden from the model. Send a shorter prompt, "
+        "or put the content in a file for the agent to read in parts."
+    )
+
+
+def test_a_share_equal_to_a_result_lets_the_rest_share_more() -> None:
+    # 302 over three: 100 fits (a share of exactly 100), the other two then share 202: 101 each.
+    assert ws._common_cap([100, 200, 300], 302) == 101
+
+
+def test_a_result_of_one_token_can_be_clipped_too() -> None:
+    clips = ws.plan_clips([(1, 1_000), (5_000, 20_000)], 0)
+    assert [(c.index, c.max_chars) for c in clips] == [(0, ws.MIN_CLIP_CHARS), (1, ws.MIN_CLIP_CHARS)]
+
+
+def test_an_even_clip_splits_head_and_tail_evenly() -> None:
+    text = "x" * 500 + "y" * 500
+    clipped = ws.clip_result(
+        m.tool_result("c1", "grep", text), 100, saved_path="grep-ab.txt", sha256="ab", reader="r"
+    )
+    assert clipped.text.split("\n", 1)[1] == f"{'x' * 50}\n[... 900 chars omitted ...]\n{'y' * 50}"
+    assert 'saved as "grep-ab.txt"' in clipped.text  # a bare name is its own id
