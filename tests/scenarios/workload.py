@@ -163,13 +163,13 @@ class EventLog:
 
 
 def _open_compactions(events: Iterable[Any]) -> int:
-    """Compactions started and not yet ended. A ``compaction_failed`` with none open is a refusal before
-    anything started (nothing to compact), not the end of one."""
+    """Compactions started and not yet ended. A ``compaction_failed`` or ``compaction_skipped`` with none
+    open is a refusal before anything started (nothing to compact), not the end of one."""
     open_ = 0
     for event in events:
         if event.type == "compaction_start":
             open_ += 1
-        elif event.type in ("compaction_end", "compaction_failed") and open_:
+        elif event.type in ("compaction_end", "compaction_failed", "compaction_skipped") and open_:
             open_ -= 1
     return open_
 
@@ -210,10 +210,10 @@ class TurnCheck:
                     automatic["threshold"] += 1
                 elif event.trigger == "overflow":
                     automatic["overflow"] += 1
-            elif event.type == "compaction_failed" and not depth:
+            elif event.type in ("compaction_failed", "compaction_skipped") and not depth:
                 if event.reason != "nothing_to_compact":  # a refusal before starting is announced too
-                    self.problems.append(f"compaction_failed ({event.reason}) without a compaction_start")
-            elif event.type in ("compaction_end", "compaction_failed"):
+                    self.problems.append(f"{event.type} ({event.reason}) without a compaction_start")
+            elif event.type in ("compaction_end", "compaction_failed", "compaction_skipped"):
                 depth -= 1
                 if depth < 0:
                     self.problems.append(f"{event.type} without a compaction_start")
