@@ -254,7 +254,7 @@ def context_stats(
         messages, count=count, system_tokens=system_tokens, tools_tokens=tools_tokens, usage_floor=usage_floor
     )
     back = est.tokens - system_tokens - tools_tokens
-    reserve = reserve_tokens(window, config) if window > 0 else 0
+    reserve = max(0, reserve_tokens(window, config))  # (none for an unknown window of 0)
     if est.estimated:
         total_source = ESTIMATED
     else:

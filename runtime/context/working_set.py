@@ -134,12 +134,16 @@ def plan_clips(sizes: Sequence[tuple[int, int]], budget: int) -> list[Clip]:
         return []
     tokens_of = [tokens for tokens, _ in sizes]
     # Each clipped result also carries a notice: leave room for those. The count of results over the cap
-    # only grows as the cap falls and settles within a few rounds, so the rounds are bounded, not exact:
-    # a round more, or a first cap from a budget of 1 rather than 0, comes to the same plan.
+    # only grows (more notices, a lower cap, more results over it), so it settles within len(sizes)
+    # rounds: then the kept tokens and every notice fit the budget. (It used to stop after three rounds,
+    # which now and then left a notice or two unaccounted for.) Rounds past the settling change nothing.
     clipped = 0
-    for _ in range(4):  # pragma: no mutate
+    for _ in range(len(sizes) + 1):  # pragma: no mutate
         cap = _common_cap(tokens_of, max(0, budget - clipped * CLIP_NOTICE_TOKENS))
-        clipped = sum(t > cap for t in tokens_of)
+        over = sum(t > cap for t in tokens_of)
+        if over == clipped:
+            break
+        clipped = over
     clips: list[Clip] = []
     for index, (tokens, chars) in enumerate(sizes):
         if tokens <= cap:  # (the cap is never negative: no result of no tokens gets here)

@@ -290,7 +290,7 @@ def test_a_budget_below_zero_clips_everything_to_the_minimum() -> None:
 def test_what_a_compaction_could_remove_is_everything_before_the_working_set_but_summaries() -> None:
     summary = m.Message(role="user", parts=(m.TextPart("S" * 90),), kind=m.KIND_COMPACTION_SUMMARY)
     hidden = m.Message(role="user", parts=(m.TextPart("H" * 90),), agent_visible=False)
-    call = m.assistant("", tool_calls=[m.ToolCallPart(id="c1", name="grep", arguments="{}")])
+    call = m.assistant("d" * 40, tool_calls=[m.ToolCallPart(id="c1", name="grep", arguments="{}")])
     history = [summary, m.user("a" * 10), m.assistant("b" * 20), hidden, m.user("c" * 30), call]
     size = lambda msg: len(msg.text)  # noqa: E731
     # before the working set (the call): the two prompts and the answer; not the summary, not the hidden
@@ -430,3 +430,49 @@ def test_an_even_clip_splits_head_and_tail_evenly() -> None:
     )
     assert clipped.text.split("\n", 1)[1] == f"{'x' * 50}\n[... 900 chars omitted ...]\n{'y' * 50}"
     assert 'saved as "grep-ab.txt"' in clipped.text  # a bare name is its own id
+
+
+def settled_plan(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """The plan by its definition: the cap that leaves room for the notices of exactly the results over
+    it, found by counting up from none until the count holds."""
+    tokens = [t for t, _ in sizes]
+    if sum(tokens) <= budget:
+        return []
+    clipped = 0
+    while True:
+        cap = ws._common_cap(tokens, max(0, budget - clipped * ws.CLIP_NOTICE_TOKENS))
+        over = sum(t > cap for t in tokens)
+        if over == clipped:
+            break
+        clipped = over
+    keep = [(i, max(ws.MIN_CLIP_CHARS, int(c * cap / t * 0.9))) for i, (t, c) in enumerate(sizes) if t > cap]
+    return [(i, k) for i, k in keep if k < sizes[i][1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3_000), st.integers(0, 20_000)), min_size=1, max_size=6),
+    st.integers(-200, 8_000),
+)
+def test_the_clip_plan_is_the_settled_one(sizes: list[tuple[int, int]], budget: int) -> None:
+    assert [(c.index, c.max_chars) for c in ws.plan_clips(sizes, budget)] == settled_plan(sizes, budget)
+
+
+def test_clip_plans_that_took_more_than_three_rounds_to_settle() -> None:
+    for sizes, budget in [
+        ([(1_497, 14_708), (2_467, 4_100), (188, 5_975), (814, 4_990), (848, 4_088), (895, 6_006)], 4_625),
+        ([(1_169, 9_328), (980, 7_577), (2_622, 3_327), (1_065, 2_258)], 4_250),
+    ]:
+        plan = ws.plan_clips(sizes, budget)
+        assert [(c.index, c.max_chars) for c in plan] == settled_plan(sizes, budget)
+
+
+def test_a_clip_to_the_whole_text_is_no_clip() -> None:
+    assert ws.plan_clips([(1_000, 400), (1_000, 400)], 100) == []  # the minimum is all there is
+
+
+def test_notices_past_the_budget_leave_the_minimum() -> None:
+    # one result, a budget smaller than its notice: cap 0, so the minimum, whatever chars per token
+    assert [(c.index, c.max_chars) for c in ws.plan_clips([(1_000, 1_000_000)], 50)] == [
+        (0, ws.MIN_CLIP_CHARS)
+    ]
