@@ -77,7 +77,7 @@ def compactable_tokens(messages: Sequence[Message], count: CountTokens) -> int:
     end = working_set_start(messages)
     return sum(
         count(m)
-        for m in messages[: len(messages) if end is None else end]
+        for m in messages[:end]  # (None: all of them)
         if m.agent_visible and m.kind != KIND_COMPACTION_SUMMARY
     )
 
@@ -137,7 +137,8 @@ def plan_clips(sizes: Sequence[tuple[int, int]], budget: int) -> list[Clip]:
     # only grows (more notices, a lower cap, more results over it), so it settles within len(sizes)
     # rounds: then the kept tokens and every notice fit the budget. (It used to stop after three rounds,
     # which now and then left a notice or two unaccounted for.) Rounds past the settling change nothing.
-    clipped = 0
+    # (Counting up from 1 comes to the same: here at least one result is over any cap, or all would fit.)
+    clipped = 0  # pragma: no mutate
     for _ in range(len(sizes) + 1):  # pragma: no mutate
         cap = _common_cap(tokens_of, max(0, budget - clipped * CLIP_NOTICE_TOKENS))
         over = sum(t > cap for t in tokens_of)
