@@ -69,6 +69,14 @@ _decoder = msgspec.msgpack.Decoder()
 _HEAD = 4
 _PUSH = bytes((PUSH,))
 MAX_FRAME = 1 << 31
+READ_SIZE = 4 << 20
+"""Bytes the front takes off a shard's connection in one go, and the socket buffers asked for at both ends.
+
+asyncio's defaults (a stream reader that stops reading past 128 KiB buffered, a transport that reads 256 KiB
+per wake of the event loop, a Unix socket's ~200 KiB kernel buffer) cap what a front reads per turn of its
+loop; each turn also wakes the subscribers' readers, whose threads then take the GIL one after the other
+before the loop gets it back. During a burst two shards write more than that in such a turn, and the rest
+waits on the connection (which the delivery delay counts)."""
 """The largest frame either end accepts (a ``send`` of a long conversation is one frame)."""
 
 Reply = Callable[[Any, BaseException | None], None]
@@ -94,6 +102,14 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> b
     if size > limit:
         raise ConnectionError(f"a frame of {size} bytes")
     return await reader.readexactly(size)
+
+
+def _widen(writer: asyncio.StreamWriter, option: int) -> None:
+    """Ask for a socket buffer of :data:`READ_SIZE` (the kernel caps it at its maximum)."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, READ_SIZE)
 
 
 def _pickled(exc: BaseException) -> bytes:
@@ -169,6 +185,7 @@ class Server:
                 return
             front_id, last = _decoder.decode(await _read_frame(reader, 4096))
             stream = self._router.stream(str(front_id))
+            _widen(writer, socket.SO_SNDBUF)
             self._writers.add(writer)
             stream.attach(writer, int(last))
             try:
@@ -371,12 +388,15 @@ async def connect(
     """Open a shard's channel: its Unix socket from the same host (unless ``tcp``), else TCP to its node.
     ``hello``: this front's id and the last batch of events it received from the shard."""
     if not tcp and address.host == socket.gethostname() and os.path.exists(address.path):
-        opening = asyncio.open_unix_connection(address.path)
+        opening = asyncio.open_unix_connection(address.path, limit=READ_SIZE)
     elif not address.port:
         raise ConnectionError(f"{shard} listens on no TCP port")
     else:
-        opening = asyncio.open_connection(address.ip, address.port)
+        opening = asyncio.open_connection(address.ip, address.port, limit=READ_SIZE)
     reader, writer = await asyncio.wait_for(opening, timeout)
+    _widen(writer, socket.SO_RCVBUF)
+    if hasattr(writer.transport, "max_size"):  # (asyncio's selector transport: what one recv() takes)
+        writer.transport.max_size = READ_SIZE
     writer.write(_frame(address.token) + _frame(_encoder.encode(list(hello))))
     channel = TurnChannel(shard, asyncio.get_running_loop(), on_push, on_break)
     channel._writer = writer

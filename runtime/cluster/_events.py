@@ -38,6 +38,9 @@ from runtime.events import EVENT_TYPES, Event, SubscriberLagged
 __all__ = ["Inbound", "Relay", "shard_types"]
 
 BARRIER_TYPE = "session_stopped"
+WAKE_AFTER = 0.005
+"""Seconds of reading a connection after which the subscribers that received events are woken before the
+read ends (a front reads what a busy shard wrote in one go, a few MB at most)."""
 
 
 def shard_types(types: frozenset[str] | None) -> list[str] | None:
@@ -252,6 +255,7 @@ class Inbound:
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._to_wake: dict[int, Relay] = {}
+        self._wake_since = 0.0
 
     def push(self, data: bytes) -> bool:
         """Take a frame of events (on the front's loop); False for a batch received before."""
@@ -276,7 +280,10 @@ class Inbound:
                 continue
             relay.deliver(self.shard, events, wake=False)
             to_wake[key] = relay
-        if first and to_wake:
+        if to_wake and not first and time.monotonic() - self._wake_since >= WAKE_AFTER:
+            self.wake()  # (a long read: who has waited this long is woken now, the rest at its end)
+        elif first and to_wake:
+            self._wake_since = time.monotonic()
             # The readers are woken once the connection has nothing more to read for now: each then takes
             # all that came meanwhile in one go. Woken for every batch, a thousand subscribers' threads
             # would each want the GIL for every few events, and the thread that reads here would wait for

@@ -41,6 +41,12 @@ PUSH = 0xC1
 BATCH_DELAY = 0.0
 """Seconds an event waits for others to cross in the same batch, beyond the time the shard's event loop
 takes to wake up for it (what comes meanwhile crosses with it: under load, a few milliseconds' worth)."""
+SEAL_AFTER = 0.010
+"""Seconds after which events added on the shard's loop are sealed and written at once, without waiting
+for the loop to finish what it is doing. A shard busy with hundreds of streaming sessions runs through
+all their chunks in one turn of its loop; on a loaded machine that turn takes 100 ms and more, which its
+subscribers would otherwise wait for (the local bus hands each event to its subscribers as it is
+published)."""
 HIGH_WATER = 4 << 20
 """Bytes waiting on a front's connection beyond which batches wait for it to drain."""
 BUDGET = 64 << 20
@@ -110,6 +116,8 @@ class Stream:
         self._events: list[Event] = []
         self._routes: list[list[int]] = []
         self._armed = False
+        self._since = 0.0  # when the first event of the batch being made was added
+        self._thread: int | None = None  # the loop's thread (known once a batch was sealed)
         self.no = 0  # the last batch sealed
         self._unwritten: deque[_Batch] = deque()
         self._unwritten_bytes = 0
@@ -132,15 +140,27 @@ class Stream:
         self._routes.append([key])
         if not self._armed:
             self._armed = True
+            self._since = time.monotonic()
             with contextlib.suppress(RuntimeError):  # the loop closed: the shard is going away
                 if BATCH_DELAY:
                     self._loop.call_soon_threadsafe(self._loop.call_later, BATCH_DELAY, self.seal)
                 else:
                     self._loop.call_soon_threadsafe(self.seal)
 
+    def hurry(self) -> None:
+        """After an event was added to every feed that wants it (bus lock held): on the shard's loop, if
+        the batch being made is :data:`SEAL_AFTER` old, seal and write it now."""
+        if (
+            self._armed
+            and self._thread == threading.get_ident()
+            and time.monotonic() - self._since >= SEAL_AFTER
+        ):
+            self.seal()  # (mid-turn of the loop: what came so far goes out now, in publish order)
+
     # -- the shard's loop -----------------------------------------------------------------------------
     def seal(self) -> int:
         """Make what was added into a batch and write it; the number of the last batch sealed."""
+        self._thread = threading.get_ident()
         with self._lock:
             events, routes = self._events, self._routes
             self._events, self._routes, self._armed = [], [], False
@@ -285,10 +305,15 @@ class Router:
         if not feeds:
             return
         tag = event.type
+        added = False
         for feed in feeds:
             types = feed.types
             if types is None or tag in types:
                 feed.stream.add(event, feed.key)
+                added = True
+        if added:
+            for feed in feeds:
+                feed.stream.hurry()
 
     def wants(self, session_id: str, kind: str) -> bool:
         """Whether a feed wants this event (``EventBus.publish_each`` skips the sessions none does)."""
