@@ -69,6 +69,7 @@ _decoder = msgspec.msgpack.Decoder()
 _HEAD = 4
 _PUSH = bytes((PUSH,))
 MAX_FRAME = 1 << 31
+"""The largest frame either end accepts (a ``send`` of a long conversation is one frame)."""
 READ_SIZE = 4 << 20
 """Bytes the front takes off a shard's connection in one go, and the socket buffers asked for at both ends.
 
@@ -77,7 +78,6 @@ per wake of the event loop, a Unix socket's ~200 KiB kernel buffer) cap what a f
 loop; each turn also wakes the subscribers' readers, whose threads then take the GIL one after the other
 before the loop gets it back. During a burst two shards write more than that in such a turn, and the rest
 waits on the connection (which the delivery delay counts)."""
-"""The largest frame either end accepts (a ``send`` of a long conversation is one frame)."""
 
 Reply = Callable[[Any, BaseException | None], None]
 """How a call's answer is delivered on the front: ``reply(answer, None)`` or ``reply(None, error)``."""

@@ -73,6 +73,13 @@ def decode_push(data: bytes | memoryview) -> Push:
     return _decoder.decode(memoryview(data)[1:])
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # (a thread without a loop)
+        return None
+
+
 class Feed:
     """One subscription of a front on this shard."""
 
@@ -117,7 +124,6 @@ class Stream:
         self._routes: list[list[int]] = []
         self._armed = False
         self._since = 0.0  # when the first event of the batch being made was added
-        self._thread: int | None = None  # the loop's thread (known once a batch was sealed)
         self.no = 0  # the last batch sealed
         self._unwritten: deque[_Batch] = deque()
         self._unwritten_bytes = 0
@@ -150,17 +156,12 @@ class Stream:
     def hurry(self) -> None:
         """After an event was added to every feed that wants it (bus lock held): on the shard's loop, if
         the batch being made is :data:`SEAL_AFTER` old, seal and write it now."""
-        if (
-            self._armed
-            and self._thread == threading.get_ident()
-            and time.monotonic() - self._since >= SEAL_AFTER
-        ):
+        if self._armed and time.monotonic() - self._since >= SEAL_AFTER and _running_loop() is self._loop:
             self.seal()  # (mid-turn of the loop: what came so far goes out now, in publish order)
 
     # -- the shard's loop -----------------------------------------------------------------------------
     def seal(self) -> int:
         """Make what was added into a batch and write it; the number of the last batch sealed."""
-        self._thread = threading.get_ident()
         with self._lock:
             events, routes = self._events, self._routes
             self._events, self._routes, self._armed = [], [], False
