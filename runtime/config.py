@@ -126,10 +126,15 @@ class RetryConfig(_Section, frozen=True, forbid_unknown_fields=True):
     base_delay: NonNegSeconds = 1.0
     max_delay: NonNegSeconds = 30.0
     jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.25
+    # The most one attempt may take, streamed or not, whatever arrives meanwhile (keep-alives included).
     request_timeout: Seconds = 600.0
-    # A streamed attempt silent for longer is cancelled and retried as a timeout (0: no limit): until the
-    # provider answers (its headers), then between two chunks. Reasoning models may think for minutes before
-    # their first token, hence the generous defaults; providers that send keep-alives can use far less.
+    # A streamed attempt past one of these limits is cancelled and retried as a timeout (0: no limit), each
+    # counted from the attempt's start: the response's headers within ``headers_timeout`` (they come at once
+    # from a live provider, even a reasoning model: a dead one fails here, in a minute); its first data event
+    # within ``first_byte_timeout`` (reasoning models may think for minutes before their first token); then
+    # no gap between two data events over ``stall_timeout``. SSE comments (keep-alives) are not data: they
+    # reset none of these clocks.
+    headers_timeout: NonNegSeconds = 60.0
     first_byte_timeout: NonNegSeconds = 300.0
     stall_timeout: NonNegSeconds = 120.0
 

@@ -113,7 +113,9 @@ class _Call:
         self.finished = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_activity = 0.0
-        self.answered = False  # this attempt has had a first sign of life (headers or a chunk)
+        self._attempt_started = 0.0
+        self.responded = False  # this attempt has the response's headers
+        self.answered = False  # this attempt has had its first data (a chunk of the answer, or the body)
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_reported = False
 
@@ -127,20 +129,24 @@ class _Call:
 
     # Stall watch: one timer per stall period, re-armed lazily (not per chunk).
 
+    def response_started(self) -> None:
+        """The response's headers arrived (not yet an answer: a proxy sends them before it has one)."""
+        self.responded = True
+
     def activity(self) -> None:
         loop = self._loop
         if loop is None:
             return
         self._last_activity = loop.time()
-        self.answered = True
+        self.responded = self.answered = True
         if self._stall_reported:
             self._stall_reported = False
             self._arm_stall()
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._last_activity = loop.time()
-        self.answered = False
+        self._last_activity = self._attempt_started = loop.time()
+        self.responded = self.answered = False
         self._stall_reported = False
         if self.on_stall is not None and self._stall_timer is None:
             self._arm_stall()
@@ -162,13 +168,27 @@ class _Call:
         # stall_after, never less.
         _safely(self.on_stall, round(max(idle, self.stall_after), 3))
 
-    def silence(self, first_byte: float, stall: float) -> tuple[float, str, float] | None:
-        """The silence limit this attempt is under now: when it runs out (loop time), its name and seconds;
-        None when there is none (a limit of 0)."""
-        name, seconds = ("stall_timeout", stall) if self.answered else ("first_byte_timeout", first_byte)
-        if not seconds:
-            return None
-        return self._last_activity + seconds, name, seconds
+    def deadline(self, retry: RetryConfig) -> tuple[float, str, float]:
+        """The limit this attempt runs out of first, as things stand: when (loop time), its name and seconds.
+
+        Every attempt has the request's timeout from its start; a streamed one also the silence limits of
+        its phase (``retry.headers_timeout`` and ``retry.first_byte_timeout`` from its start until headers,
+        then data, arrive; ``retry.stall_timeout`` from its last data event after that). A limit of 0 is off.
+        """
+        start = self._attempt_started
+        limits = [(start + self.request.timeout, "request_timeout", self.request.timeout)]
+        if self.request.stream:
+            if not self.responded and retry.headers_timeout:
+                limits.append((start + retry.headers_timeout, "headers_timeout", retry.headers_timeout))
+            if not self.answered and retry.first_byte_timeout:
+                limits.append(
+                    (start + retry.first_byte_timeout, "first_byte_timeout", retry.first_byte_timeout)
+                )
+            if self.answered and retry.stall_timeout:
+                limits.append(
+                    (self._last_activity + retry.stall_timeout, "stall_timeout", retry.stall_timeout)
+                )
+        return min(limits)
 
     def unwatch(self) -> None:
         if self._stall_timer is not None:
@@ -494,25 +514,22 @@ class Gateway:
         return ticket, None
 
     async def _attempt(self, call: _Call, transport: Transport, route: Route) -> Message:
-        """One attempt of a streamed call under the silence limits (``retry.first_byte_timeout`` until the
-        provider answers, ``retry.stall_timeout`` between chunks after that): an attempt silent for longer is
-        cancelled and fails as a ``timeout``, which is retried. A call not streamed has only
-        ``request_timeout``: its whole answer is its first byte."""
-        first_byte, stall = self._retry.first_byte_timeout, self._retry.stall_timeout
-        if not call.request.stream or not (first_byte or stall):
-            return await transport.attempt(call, route)
+        """One attempt under its limits (:meth:`_Call.deadline`): ``request_timeout`` for the whole attempt,
+        streamed or not; for a streamed one also ``retry.headers_timeout`` and ``retry.first_byte_timeout``
+        until the headers and the first data event arrive, then ``retry.stall_timeout`` between data events.
+        An attempt past one is cancelled and fails as a ``timeout``, which is retried. Keep-alives (SSE
+        comments) reset no clock: a provider that sends only those has not answered."""
         loop = asyncio.get_running_loop()
         attempt = loop.create_task(transport.attempt(call, route))
+        stall = self._retry.stall_timeout
         try:
             while True:
-                timeout = None
-                if (limit := call.silence(first_byte, stall)) is not None:
-                    deadline, name, seconds = limit
-                    timeout = deadline - loop.time()
-                    if timeout <= 0:
-                        raise _Silent(_silence_error(name, seconds, call.answered))
-                if stall and not call.answered:  # look again by then: once answered, the stall limit holds
-                    timeout = stall if timeout is None else min(timeout, stall)
+                deadline, name, seconds = call.deadline(self._retry)
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    raise _Silent(_silence_error(name, seconds, call))
+                if stall and call.request.stream and not call.answered:
+                    timeout = min(timeout, stall)  # look again by then: once answered, the stall limit holds
                 done, _ = await asyncio.wait((attempt,), timeout=timeout)
                 if done:
                     return attempt.result()
@@ -530,9 +547,16 @@ class _Silent(Exception):
         self.error = error
 
 
-def _silence_error(limit: str, seconds: float, answered: bool) -> ProviderError:
-    what = "the stream stalled: no data" if answered else "no answer from the provider"
-    return ProviderError(kind="timeout", message=f"{what} for {seconds:g} s (retry.{limit}); cancelled")
+def _silence_error(limit: str, seconds: float, call: _Call) -> ProviderError:
+    if limit == "request_timeout":
+        what = "the attempt was not complete after"
+    elif call.answered:
+        what = "the stream stalled: no data for"
+    elif call.responded:
+        what = "no answer from the provider (headers, then no data) for"
+    else:
+        what = "no answer from the provider (not even headers) for"
+    return ProviderError(kind="timeout", message=f"{what} {seconds:g} s (retry.{limit}); cancelled")
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

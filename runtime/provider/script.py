@@ -23,7 +23,16 @@ from typing import Literal, get_args
 import msgspec
 
 FaultKind = Literal[
-    "rate_limit", "server_error", "overloaded", "hang", "stall", "reset", "auth", "overflow", "stream_error"
+    "rate_limit",
+    "server_error",
+    "overloaded",
+    "hang",
+    "stall",
+    "keepalive",
+    "reset",
+    "auth",
+    "overflow",
+    "stream_error",
 ]
 """What an injected fault does:
 
@@ -33,6 +42,9 @@ FaultKind = Literal[
 - ``hang``: never answers, until the client goes away or the provider stops.
 - ``stall``: a streamed reply that starts (``after_chunks`` chunks), then sends nothing more, keeping the
   connection open, until the client goes away or the provider stops (a ``hang`` when not streamed).
+- ``keepalive``: a streamed reply that starts (``after_chunks`` chunks, 0 for none), then sends only SSE
+  comments (``: keep-alive``, every 0.1 s, as proxies do while they wait) until the client goes away or the
+  provider stops (a ``hang`` when not streamed).
 - ``reset``: the TCP connection is cut abruptly (RST) mid-response, after ``after_chunks`` stream chunks.
 - ``auth``: HTTP 401 with OpenAI's ``invalid_api_key`` body.
 - ``overflow``: the configured overflow error, whatever the request's size.
@@ -52,7 +64,7 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     status: int | None = None
     """Overrides the HTTP status of ``server_error`` / ``overloaded`` (e.g. 502, 529)."""
     after_chunks: int = 1
-    """For ``reset``, ``stream_error`` and ``stall`` of a streamed reply: how many SSE chunks are sent before
+    """For ``reset``, ``stream_error``, ``stall`` and ``keepalive`` of a streamed reply: how many SSE chunks are sent before
     the cut (or the silence)."""
 
 

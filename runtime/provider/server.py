@@ -293,7 +293,8 @@ class LocalProvider:
 
     @property
     def hanging(self) -> int:
-        """Requests a ``hang`` fault holds now; each is let go when its client disconnects."""
+        """Requests a ``hang``, ``stall`` or ``keepalive`` fault holds now; each is let go when its client
+        disconnects."""
         return self._hanging
 
     # -- HTTP handlers ------------------------------------------------------------------------------
@@ -476,6 +477,12 @@ class LocalProvider:
                     return Response(status_code=504)
                 frames = self._fault_frames("This reply stops and stays silent ", model, count)
                 return _sse(self._stall_after(request, frames, fault.after_chunks))
+            case "keepalive":
+                if not stream:
+                    await self._hang(request)
+                    return Response(status_code=504)
+                frames = self._fault_frames("This reply waits forever ", model, count)
+                return _sse(self._keep_alive_after(request, frames, fault.after_chunks))
             case "stream_error":
                 if not stream:
                     return _error_response(errors.server_error())
@@ -516,6 +523,21 @@ class LocalProvider:
                 break
             yield frame
         await self._hang(request)
+
+    async def _keep_alive_after(
+        self, request: Request, frames: Iterator[bytes], count: int
+    ) -> AsyncIterator[bytes]:
+        for i, frame in enumerate(frames):
+            if i >= count:
+                break
+            yield frame
+        self._hanging += 1
+        try:
+            while not self._stopping.is_set() and not await request.is_disconnected():
+                yield b": keep-alive\n\n"
+                await asyncio.sleep(0.1)
+        finally:
+            self._hanging -= 1
 
     async def _cut_after(self, request: Request, frames: Iterator[bytes], count: int) -> AsyncIterator[bytes]:
         for i, frame in enumerate(frames):

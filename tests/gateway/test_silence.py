@@ -1,6 +1,7 @@
-"""A provider that goes silent: the first-byte and stall limits (``retry.first_byte_timeout``,
-``retry.stall_timeout``) cancel the attempt and retry it as a timeout, on both transports, instead of
-waiting out ``request_timeout`` (600 s by default) on every attempt.
+"""A provider that goes silent: the headers, first-byte and stall limits (``retry.headers_timeout``,
+``retry.first_byte_timeout``, ``retry.stall_timeout``) cancel the attempt and retry it as a timeout, on both
+transports, instead of waiting out ``request_timeout`` (600 s by default) on every attempt. Keep-alives (SSE
+comments) are not an answer: they reset none of those clocks, and ``request_timeout`` bounds every attempt.
 """
 
 from __future__ import annotations
@@ -185,3 +186,105 @@ def test_complete_sync_is_unchanged_for_calls_not_streamed(provider: LocalProvid
     finally:
         provider.latency = 0.0
     assert result.message is not None and result.message.text == "all at once" and result.attempts == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_keep_alives_before_any_data_count_toward_the_first_byte_limit(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    """Headers, then only ``: keep-alive`` comments every 0.1 s: not an answer; the first-byte limit ends the
+    attempt (the comments would reset a clock that counted them, and the attempt would run forever)."""
+    provider.add_script(f"kept-{transport}", [Turn(text="an answer at last")])
+    provider.inject_fault("keepalive", after_chunks=0)
+    rec = Recorder()
+    gw = gateway(io, first_byte_timeout=SILENCE, stall_timeout=SILENCE / 2)
+    result = rec.call(gw, request(provider, f"kept-{transport}", transport))
+    assert result.message is not None and result.message.text == "an answer at last"
+    (retry,) = rec.retries
+    assert retry.kind == "timeout" and "retry.first_byte_timeout" in retry.error
+    assert "headers, then no data" in retry.error
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_keep_alives_after_data_count_toward_the_stall_limit(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    provider.add_script(f"kept2-{transport}", [Turn(text="second wind")])
+    provider.inject_fault("keepalive", after_chunks=2)
+    rec = Recorder()
+    result = rec.call(gateway(io, stall_timeout=SILENCE), request(provider, f"kept2-{transport}", transport))
+    assert result.message is not None and result.message.text == "second wind"
+    (retry,) = rec.retries
+    assert retry.kind == "timeout" and "stalled" in retry.error and "retry.stall_timeout" in retry.error
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_request_timeout_bounds_a_stream_of_keep_alives(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    """With the silence limits off, ``request_timeout`` still ends each attempt, streamed or not (the
+    transports' own read timeouts never fire: something arrives every 0.1 s)."""
+    provider.inject_fault("keepalive", count=2, after_chunks=1)
+    gw = gateway(io, headers_timeout=0, first_byte_timeout=0, stall_timeout=0)
+    req = msgspec.structs.replace(request(provider, "x", transport), timeout=SILENCE * 2)
+    started = time.monotonic()
+    rec = Recorder()
+    result = rec.call(gw, req)
+    assert time.monotonic() - started < 10
+    assert result.message is None and result.error is not None
+    assert result.error.kind == "timeout" and result.attempts == 2
+    assert "retry.request_timeout" in result.error.message
+    wait_until_released(provider)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dead_provider_fails_on_the_headers_limit(
+    transport: str, provider: LocalProvider, io: IoLoop
+) -> None:
+    """No headers at all: ``retry.headers_timeout`` ends the attempt long before the first-byte limit a
+    reasoning model needs."""
+    provider.add_script(f"dead-{transport}", [Turn(text="back")])
+    provider.inject_fault("hang")
+    rec = Recorder()
+    gw = gateway(io, headers_timeout=SILENCE, first_byte_timeout=60)
+    result = rec.call(gw, request(provider, f"dead-{transport}", transport))
+    assert result.message is not None and result.message.text == "back"
+    (retry,) = rec.retries
+    assert (
+        retry.kind == "timeout"
+        and "retry.headers_timeout" in retry.error
+        and "not even headers" in retry.error
+    )
+    wait_until_released(provider)
+
+
+def test_the_defaults_fail_a_dead_provider_within_a_minute_an_attempt() -> None:
+    retry = RetryConfig()
+    assert retry.headers_timeout <= 60
+    assert (
+        retry.first_byte_timeout >= retry.headers_timeout
+    )  # reasoning models think before their first token
+
+
+def test_a_session_turn_on_keep_alives_ends_at_its_request_timeout(
+    provider: LocalProvider, tmp_path: object
+) -> None:
+    """The issue's case through the public API: a session's ``retry.request_timeout`` ends a turn whose
+    provider sends only keep-alives, with a clear timeout error (it ran until the provider stopped)."""
+    provider.inject_fault("keepalive", count=3, after_chunks=0)
+    config = Config().with_overrides({"retry.base_delay": 0.01, "retry.max_delay": 0.02})
+    with runtime.Runtime(config, sessions_dir=str(tmp_path)) as rt:
+        sid = rt.start_session(
+            model="openai/x",
+            api_base=provider.url,
+            api_key="sk-local",
+            config={"retry.request_timeout": SILENCE * 2},
+        )
+        started = time.monotonic()
+        result = rt.prompt(sid, "go").result(timeout=30)
+        assert time.monotonic() - started < 20
+    assert result.status == "error" and result.error is not None
+    assert "retry.request_timeout" in result.error
+    wait_until_released(provider)

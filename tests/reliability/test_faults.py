@@ -214,6 +214,7 @@ TRANSIENT: tuple[FaultKind, ...] = (
     "overloaded",
     "hang",
     "stall",
+    "keepalive",
     "reset",
     "stream_error",
 )

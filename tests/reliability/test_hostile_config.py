@@ -22,6 +22,7 @@ DURATIONS = [
     "retry.base_delay",
     "retry.max_delay",
     "retry.request_timeout",
+    "retry.headers_timeout",
     "retry.first_byte_timeout",
     "retry.stall_timeout",
     "agent.tool_timeout",

@@ -2,9 +2,9 @@
 
 The gateway owns everything around an attempt (the route, retries with backoff, cancellation, stall
 watch, delivering the result); a transport makes one attempt and either returns the assistant message
-(with its usage) or raises. It reports each streamed piece through ``call.on_delta`` and each sign of
-life through ``call.activity()``, and maps its own failures into the shared error kinds in
-:meth:`Transport.classify` (the same classifier on every transport). A new transport is one module here.
+(with its usage) or raises. It reports each streamed piece through ``call.on_delta``, the response's
+headers through ``call.response_started()`` and each piece of data through ``call.activity()``, and maps its own
+failures into the shared error kinds in :meth:`Transport.classify` (the same classifier on every transport). A new transport is one module here.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ class Attempt(Protocol):
     @property
     def on_delta(self) -> Callable[[Delta], object] | None: ...
 
+    def response_started(self) -> None:
+        """The response's headers arrived (not an answer yet: the first-byte limit still runs)."""
+
     def activity(self) -> None:
-        """Something arrived from the provider (resets the stall watch)."""
+        """Data of the answer arrived: a chunk, or the whole body (resets the stall watch). Keep-alives
+        (SSE comments) are not data."""
 
     def received_headers(self, headers: Mapping[str, str]) -> None:
         """The answer's headers (its rate limits feed the call's capacity pool, design §3.11)."""

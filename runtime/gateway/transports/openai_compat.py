@@ -144,7 +144,7 @@ class OpenAICompatTransport(Transport):
             self._endpoint(route), auth, request_body(request, route), request.timeout
         )
         try:
-            call.activity()
+            call.response_started()
             call.received_headers(response.headers)
             if response.status >= 400:
                 raise await _error_of(response)
@@ -198,14 +198,14 @@ async def _streamed(response: Response, call: Attempt, route: Route) -> Message:
     pending = b""
     done = False
     async for data in response.chunks():
-        activity()
         if pending:
             data = pending + data
         lines = data.split(b"\n")
         pending = lines.pop()
         for line in lines:
             if not line.startswith(b"data:"):
-                continue  # blank lines, comments (": keep-alive"), event/id/retry fields
+                continue  # blank lines, comments (": keep-alive": no sign of an answer), event/id/retry fields
+            activity()
             payload = line[5:].strip()
             if payload == _DONE:
                 done = True
@@ -214,6 +214,7 @@ async def _streamed(response: Response, call: Attempt, route: Route) -> Message:
                 if on_delta is not None:
                     on_delta(delta)
     if pending.startswith(b"data:"):  # a last event without its blank line
+        activity()
         payload = pending[5:].strip()
         if payload == _DONE:
             done = True
