@@ -18,8 +18,10 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from runtime._layout import require_sibling
 from runtime._offline import configure_offline_environment
 
+require_sibling("actors")  # a user's own actors.py would hide it: say so, not "'actors' is not a package"
 configure_offline_environment()
 
 # Every module logs under one root, "agentcell.<area>" (agentcell.runtime, .agent, .gateway, .store, ...):

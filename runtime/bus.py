@@ -45,6 +45,7 @@ Sink = Callable[[Event], object]
 
 _OPEN, _ENDING, _CLOSED = range(3)  # ENDING: the bus closed; readers drain what is queued, then stop
 _callback_threads = itertools.count(1)
+_get_ident = threading.get_ident
 
 
 class Subscription:
@@ -80,6 +81,7 @@ class Subscription:
         self._waiter: Callable[[], None] | None = None  # wakes a reader blocked on an empty queue
         self._state = _OPEN
         self._thread: threading.Thread | None = None
+        self._reader = 0  # the thread that last read it as an iterator (get or drain)
 
     def __repr__(self) -> str:
         sessions = "*" if self.sessions is None else sorted(self.sessions)
@@ -141,6 +143,7 @@ class Subscription:
 
         Returns None if the timeout expires, or once the subscription is closed and drained.
         """
+        self._reader = _get_ident()
         deadline: float | None = None
         while self._state != _CLOSED:
             # The fast path, repeated in __anext__ rather than called: a call per event costs asyncio
@@ -181,7 +184,12 @@ class Subscription:
         Every event of a turn is queued to every subscriber before the turn's handle resolves, so after
         ``handle.result()`` an iterator finds the turn's ``agent_end`` in its queue; a callback runs on the
         subscription's own thread, and ``flush()`` is how to know it has seen it.
+
+        Called from the thread that reads an iterator, it returns True at once: that reader cannot catch up
+        while it waits here, and every event published before the call is in its queue already.
         """
+        if self._thread is None and self._reader == threading.get_ident():
+            return True
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.0005
         while True:
@@ -196,6 +204,7 @@ class Subscription:
 
     def drain(self) -> list[Event]:
         """Everything available right now, without waiting (possibly an empty list)."""
+        self._reader = _get_ident()
         with self._lock:
             if self._state == _CLOSED:
                 return []

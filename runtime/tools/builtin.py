@@ -42,6 +42,7 @@ from runtime.tools.saved import read_saved
 __all__ = [
     "GREP_CHUNK_BYTES",
     "GREP_LINE_CHARS",
+    "GREP_LONG_LINE_BYTES",
     "GREP_MAX_FILE_BYTES",
     "GREP_MAX_PROGRAM",
     "LIST_MAX_ENTRIES",
@@ -66,6 +67,9 @@ __all__ = [
 GREP_LINE_CHARS: Final = 300
 GREP_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
 GREP_CHUNK_BYTES: Final = 64 * 1024  # grep checks for cancellation (timeout, abort) after each chunk
+GREP_LONG_LINE_BYTES: Final = 256 * 1024
+"""grep searches a longer line in its first this many bytes only (and says so): one RE2 call, which nothing can
+interrupt, never runs over more (a 10 MB line took 5-20 s under load with a pattern RE2 cannot run as a DFA)."""
 GREP_MAX_PROGRAM: Final = 2_000  # RE2 instructions; bigger programs can match very slowly (still linearly)
 LIST_MAX_ENTRIES: Final = 1_000
 SHELL_TAIL_BYTES: Final = 64 * 1024
@@ -226,6 +230,7 @@ def grep(
     if max_results < 1:
         raise ToolError("max_results must be at least 1")
     matches: list[str] = []
+    cut: list[str] = []  # path:line of each line searched only in part
     files = 0
     for file in _walk(real):
         if ctx.cancelled.is_set() or len(matches) >= max_results:
@@ -240,6 +245,7 @@ def grep(
             data = file.read_bytes()
         except OSError:
             continue
+        cut_before = len(matcher.cut_lines)
         for number, line in matcher.lines(data, ctx.cancelled):
             text = line.decode("utf-8", errors="replace")
             if len(text) > GREP_LINE_CHARS:
@@ -247,11 +253,19 @@ def grep(
             matches.append(f"{rel}:{number}: {text}")
             if len(matches) >= max_results:
                 break
+        cut.extend(f"{rel}:{number}" for number in matcher.cut_lines[cut_before:])
+    notes = []
+    if cut:
+        where = ", ".join(cut[:5]) + (f" and {len(cut) - 5:,} more" if len(cut) > 5 else "")
+        notes.append(
+            f"[{len(cut):,} line(s) longer than {GREP_LONG_LINE_BYTES // 1024} KB searched in their first "
+            f"{GREP_LONG_LINE_BYTES // 1024} KB only: {where}; read_file shows them in parts]"
+        )
     if not matches:
-        return f"No matches for {pattern!r} ({files:,} files searched)"
+        return "\n".join([f"No matches for {pattern!r} ({files:,} files searched)", *notes])
     if len(matches) >= max_results:
         matches.append(f"[stopped at max_results={max_results}; narrow the pattern, path or glob for more]")
-    return "\n".join(matches)
+    return "\n".join([*matches, *notes])
 
 
 class LineMatcher:
@@ -263,10 +277,16 @@ class LineMatcher:
     mode, and ``cancelled`` is checked between chunks: a timed-out or aborted grep stops within one chunk.
     Each hit of the multi-line search is confirmed on its own line, so the result is exactly what matching
     every line separately gives. Patterns whose meaning depends on the line being the whole text (``\\A``,
-    ``\\z``, a flag group turning ``m`` off) are matched line by line instead.
+    ``\\z``, a flag group turning ``m`` off) are matched line by line instead. A line longer than
+    :data:`GREP_LONG_LINE_BYTES` is searched in its first that many bytes only (its number is added to
+    :attr:`cut_lines`), so that no single RE2 call, which nothing can interrupt, runs over more.
     """
 
+    cut_lines: list[int]
+    """The numbers of the lines searched only in part so far, in order."""
+
     def __init__(self, pattern: str) -> None:
+        self.cut_lines = []
         options = re2.Options()
         options.log_errors = False  # a bad pattern is reported to the model, not written to stderr
         try:
@@ -298,31 +318,53 @@ class LineMatcher:
         while pos < size and not cancelled.is_set():
             end = data.find(b"\n", min(size, pos + GREP_CHUNK_BYTES))  # a chunk ends at the end of a line
             end = size if end < 0 else end + 1
-            if self._scan is None:
-                lines = data[pos:end].split(b"\n")
-                if data.endswith(b"\n", pos, end):
-                    lines.pop()  # the nothing after the chunk's last newline
-                for line in lines:
-                    if self._line.search(line) is not None:
-                        yield number, line
-                    number += 1
-                pos = end
-                continue
-            while pos < end and not cancelled.is_set():
-                hit = self._scan.search(data, pos, end)
-                if hit is None or hit.start() >= size:  # (an empty match after the last newline: no line)
-                    number += data.count(b"\n", pos, end)
-                    pos = end
-                    break
-                start = max(pos, data.rfind(b"\n", pos, hit.start()) + 1)
-                stop = data.find(b"\n", hit.start(), end)
-                stop = end if stop < 0 else stop
-                number += data.count(b"\n", pos, start)
-                line = data[start:stop]
+            last = data.rfind(b"\n", pos, min(size, pos + GREP_CHUNK_BYTES)) + 1 or pos  # its last line
+            if end - last > GREP_LONG_LINE_BYTES:  # too long to search whole: the lines before it, then it
+                if last > pos:
+                    yield from self._chunk(data, pos, last, size, number, cancelled)
+                    number += data.count(b"\n", pos, last)
+                if cancelled.is_set():
+                    return
+                cut = last + GREP_LONG_LINE_BYTES
+                while data[cut] & 0xC0 == 0x80:  # not in the middle of a character
+                    cut -= 1
+                line = data[last:cut]
+                self.cut_lines.append(number)
                 if self._line.search(line) is not None:
                     yield number, line
                 number += 1
-                pos = stop + 1
+                pos = end
+                continue
+            yield from self._chunk(data, pos, end, size, number, cancelled)
+            number += data.count(b"\n", pos, end)
+            pos = end
+
+    def _chunk(
+        self, data: bytes, pos: int, end: int, size: int, number: int, cancelled: threading.Event
+    ) -> Iterator[tuple[int, bytes]]:
+        """The matching lines of ``data[pos:end]`` (whole lines), the first of them numbered ``number``."""
+        if self._scan is None:
+            lines = data[pos:end].split(b"\n")
+            if data.endswith(b"\n", pos, end):
+                lines.pop()  # the nothing after the chunk's last newline
+            for line in lines:
+                if self._line.search(line) is not None:
+                    yield number, line
+                number += 1
+            return
+        while pos < end and not cancelled.is_set():
+            hit = self._scan.search(data, pos, end)
+            if hit is None or hit.start() >= size:  # (an empty match after the last newline: no line)
+                return
+            start = max(pos, data.rfind(b"\n", pos, hit.start()) + 1)
+            stop = data.find(b"\n", hit.start(), end)
+            stop = end if stop < 0 else stop
+            number += data.count(b"\n", pos, start)
+            line = data[start:stop]
+            if self._line.search(line) is not None:
+                yield number, line
+            number += 1
+            pos = stop + 1
 
 
 @tool(name="shell", timeout=SHELL_EXECUTOR_TIMEOUT)

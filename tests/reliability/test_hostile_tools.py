@@ -22,7 +22,7 @@ from runtime import Runtime
 from runtime.config import Config
 from runtime.messages import ToolCallPart
 from runtime.provider.script import ToolCallSpec, Turn
-from runtime.tools.builtin import builtin_registry
+from runtime.tools.builtin import GREP_LONG_LINE_BYTES, builtin_registry
 from runtime.tools.executor import ToolExecutor, ToolRunResult
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry
 from runtime.tools.workspace import Workspace
@@ -126,6 +126,49 @@ def test_a_long_grep_ends_at_its_timeout_and_stops_working(
     while workers() > 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert workers() == 2, "the abandoned grep is still running"
+
+
+def test_a_grep_of_one_huge_line_stops_at_its_timeout(
+    executor: ToolExecutor, ctx: ToolContext, tmp_path: Path
+) -> None:
+    """One 8 MB line, a pattern RE2 cannot run as a DFA: the line was searched in one RE2 call, which nothing
+    interrupts (seconds of work after the timeout); now no call runs over more than GREP_LONG_LINE_BYTES."""
+    root = ctx.require_workspace().root
+    table = bytes.maketrans(bytes(range(256)), b"ab" * 128)
+    (root / "minified.js").write_bytes(os.urandom(8 * 1024 * 1024).translate(table) + b"\n")
+    handle = executor.run(
+        [call("grep", '{"pattern": "a\\\\w{40}\\\\d"}')],
+        builtin_registry(),
+        lambda _call: ctx,
+        timeout=0.3,
+        spill_dir=tmp_path / "spill",
+    )
+    [result] = handle.wait(10)  # searched in its first part: done, or timed out and stopping
+
+    def workers() -> int:  # the pool's two, plus an abandoned one until it returns
+        return sum(1 for t in threading.enumerate() if re.fullmatch(r"hostile-tool-\d+", t.name))
+
+    deadline = time.monotonic() + 3.0
+    while workers() > 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert workers() == 2, "the abandoned grep is still in one RE2 call over the whole line"
+    assert result.is_error or "searched in their first" in result.message.text
+
+
+def test_grep_searches_a_huge_line_in_its_first_part_and_says_so(ctx: ToolContext) -> None:
+    root = ctx.require_workspace().root
+    long = "x" * (GREP_LONG_LINE_BYTES // 2) + " early " + "é" * GREP_LONG_LINE_BYTES + " late\n"
+    (root / "big.txt").write_text("first\n" + long + "last early\n")
+    found = run("grep", ctx, pattern="early")
+    kb = GREP_LONG_LINE_BYTES // 1024
+    assert found.splitlines()[0].startswith("big.txt:2: xxx")
+    assert found.splitlines()[1] == "big.txt:3: last early"
+    assert found.splitlines()[2] == (
+        f"[1 line(s) longer than {kb} KB searched in their first {kb} KB only: big.txt:2; "
+        "read_file shows them in parts]"
+    )
+    missed = run("grep", ctx, pattern="late$")
+    assert missed.startswith("No matches") and "big.txt:2" in missed
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,28 @@ def test_blocking_iterator_get_timeout_and_close() -> None:
     assert waiting.closed
 
 
+def test_flush_from_the_thread_reading_an_iterator_returns_at_once() -> None:
+    """The reader cannot catch up while it waits in flush(): it returned only at its timeout (False, after
+    every second of it; with no timeout, never). Called from another thread it still waits for the reader."""
+    bus = EventBus()
+    sub = bus.subscribe("a")
+    for _ in range(3):
+        bus.publish(delta("a"))
+    first = next(iter(sub))
+    began = time.monotonic()
+    assert sub.flush(timeout=5)
+    assert time.monotonic() - began < 1
+    assert [e.seq for e in sub.drain()] == [2, 3] and first.seq == 1  # nothing was taken from the queue
+    bus.publish(delta("a"))
+    waited: list[bool] = []
+    other = threading.Thread(target=lambda: waited.append(sub.flush(timeout=0.05)))
+    other.start()
+    other.join(WAIT)
+    assert waited == [False]  # another thread: the reader has not read its event yet
+    assert sub.get(timeout=0) is not None and sub.flush(timeout=0)
+    sub.close()
+
+
 def test_async_iterator_waits_without_blocking_the_loop() -> None:
     bus = EventBus()
     sub = bus.subscribe("a")
