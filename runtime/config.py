@@ -216,6 +216,10 @@ class ServerConfig(_Section, frozen=True, forbid_unknown_fields=True):
     metrics_public: bool = False  # GET /metrics without the bearer token (a scraper on a trusted network)
 
     allow_mcp_commands: bool = False  # a client's session may start stdio MCP servers (commands) only if set
+    # On SIGTERM/SIGINT `serve` takes no new turns (503), waits this long for the running ones, then aborts
+    # what is left (runtime/apps/drain.py). Under a platform's grace period (30 s on Kubernetes by default).
+    drain_timeout: Seconds = 25.0
+    log_format: Literal["text", "json"] = "text"  # `serve`'s log on stderr; json: one object a line
     # The MCP server URLs a client's session may name (runtime.outbound.match_url): URLs (same scheme, host and
     # port, a path under the entry's), or "*" for any URL at a public address. Empty: none. A host named here
     # is reached whatever its addresses; otherwise loopback, private and link-local addresses are refused.

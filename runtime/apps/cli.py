@@ -65,6 +65,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         shards=args.shards,
         ray_address=args.ray_address,
         local=args.local,
+        drain_timeout=args.drain_timeout,
+        log_format=args.log_format,
     )
 
 
@@ -231,6 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
         "name no api_base against it: try the server and its dashboard with one command",
     )
     serve.add_argument("--dir", default=None, help="sessions directory (default ~/.agentcell/sessions)")
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        help="on SIGTERM/SIGINT: seconds running turns get to finish before they are aborted (default 25)",
+    )
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), default=None, help="stderr log: text (default) or json"
+    )
     serve.add_argument("--config", default=None, help="TOML config file")
     serve.add_argument(
         "--shards",

@@ -41,6 +41,10 @@ their own (:mod:`runtime.apps.tenant_gate`: each sees only what it created; quot
     *      /v1/responses, /v1/conversations  the OpenAI Responses API (runtime/apps/responses), on a local
                                          Runtime; errors under /v1/ in the API's shape
     GET    /                             the live dashboard (runtime/apps/dashboard): its files need no token
+    GET    /healthz, /readyz             alive; ready to take turns (503 while draining): no token needed
+
+On SIGTERM or SIGINT ``agentcell serve`` drains (runtime/apps/drain.py): new turns get 503 with
+``Retry-After``, running ones get ``server.drain_timeout`` to finish, then the rest are aborted; exit 0.
 
 A stored session that this server does not host yet is resumed on first use. Each SSE event carries
 ``event: <type>``, ``data: <the event as JSON>`` and an ``id`` that is a cursor: ``session:seq`` for
@@ -58,6 +62,7 @@ import contextlib
 import hmac
 import logging
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -69,9 +74,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 
 from runtime import events as ev
-from runtime.apps import LOCAL_API_KEY, LOCAL_MODEL
+from runtime.apps import LOCAL_API_KEY, LOCAL_MODEL, serve_log
 from runtime.apps.connections import guarded_protocol
 from runtime.apps.dashboard import DashboardFiles, SessionBoard
+from runtime.apps.drain import Drain, DrainGate
 from runtime.config import AgentProfile, Config, ConfigError, McpServerConfig, ServerConfig
 from runtime.errors import AgentcellError
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
@@ -416,11 +422,14 @@ def create_app(
     policy: ServerPolicy | None = None,
     max_body_bytes: int | None = None,
     metrics_public: bool | None = None,
+    drain: Drain | None = None,
 ) -> Any:
     """The Starlette application serving ``runtime`` (a ``Runtime`` or a ``ClusterRuntime``); every route
     requires ``token`` (``/metrics`` too, unless ``metrics_public``).
 
-    ``stopping`` tells open event streams to end (the server is shutting down). ``policy``,
+    ``stopping`` tells open event streams to end (the server is shutting down); with ``drain``, the
+    application answers ``/healthz`` and ``/readyz`` and refuses new turns while draining
+    (:mod:`runtime.apps.drain`). ``policy``,
     ``max_body_bytes`` and ``metrics_public`` default to the runtime's ``server.*`` settings.
     """
     from starlette.applications import Starlette
@@ -717,8 +726,10 @@ def create_app(
         gate = TenantGate(
             _BodyLimit(app, limit), tenants, runtime, public=public, error_body=_error_body, limit=limit
         )
-        return DashboardFiles(gate)
-    return DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
+        served_app = DashboardFiles(gate)
+    else:
+        served_app = DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
+    return served_app if drain is None else DrainGate(served_app, drain, _error_body)
 
 
 class _BearerAuth:
@@ -895,6 +906,7 @@ class ApiServer:
             raise
         self.port: int = self._sock.getsockname()[1]
         limits = runtime.config.server
+        self.drain = Drain(runtime)
         config = uvicorn.Config(
             create_app(
                 runtime,
@@ -903,6 +915,7 @@ class ApiServer:
                 policy=policy,
                 max_body_bytes=max_body_bytes,
                 metrics_public=metrics_public,
+                drain=self.drain,
             ),
             log_config=None,
             log_level="warning",
@@ -942,6 +955,30 @@ class ApiServer:
         """Serve in this thread until interrupted."""
         self._server.run(sockets=[self._sock])
 
+    def run_until_signalled(self, drain_timeout: float, on_ready: Callable[[], object] | None = None) -> None:
+        """Serve (from a thread) until SIGTERM or SIGINT, then drain (:meth:`Drain.finish`: no new turns,
+        running ones given ``drain_timeout`` seconds, a second signal cuts that short) and stop.
+        ``on_ready`` runs once the signals are caught and connections accepted."""
+        signalled = threading.Event()
+        hurry = threading.Event()
+
+        def on_signal(signum: int, _frame: object) -> None:
+            (hurry if signalled.is_set() else signalled).set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            if on_ready is not None:
+                on_ready()
+            while not signalled.wait(0.5):
+                if self._thread is None or not self._thread.is_alive():
+                    return  # uvicorn stopped on its own
+            self.drain.finish(drain_timeout, hurry=hurry)
+        finally:
+            self.stop()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving (open event streams end) and wait for the server thread."""
         self._server.should_exit = True
@@ -950,6 +987,7 @@ class ApiServer:
             self._thread = None
         with contextlib.suppress(OSError):
             self._sock.close()
+        self.drain.close()
 
     def __enter__(self) -> ApiServer:
         return self.start()
@@ -974,8 +1012,11 @@ def run_server(
     shards: int | None = None,
     ray_address: str | None = None,
     local: bool = False,
+    drain_timeout: float | None = None,
+    log_format: str | None = None,
 ) -> int:
-    """The ``serve`` command: serve until interrupted; returns the exit status.
+    """The ``serve`` command: serve until SIGTERM or SIGINT, then drain (:mod:`runtime.apps.drain`);
+    returns the exit status.
 
     ``local`` starts the built-in local provider (offline, scripted replies) beside the server: new
     sessions default to its model, and a session that names no ``api_base`` runs against it.
@@ -1004,6 +1045,10 @@ def run_server(
         overrides["server.metrics_public"] = metrics_public
     if local:
         overrides["agent.model"] = LOCAL_MODEL
+    if drain_timeout is not None:
+        overrides["server.drain_timeout"] = drain_timeout
+    if log_format is not None:
+        overrides["server.log_format"] = log_format
     try:
         cfg = load_config(config_path).with_overrides(overrides)
         policy = ServerPolicy.from_config(cfg.server)
@@ -1011,9 +1056,18 @@ def run_server(
     except (ConfigError, ValueError) as exc:
         print(f"agentcell serve: {exc}", file=sys.stderr)
         return 2
+    serve_log.configure(cfg.server.log_format)
+    json_log = cfg.server.log_format == "json"
+
+    def say(message: str) -> None:
+        if json_log:
+            log.info("%s", message)
+        else:
+            print(f"agentcell serve: {message}", file=sys.stderr, flush=True)
+
     if not token:
         token = secrets.token_urlsafe(24)
-        print(f"agentcell serve: generated bearer token: {token}", file=sys.stderr, flush=True)
+        say(f"generated bearer token: {token}")
     bind_host = host or cfg.server.host
     with contextlib.ExitStack() as stack:
         if local:
@@ -1021,13 +1075,11 @@ def run_server(
 
             provider = stack.enter_context(LocalProvider())
             policy = msgspec.structs.replace(policy, local_provider=provider.url)
-            print(
-                f"agentcell serve: the built-in local provider at {provider.url} answers sessions that name "
-                f"no api_base (model {LOCAL_MODEL} by default; its replies are scripted, offline, no key)",
-                file=sys.stderr,
-                flush=True,
+            say(
+                f"the built-in local provider at {provider.url} answers sessions that name "
+                f"no api_base (model {LOCAL_MODEL} by default; its replies are scripted, offline, no key)"
             )
-        return _serve(cfg, policy, token, bind_host, port, shards, ray_address)
+        return _serve(cfg, policy, token, bind_host, port, shards, ray_address, say)
 
 
 def _serve(
@@ -1038,6 +1090,7 @@ def _serve(
     port: int | None,
     shards: int | None,
     ray_address: str | None,
+    say: Callable[[str], None],
 ) -> int:
     try:
         host_runtime = _host_runtime(cfg, shards, ray_address)
@@ -1061,17 +1114,14 @@ def _serve(
         where = f"workspaces under {policy.workspace_root}" if policy.workspace_root else "no workspaces"
         if shards is not None or ray_address is not None:
             where += f"; {len(getattr(rt, 'shards', ()))} shards on Ray"
-        print(
-            f"agentcell serve: listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
+        banner = (
+            f"listening on {server.url} (sessions in {rt.sessions_path}; {where}; "
             f"shell {'allowed' if policy.allow_shell else 'off'}; "
             f"api_base {'allowed' if policy.allow_api_base else 'only with its own api_key'}; "
             f"MCP commands {'allowed' if policy.allow_mcp_commands else 'off'}; "
-            f"/metrics {'public' if cfg.server.metrics_public else 'with the token'})",
-            file=sys.stderr,
-            flush=True,
+            f"/metrics {'public' if cfg.server.metrics_public else 'with the token'})"
         )
-        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
-            server.run()
+        server.run_until_signalled(cfg.server.drain_timeout, on_ready=lambda: say(banner))
     return 0
 
 

@@ -39,6 +39,7 @@ DURATIONS = [
     "server.header_timeout",
     "server.body_timeout",
     "server.keep_alive_timeout",
+    "server.drain_timeout",
 ]
 
 
