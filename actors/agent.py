@@ -480,6 +480,15 @@ class Agent(SessionActor):
             if self.run is not run:
                 return
             if isinstance(value, CallFailed):
+                cause = value.__cause__
+                if isinstance(cause, OSError):  # the store could not write the log (a full disk, say)
+                    self._finish(
+                        "error",
+                        f"persistence_failed: the session's log could not be written ({cause}); the turn "
+                        "ends here, and what was acknowledged before is kept",
+                        code="persistence_failed",
+                    )
+                    return
                 self._finish("error", f"session actor unavailable: {value}", code="internal")
                 return
             step(value)

@@ -33,6 +33,7 @@ from actors.protocol import (
     TurnOptions,
 )
 from actors.session import ParkedSession, Session
+from runtime import _delivery
 from runtime import events as ev
 from runtime._hosting import Hosting, workspace_of
 from runtime._machinery import Machinery
@@ -84,6 +85,7 @@ class Runtime(RuntimeAPI):
         self._lock = threading.RLock()
         self._hosting = Hosting(self)  # the sessions hosted (replaced by each start) and what they share
         self._started = False
+        self._writes = _delivery.WriteHealth()  # sessions whose log could not be written, and why
         self.cpus: frozenset[int] | None = None
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
         self._tracer_provider = tracer_provider
@@ -107,6 +109,7 @@ class Runtime(RuntimeAPI):
                 raise
             self.sessions_path, self.services, self.root = m.sessions_path, m.services, m.root
             self.dispatcher, self.bus, self.io = m.dispatcher, m.bus, m.io
+            self.bus.add_sink(self._writes)  # sessions whose log cannot be written refuse new prompts
             self._hosting.attach(m)
             self.cpus = self._placement.cpus
             self._started = True
@@ -398,8 +401,9 @@ class Runtime(RuntimeAPI):
             raise ValueError("prompt text must not be empty (or send an image)")
         _require_unicode(text, "prompt text")
         session = self._session(session_id)
+        self._writes.check(session_id, len(text))
         handle = PromptHandle(prompt_id or new_id())
-        session.tell(Prompt(user(text, *images), handle, steer=steer))
+        _delivery.tell(session, Prompt(user(text, *images), handle, steer=steer), self._writes)
         return handle
 
     def send(
@@ -412,9 +416,10 @@ class Runtime(RuntimeAPI):
     ) -> PromptHandle:
         check_sendable(messages, options)
         session = self._session(session_id)
+        self._writes.check(session_id, sum(len(m.text) for m in messages))
         handle = PromptHandle(prompt_id or new_id())
         *lead, last = messages
-        session.tell(Prompt(last, handle, lead=tuple(lead), options=options))
+        _delivery.tell(session, Prompt(last, handle, lead=tuple(lead), options=options), self._writes)
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
@@ -423,7 +428,7 @@ class Runtime(RuntimeAPI):
         if not session.running:
             handle.set_result(False)
             return handle
-        session.tell(Abort(handle))
+        _delivery.tell(session, Abort(handle), self._writes)
         return handle
 
     def compact(
@@ -433,13 +438,15 @@ class Runtime(RuntimeAPI):
             raise ValueError("keep_recent_tokens must be >= 0")
         session = self._session(session_id)
         handle: Handle[CompactionResult] = Handle(new_id())
-        session.tell(
+        _delivery.tell(
+            session,
             Compact(
                 trigger="manual",
                 keep_recent_tokens=keep_recent_tokens,
                 instructions=instructions,
                 handle=handle,
-            )
+            ),
+            self._writes,
         )
         return handle
 
@@ -451,7 +458,7 @@ class Runtime(RuntimeAPI):
 
     # -- queries --------------------------------------------------------------------------------------
     def context_stats(self, session_id: str, timeout: float = 30.0) -> ContextStats:
-        return self._session(session_id).ask(GetContextStats(), timeout)
+        return _delivery.ask(self._session(session_id), GetContextStats(), timeout, self._writes)
 
     async def acontext_stats(self, session_id: str) -> ContextStats:
         return await asyncio.to_thread(self.context_stats, session_id)
@@ -459,10 +466,10 @@ class Runtime(RuntimeAPI):
     def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
         session = self._session(session_id)
         if view == "model":
-            return list(session.ask(GetContext(), timeout).messages)
+            return list(_delivery.ask(session, GetContext(), timeout, self._writes).messages)
         if view != "user":
             raise ValueError("view must be 'user' or 'model'")
-        return list(session.ask(GetMessages(), timeout).messages)
+        return list(_delivery.ask(session, GetMessages(), timeout, self._writes).messages)
 
     async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
         return await asyncio.to_thread(self.messages, session_id, view=view)
@@ -470,7 +477,7 @@ class Runtime(RuntimeAPI):
     def usage(
         self, session_id: str, timeout: float = 30.0, *, include_children: bool = False
     ) -> Usage | UsageReport:
-        own = self._session(session_id).ask(GetTotals(), timeout)
+        own = _delivery.ask(self._session(session_id), GetTotals(), timeout, self._writes)
         if not include_children:
             return own
         children = {}
@@ -492,7 +499,8 @@ class Runtime(RuntimeAPI):
         counter = self._hosting.counter(
             model, spec.config, spec.api_base
         )  # the new model's tokenizer, loaded here
-        session.tell(SetModel(model, window, counter))  # the session hands it to each of its actors
+        # the session hands it to each of its actors
+        _delivery.tell(session, SetModel(model, window, counter), self._writes)
         self.bus.publish(ev.ModelChanged(session_id=session_id, model=model, context_window=window))
         return window
 
@@ -500,7 +508,7 @@ class Runtime(RuntimeAPI):
         return await asyncio.to_thread(self.set_model, session_id, model)
 
     def branch(self, session_id: str, leaf_id: str | None, timeout: float = 30.0) -> None:
-        stored = self._session(session_id).ask(Branch(leaf_id), timeout)
+        stored = _delivery.ask(self._session(session_id), Branch(leaf_id), timeout, self._writes)
         if stored.error is not None:
             raise OSError(f"could not record the branch: {stored.error}")
         self.bus.publish(ev.Branched(session_id=session_id, leaf_id=leaf_id))
