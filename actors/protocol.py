@@ -27,7 +27,7 @@ import msgspec
 
 from runtime.context.estimate import ContextStats
 from runtime.events import CompactionMode, CompactionTrigger
-from runtime.handles import CompactionResult, Handle, PromptHandle
+from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.messages import Message, Usage
 from runtime.store.entries import CompactionEntry, Entry
 from runtime.store.tree import SessionTree
@@ -152,11 +152,26 @@ class Prompt(msgspec.Struct, frozen=True):
         """Everything the prompt records, in order."""
         return (*self.lead, self.message) if self.lead else (self.message,)
 
+    def undelivered(self, why: str) -> None:
+        """The agent stopped (e.g. restarted after a failure) before it took this prompt up: say so."""
+        self.handle.set_result(
+            TurnResult(
+                prompt_id=self.handle.id,
+                status="error",
+                error=f"the prompt was never run: the session's agent was restarted first ({why}); send it again",
+            )
+        )
+
 
 class Abort(msgspec.Struct, frozen=True):
     """Stop the running turn; ``handle`` resolves to whether one was running."""
 
     handle: Handle[bool] | None = None
+
+    def undelivered(self, why: str) -> None:
+        """The agent stopped before it took this abort up: no turn of it is running any more."""
+        if self.handle is not None:
+            self.handle.set_result(False)
 
 
 class AgentStatus(msgspec.Struct, frozen=True):
@@ -418,6 +433,11 @@ class Compact(Ask[Outcome], frozen=True):
     keep_recent_tokens: int | None = None
     instructions: str | None = None
     handle: Handle[CompactionResult] | None = None
+
+    def undelivered(self, why: str) -> None:
+        """The compactor stopped before it took this compaction up: it did nothing."""
+        if self.handle is not None:
+            self.handle.set_result(CompactionResult(compacted=False, reason=f"not run: {why}; ask again"))
 
 
 class MaybeArchiveTools(Ask[ContextView | None], frozen=True):

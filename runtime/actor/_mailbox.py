@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from runtime.actor._dispatcher import Dispatcher
     from runtime.actor._monitor import ActorExit, Monitor
     from runtime.actor._stop_flag import StopFlag
+
+logger = logging.getLogger("agentcell.actor")
 
 __all__ = ["Mailbox"]
 
@@ -195,6 +198,14 @@ class Mailbox:
         if envelope.reply_to is None:
             if why == "not found":
                 raise ActorDeadError(f"{name} not found")
+            # A told message that carries its own answer (a prompt's handle) is told it was never handled:
+            # nobody else would resolve that answer.
+            undelivered = getattr(envelope.message, "undelivered", None)
+            if callable(undelivered):
+                try:
+                    undelivered(f"{name} {why}")
+                except Exception:
+                    logger.exception("undelivered() of %r raised", type(envelope.message).__name__)
             return
         if isinstance(envelope.message, ActorStop):
             try:

@@ -916,3 +916,35 @@ def test_the_package_exports_its_public_names() -> None:
 
     public = {name for name in vars(package) if not name.startswith("_")}
     assert sorted(package.__all__) == sorted(public)
+
+
+def test_a_told_message_carrying_its_answer_is_told_when_its_actor_stops_before_handling_it(
+    dispatcher: Dispatcher,
+) -> None:
+    """Mail left in the inbox of an actor that stops (a crash, a restart) is dropped, and a told message has
+    nobody to hear of it: a prompt's handle never resolved. A message with ``undelivered`` is told why."""
+    gate = threading.Event()
+
+    class Carrier:
+        def __init__(self) -> None:
+            self.why: str | None = None
+            self.told = threading.Event()
+
+        def undelivered(self, why: str) -> None:
+            self.why = why
+            self.told.set()
+
+    class Crashing(PooledActor):
+        def on_receive(self, message: Any) -> Any:
+            if message == "crash":
+                gate.wait(WAIT)
+                raise RuntimeError("boom")
+            return None
+
+    ref = Crashing.start(dispatcher=dispatcher)
+    ref.tell("crash")
+    carrier = Carrier()
+    ref.tell(carrier)  # queued behind the crash
+    gate.set()
+    assert carrier.told.wait(WAIT), "the carried answer was dropped with the mail"
+    assert carrier.why is not None and "stopped before handling the message" in carrier.why

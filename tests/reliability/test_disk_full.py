@@ -192,3 +192,22 @@ def test_no_pykka_exception_reaches_a_caller_while_actors_restart(
     monkeypatch.setattr(Session, "ask", slow)
     with pytest.raises(TimeoutError, match="did not answer"):
         rt.usage(sid)
+
+
+def test_a_prompt_left_in_a_stopped_agents_inbox_resolves_its_handle() -> None:
+    """What the mailbox tells a prompt it dropped (runtime/actor/_mailbox.py): its handle resolves, with why
+    (before, such a handle never resolved: the issue's 60 s timeout)."""
+    from actors.protocol import Abort, Compact, Prompt
+    from runtime.handles import CompactionResult, Handle, PromptHandle
+    from runtime.messages import user
+
+    handle = PromptHandle("p1")
+    Prompt(user("hello"), handle).undelivered("Agent stopped before handling the message")
+    result = handle.result(timeout=0)
+    assert result.status == "error" and result.error is not None and "send it again" in result.error
+    aborted: Handle[bool] = Handle("a1")
+    Abort(aborted).undelivered("stopped")
+    assert aborted.result(timeout=0) is False
+    compacted: Handle[CompactionResult] = Handle("c1")
+    Compact(handle=compacted).undelivered("stopped")
+    assert not compacted.result(timeout=0).compacted
