@@ -724,18 +724,28 @@ class Agent(SessionActor):
         if message.usage is not None:
             run.usage = run.usage + message.usage
             self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
-        self.refs.usage.tell(p.RecordResponse(message=message, estimated_input=run.estimated_tokens))
+        # The usage tracker and the store both answer before the run goes on: the usage_update of this
+        # response is published before the turn's end (subscribers see agent_end last), and the append is
+        # written. They work meanwhile, each on its own.
+        waiting = [2]
+
+        def answered(_: object) -> None:
+            waiting[0] -= 1
+            if not waiting[0]:
+                self._after_response(message)
+
+        self.call(
+            self.refs.usage,
+            p.RecordResponse(message=message, estimated_input=run.estimated_tokens),
+            self._guard(run, answered),
+        )
         if message.usage is not None:  # a silent overflow is told back (UsageOverflowed); "no" is not
             self.refs.overflow.tell(
                 p.CheckUsage(input_tokens=message.usage.input_tokens, notify=self.actor_ref)
             )
         # A final answer ends the run: its append also makes the log durable (no SyncTurn after it).
         run.synced = not message.tool_calls
-        self.call(
-            self.refs.store,
-            p.Append((message,), end_turn=run.synced),
-            self._guard(run, lambda _: self._after_response(message)),
-        )
+        self.call(self.refs.store, p.Append((message,), end_turn=run.synced), self._guard(run, answered))
 
     def _after_response(self, message: Message) -> None:
         run = self.run

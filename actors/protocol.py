@@ -329,9 +329,10 @@ class GetTree(Ask[SessionTree], frozen=True):
 # -- the usage tracker ------------------------------------------------------------------------------------
 
 
-class RecordResponse(msgspec.Struct, frozen=True):
+class RecordResponse(Ask[None], frozen=True):
     """A provider response arrived. ``estimated_input`` is the estimate made before the call (for
-    calibration); None or 0 when there was none."""
+    calibration); None or 0 when there was none. Answered once its ``usage_update`` is published (the agent
+    ends the turn only then: the turn's last event is its ``agent_end``)."""
 
     message: Message
     estimated_input: int | None = None
