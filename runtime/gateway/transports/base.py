@@ -3,8 +3,9 @@
 The gateway owns everything around an attempt (the route, retries with backoff, cancellation, stall
 watch, delivering the result); a transport makes one attempt and either returns the assistant message
 (with its usage) or raises. It reports each streamed piece through ``call.on_delta``, the response's
-headers through ``call.response_started()`` and each piece of data through ``call.activity()``, and maps its own
-failures into the shared error kinds in :meth:`Transport.classify` (the same classifier on every transport). A new transport is one module here.
+headers through ``call.response_started()`` and each piece of data through ``call.activity()``, and maps
+its own failures into the shared error kinds in :meth:`Transport.classify` (the same classifier on every
+transport). A new transport is one module here.
 """
 
 from __future__ import annotations

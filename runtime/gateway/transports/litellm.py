@@ -120,7 +120,7 @@ class LitellmTransport(Transport):
             litellm = await asyncio.get_running_loop().run_in_executor(None, load_litellm)
         request = call.request
         response = await litellm.acompletion(**build_call_kwargs(request))
-        call.response_started()  # streamed: the headers (the SDK skips keep-alive comments); else the whole answer
+        call.response_started()  # streamed: its headers (the SDK skips keep-alives); else the whole answer
         if (headers := _response_headers(response)) is not None:
             call.received_headers(headers)
         model = request.model
