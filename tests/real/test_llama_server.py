@@ -261,26 +261,34 @@ def test_sessions_share_the_servers_four_slots(
 
 
 def test_the_responses_front_door_on_a_real_model(
-    real_rt: Any, llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, llama_server: LlamaServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``/v1/responses`` of ``agentcell serve`` (in process, over real HTTP) driven by the official openai
-    SDK, with llama.cpp behind it: a response, a continuation by previous_response_id, and a stream."""
+    SDK, with llama.cpp behind it (named by OPENAI_BASE_URL, as an operator would): a response, a
+    continuation by previous_response_id, and a stream. Answers are bounded by the server's own
+    ``agent.max_output_tokens`` (the Responses API's ``max_output_tokens`` is not honoured): one cut short
+    ends ``incomplete``, which is the front door's faithful answer, not a failure."""
     import openai
 
+    from runtime import Runtime
     from runtime.apps.server import ApiServer
+    from runtime.config import Config
 
     monkeypatch.setenv("OPENAI_BASE_URL", llama_server.url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-none")
     token = "real-token"
+    done = ("completed", "incomplete")
+    config = Config().with_overrides(SHORT)
     with (
-        ApiServer(real_rt, token) as server,
+        Runtime(config, sessions_dir=tmp_path / "sessions") as rt,
+        ApiServer(rt, token) as server,
         openai.OpenAI(base_url=f"{server.url}/v1", api_key=token, max_retries=0, timeout=900) as client,
     ):
         first = client.responses.create(model=MODEL, input="Name a colour.", instructions=SYSTEM)
-        assert first.status == "completed" and first.output_text.strip()
+        assert first.status in done and first.output_text.strip()
         assert first.usage is not None and first.usage.input_tokens > 0 and first.usage.output_tokens > 0
         second = client.responses.create(model=MODEL, input="And another one?", previous_response_id=first.id)
-        assert second.status == "completed" and second.previous_response_id == first.id
+        assert second.status in done and second.previous_response_id == first.id
         kinds: list[str] = []
         text = []
         with client.responses.stream(model=MODEL, input="Count to five.") as stream:
@@ -289,5 +297,5 @@ def test_the_responses_front_door_on_a_real_model(
                 if event.type == "response.output_text.delta":
                     text.append(event.delta)
             final = stream.get_final_response()
-        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
         assert "".join(text) == final.output_text and final.output_text.strip()
