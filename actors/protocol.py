@@ -215,11 +215,23 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
-    """What a user sees of the session: the whole path, overlays applied, summaries as markers."""
+    """What a user sees of the session: the path, overlays applied, summaries as markers.
+
+    ``messages`` is the part the store keeps in memory (design §2.2); the ``before`` messages of the path
+    that come first are in the log, read back by :mod:`runtime.store.history`. ``history`` names the
+    store's history: pages read back under one name stay valid while it is the same.
+    """
 
     session_id: str
     leaf_id: str | None
     messages: tuple[Message, ...]
+    before: int = 0
+    history: str = ""
+
+    @property
+    def total(self) -> int:
+        """Messages of the whole path."""
+        return self.before + len(self.messages)
 
 
 class Stored(msgspec.Struct, frozen=True):

@@ -21,6 +21,14 @@ memory is ahead of the disk, and the restart rebuilds it from what was really wr
 
 Queries (:class:`GetContext`, :class:`GetMessages`, :class:`GetTree`) reflect every command received so
 far, acknowledged or not. Answers reach ``reply_to`` when given, and are the ``ask`` result otherwise.
+
+Memory bounded by the context (design §2.2): after each compaction, and after replaying a log, the store
+trims its tree to the model's view, so a session busy all day keeps what its context holds, not its
+history. A command that needs a dropped node (a branch to an old message, :class:`GetTree`, an id that may
+be a duplicate of a dropped one) makes the store read its log back on the writer thread — commands that
+arrive meanwhile wait, in order — handle it on the whole tree, and trim again. :class:`GetMessages`
+answers the part in memory and how many messages come before it; the caller reads those from the log
+(:mod:`runtime.store.history`).
 """
 
 from __future__ import annotations
@@ -56,11 +64,11 @@ from runtime.actor import PooledActor
 from runtime.actor._pykka import ActorStop
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.ids import validate_session_id
-from runtime.messages import Message
+from runtime.messages import Message, new_id
 from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay
 from runtime.store.sessions import SessionDirectory, SessionLock
-from runtime.store.tree import TURN_ENDED_KEY, SessionTree
+from runtime.store.tree import TURN_ENDED_KEY, NeedsHistory, SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
 log = logging.getLogger("agentcell.store")
@@ -131,6 +139,13 @@ class _OpenAgain(msgspec.Struct, frozen=True):
     pass
 
 
+class _Reread(msgspec.Struct, frozen=True):
+    """The log read back on the writer thread (every write queued before it done): the whole tree again."""
+
+    entries: list[Entry]
+    error: Exception | None = None
+
+
 class StoreWriteError(StoreError, RuntimeError):
     """The store stopped because its log could not be written; it restarts from what is on disk."""
 
@@ -171,6 +186,8 @@ class SessionStore(PooledActor):
         self._lock: SessionLock | None = None
         self._opening: _Opening | None = None  # set from on_start until the log is read
         self._unwritten: Header | None = None  # a new session's header, until its first write
+        self._rereading = False  # the log is being read back for a command that needs the whole tree
+        self._history = new_id()  # names this tree's history; a new one when the log is read back
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -258,6 +275,7 @@ class SessionStore(PooledActor):
             self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
         if entries:
             self._tree = replay(path, entries)
+            self._tree.trim()
             return
         # No log, or one that died before its header was written: a new session.
         if self._header is None:
@@ -296,7 +314,7 @@ class SessionStore(PooledActor):
 
     def _handle_receive(self, message: Any) -> Any:
         # pykka's own messages (proxy calls and attribute reads) wait for the opening too; a stop does not
-        if self._opening is not None and not isinstance(message, ActorStop):
+        if (self._opening is not None or self._rereading) and not isinstance(message, ActorStop):
             self.stash(message)
             return None
         return super()._handle_receive(message)
@@ -313,6 +331,20 @@ class SessionStore(PooledActor):
                 case _:
                     self.stash(message)
             return None
+        if self._rereading:
+            if isinstance(message, _Reread):
+                self._reread(message)
+            else:
+                self.stash(message)
+            return None
+        try:
+            return self._handle(message)
+        except NeedsHistory:  # the tree is unchanged: read the whole of it back, then handle this again
+            self.stash(message)
+            self._read_back()
+            return None
+
+    def _handle(self, message: Any) -> Any:
         tree = self._tree
         match message:
             case GetContext(reply_to=reply_to):
@@ -341,6 +373,7 @@ class SessionStore(PooledActor):
                     artifacts=message.artifacts,
                 )
                 self._write((entry,), message.reply_to)
+                tree.trim()  # what the compaction summarized is in the log: memory follows the context
             case Overlay(replacements=replacements, reply_to=reply_to):
                 self._write((tree.overlay(replacements),), reply_to)
             case SetVisibility(message_ids=ids, reply_to=reply_to):
@@ -356,7 +389,11 @@ class SessionStore(PooledActor):
                 self._write((tree.set_metadata("model", model),), None)
             case GetMessages(reply_to=reply_to):
                 view = MessagesView(
-                    session_id=self.session_id, leaf_id=tree.leaf_id, messages=tuple(tree.messages())
+                    session_id=self.session_id,
+                    leaf_id=tree.leaf_id,
+                    messages=tuple(tree.messages()),
+                    before=tree.messages_before,
+                    history=self._history,
                 )
                 return self._answer(reply_to, view)
             case GetTree(reply_to=reply_to):
@@ -366,6 +403,36 @@ class SessionStore(PooledActor):
             case _:
                 return super().on_receive(message)
         return None  # writes are answered once the writer confirms them (see the module docstring)
+
+    def _read_back(self) -> None:
+        """Read the log back on the writer thread (after every write queued for it) to rebuild the whole
+        tree; messages wait, in order, until :class:`_Reread` arrives."""
+        self._rereading = True
+        me = self.actor_ref
+        found: list[Entry] = []
+
+        def read(path: str) -> None:  # on the writer thread
+            found.extend(read_log(path, repair=False)[0])
+
+        def told(error: Exception | None) -> None:
+            try:
+                me.tell(_Reread(found, error))
+            except pykka.ActorDeadError:
+                pass
+
+        self.writer.call(self._log.path, read, told)
+
+    def _reread(self, message: _Reread) -> None:
+        self._rereading = False
+        if message.error is not None:
+            raise StoreError(f"cannot read the log {self._log.path} back: {message.error}") from message.error
+        self._tree = replay(self._log.path, message.entries)
+        self._history = new_id()  # a branch may change the path: pages read before are another history
+        try:
+            self.unstash_all()  # the command that needed the whole tree first, then what waited
+        finally:
+            if not self._rereading:
+                self._tree.trim()
 
     # -- plain methods (usable through a proxy) ---------------------------------------------------------
 
@@ -476,11 +543,11 @@ class SessionStore(PooledActor):
 def _check_appendable(tree: SessionTree, batch: tuple[Message, ...], parent_id: str | None) -> None:
     if not batch:
         raise ValueError("Append needs at least one message")
-    if parent_id is not None and parent_id not in tree:
+    if parent_id is not None and not tree.has(parent_id):
         raise ValueError(f"parent {parent_id!r} is not in the session")
     seen: set[str] = set()
     for m in batch:
-        if m.id in tree or m.id in seen:
+        if tree.has(m.id) or m.id in seen:
             raise ValueError(f"message id {m.id!r} is already in the session")
         seen.add(m.id)
 

@@ -434,6 +434,33 @@ def _off(doc: dict[str, Any], on: dict[str, Any]) -> str:
     return f"{row['of_limit']:.2f}, {row['refused_share']:.1%}, {row['failed']} failed"
 
 
+def _soak(doc: dict[str, Any]) -> Summary:
+    out: Summary = []
+    quick = doc["meta"].get("quick", False)
+    for row in _rows(doc, kind="soak"):
+        growth = row["rss_growth_second_half"]
+        out.append(
+            _figure(
+                "soak",
+                f"RSS growth over the second half, {row['sessions']} sessions at {row['turns_per_s']:,.0f} turns/s",
+                f"{growth:.1%} ({row['rss_mid_mib']} -> {row['rss_end_mib']} MiB)",
+                "<= 5%",
+                None if quick else growth <= 0.05,
+            )
+        )
+    for row in _rows(doc, kind="retained"):
+        out.append(
+            _figure(
+                "soak",
+                f"bytes kept per turn ({row['sessions']} sessions, {row['turns']:,} turns)",
+                row["bytes_per_turn"],
+                "<= 100",
+                row["bytes_per_turn"] <= 100,
+            )
+        )
+    return out
+
+
 BENCHES: tuple[Bench, ...] = (
     Bench(
         "sessions",
@@ -488,6 +515,13 @@ BENCHES: tuple[Bench, ...] = (
         (),
         _limits,
         "sessions sharing one rate-limited key: goodput against the limit, refused, waits; limiter on and off",
+    ),
+    Bench(
+        "soak",
+        ("--quick",),
+        (),
+        _soak,
+        "200 sessions turning for 3 minutes at a small window: RSS over time, bytes kept per turn",
     ),
     Bench(
         "cluster",

@@ -62,6 +62,9 @@ class Hosting:
         self._windows: dict[str, ModelInfo] = {}
         self._names: dict[tuple[str | None, bool, bool], list[str]] = {}
         self._states: dict[tuple[str, int], SetModel] = {}
+        # One bound method for every session (each ``self.wake`` would be a new object per session, one the
+        # cycle collector tracks for as long as the session is hosted, idle or not)
+        self._wake = self.wake
 
     def attach(self, machinery: Machinery) -> None:
         """Host the sessions of a new start on ``machinery``, none yet."""
@@ -79,7 +82,7 @@ class Hosting:
                 entry.state,
                 parent=self._machinery.root,
                 recipe=entry.recipe,
-                wake=self.wake,
+                wake=self._wake,
                 session_id=session_id,
                 plain=True,
                 builtin_tools=entry.builtin_tools,
@@ -169,7 +172,7 @@ class Hosting:
             self.model_state(spec.model, spec.config, spec.api_base, spec.api_key),
             parent=self._machinery.root,
             recipe=recipe,
-            wake=self.wake,
+            wake=self._wake,
             plain=plain,
             builtin_tools=builtin_tools,
             fresh=fresh,

@@ -240,11 +240,30 @@ class RuntimeAPI(Protocol):
         """:meth:`context_stats` from asyncio, run off the event loop."""
         ...
 
-    def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
-        """The conversation: ``"user"`` (everything on the path, nothing hidden) or ``"model"``."""
+    def messages(
+        self,
+        session_id: str,
+        *,
+        view: str = "user",
+        offset: int = 0,
+        limit: int | None = None,
+        timeout: float = 30.0,
+    ) -> list[Message]:
+        """The conversation: ``"user"`` (everything on the path, nothing hidden) or ``"model"``.
+
+        Paged from the newest: ``offset`` newest messages skipped, at most ``limit`` taken before them
+        (all without a limit), in conversation order; ``messages(sid, limit=50)`` is the last 50. The
+        user's view of old history is read back from the log (design §2.2): see the README for the cost.
+        """
         ...
 
-    async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
+    def message_count(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> int:
+        """How many messages :meth:`messages` returns without paging (nothing is read from the log)."""
+        ...
+
+    async def amessages(
+        self, session_id: str, *, view: str = "user", offset: int = 0, limit: int | None = None
+    ) -> list[Message]:
         """:meth:`messages` from asyncio, run off the event loop."""
         ...
 

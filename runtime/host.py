@@ -50,6 +50,7 @@ from runtime.ids import validate_session_id
 from runtime.messages import Message, Usage, new_id, user
 from runtime.models import validate_model_name
 from runtime.observability.metrics import RuntimeMetrics
+from runtime.store.history import HistoryPages, page_bounds
 from runtime.store.sessions import SessionInfo
 from runtime.subagents import Delegations, UsageReport, parse_profiles
 from runtime.tools.mcp import parse_servers
@@ -90,6 +91,8 @@ class Runtime(RuntimeAPI):
         """The CPUs the runtime's own threads run on (``runtime.cpu``), once started; None: not placed."""
         self._tracer_provider = tracer_provider
         self._metrics: RuntimeMetrics | None = None
+        self.history = HistoryPages()
+        """Pages of old history read back from the logs (design §2.2): a small LRU shared by the sessions."""
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -359,6 +362,7 @@ class Runtime(RuntimeAPI):
             raise SessionNotFound(f"no stored session {session_id!r}")
         self.services.directory.delete(session_id, append_index=self._machinery.append_index)
         self.delegations.forget(session_id)
+        self.history.forget(session_id)
         # the id may be started again: as a new session, its events number from 1 in a new transcript
         self.bus.forget_session(session_id)
         if self._machinery.transcripts is not None:
@@ -382,7 +386,7 @@ class Runtime(RuntimeAPI):
     def children(self, session_id: str) -> list[str]:
         self._require_started()
         known = self.delegations.children(session_id)
-        stored = [i.id for i in self.services.directory.list() if i.parent_id == session_id]
+        stored = self.services.directory.children(session_id)  # from the index: no log is read
         return known + [c for c in stored if c not in known]
 
     # -- turns ----------------------------------------------------------------------------------------
@@ -463,16 +467,61 @@ class Runtime(RuntimeAPI):
     async def acontext_stats(self, session_id: str) -> ContextStats:
         return await asyncio.to_thread(self.context_stats, session_id)
 
-    def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
+    def messages(
+        self,
+        session_id: str,
+        *,
+        view: str = "user",
+        offset: int = 0,
+        limit: int | None = None,
+        timeout: float = 30.0,
+    ) -> list[Message]:
+        if view not in ("user", "model"):
+            raise ValueError("view must be 'user' or 'model'")
+        page_bounds(0, offset, limit)  # a bad offset or limit is refused before anything is asked
         session = self._session(session_id)
         if view == "model":
-            return list(_delivery.ask(session, GetContext(), timeout, self._writes).messages)
-        if view != "user":
-            raise ValueError("view must be 'user' or 'model'")
-        return list(_delivery.ask(session, GetMessages(), timeout, self._writes).messages)
+            found = _delivery.ask(session, GetContext(), timeout, self._writes).messages
+            lo, hi = page_bounds(len(found), offset, limit)
+            return list(found[lo:hi])
+        answer = _delivery.ask(session, GetMessages(), timeout, self._writes)
+        lo, hi = page_bounds(answer.total, offset, limit)
+        before = answer.before
+        recent = list(answer.messages[max(lo - before, 0) : max(hi - before, 0)])
+        if lo >= before:
+            return recent
+        path = self.services.directory.log_path(session_id)
+        older = self.history.read(
+            session_id,
+            path,
+            history=answer.history,
+            leaf_id=answer.leaf_id,
+            before=before,
+            lo=lo,
+            hi=hi,
+            settle=lambda: self._settle(path, timeout),
+        )
+        return older + recent
 
-    async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
-        return await asyncio.to_thread(self.messages, session_id, view=view)
+    def message_count(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> int:
+        if view not in ("user", "model"):
+            raise ValueError("view must be 'user' or 'model'")
+        session = self._session(session_id)
+        if view == "model":
+            return len(_delivery.ask(session, GetContext(), timeout, self._writes).messages)
+        return _delivery.ask(session, GetMessages(), timeout, self._writes).total
+
+    async def amessages(
+        self, session_id: str, *, view: str = "user", offset: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        return await asyncio.to_thread(self.messages, session_id, view=view, offset=offset, limit=limit)
+
+    def _settle(self, path: os.PathLike[str], timeout: float) -> None:
+        """Wait until every write queued for the log at ``path`` is done (so it can be read back)."""
+        done = threading.Event()
+        self.services.writer.call(path, lambda _path: None, lambda _error: done.set())
+        if not done.wait(timeout):
+            raise TimeoutError(f"the log {path} was not written within {timeout}s")
 
     def usage(
         self, session_id: str, timeout: float = 30.0, *, include_children: bool = False

@@ -157,8 +157,8 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
         )
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One message of a conversation.
+class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, weakref=True):
+    """One message of a conversation (weakly referenceable: a cached token count lives as long as it does).
 
     ``tool`` messages are tool results: ``tool_call_id`` and ``name`` say which call they answer,
     ``is_error`` whether the tool failed, and ``parts`` hold the content.

@@ -21,6 +21,8 @@ import functools
 import math
 import re
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -218,6 +220,19 @@ def _render_type(prop: Mapping[str, Any], depth: int) -> str:
 # The counter
 
 
+def _fingerprint(msg: Message) -> int:
+    """A hash of everything a message's count depends on (its strings hash once: Python caches it)."""
+    keys: list[Any] = [msg.role]
+    for part in msg.parts:
+        if isinstance(part, TextPart | ReasoningPart):
+            keys.append(part.text)
+        elif isinstance(part, ToolCallPart):
+            keys.append((part.name, part.arguments))
+        elif isinstance(part, ImagePart):
+            keys.append(part.tokens)
+    return hash(tuple(keys))
+
+
 class TokenCounter:
     """Counts tokens of text, messages, tool schemas and system prompts for one model.
 
@@ -242,8 +257,12 @@ class TokenCounter:
         self.exact = self.config.exact
         self._encoding = get_encoding(self.encoding_name) if self.exact else None
         self._cache_size = max(1, cache_size)
-        # message id -> (the parts that were counted, their raw count)
-        self._messages: dict[str, tuple[tuple[Any, ...], int]] = {}
+        # message id -> (a weak reference to the message counted, a fingerprint of what was counted, the raw
+        # count). An entry is dropped with its message (design §4.3): the cache holds the live contexts,
+        # never a history; ``cache_size`` caps it besides (oldest out first).
+        self._messages: dict[str, tuple[weakref.KeyedRef[str, Message], int, int]] = {}
+        # references whose message died: their entries go at the next count
+        self._dead: deque[weakref.KeyedRef[str, Message]] = deque()
         self._systems: dict[str, int] = {}
         self._tools: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -281,17 +300,28 @@ class TokenCounter:
         """Tokens one message adds to a request: its content, reasoning, tool calls (names and arguments),
         images (``ImagePart.tokens`` when measured, else ``config.image_tokens``) and the per-message framing.
 
-        Counts are cached by message id (and checked against the message's parts, so a rewritten message
-        with the same id is recounted).
+        Counts are cached by message id while the message lives (and checked against a fingerprint of what
+        is counted, so a rewritten message with the same id is recounted).
         """
-        cached = self._messages.get(msg.id)
-        if cached is not None and (cached[0] is msg.parts or cached[0] == msg.parts):
-            return self._scaled(cached[1])
+        key = msg.id
+        cached = self._messages.get(key)
+        if cached is not None and cached[0]() is msg:
+            return self._scaled(cached[2])
+        fingerprint = _fingerprint(msg)
+        if cached is not None and cached[1] == fingerprint:
+            return self._scaled(cached[2])
         raw = self._raw_message(msg)
+        ref = weakref.KeyedRef(msg, self._dead.append, key)
         with self._lock:
-            if len(self._messages) >= self._cache_size:
-                del self._messages[next(iter(self._messages))]
-            self._messages[msg.id] = (msg.parts, raw)
+            dead, entries = self._dead, self._messages
+            while dead:  # entries of messages that died since
+                gone = dead.popleft()
+                entry = entries.get(gone.key)
+                if entry is not None and entry[0] is gone:
+                    del entries[gone.key]
+            entries[key] = (ref, fingerprint, raw)
+            while len(entries) > self._cache_size:
+                del entries[next(iter(entries))]
         return self._scaled(raw)
 
     def count_messages(self, msgs: Iterable[Message]) -> int:

@@ -16,6 +16,10 @@ __all__ = ["TimerHandle", "Timers"]
 logger = logging.getLogger("agentcell.actor")
 
 
+def _nothing() -> None:
+    pass
+
+
 class TimerHandle:
     """A scheduled call from :meth:`Dispatcher.call_later`; :meth:`cancel` it if it is no longer needed."""
 
@@ -51,10 +55,7 @@ class Timers:
         with self._cond:
             if self._closed:
                 raise DispatcherClosed("the dispatcher's timers are shut down")
-            if self._cancelled > 1024 and 2 * self._cancelled > len(self._heap):  # mostly dead weight
-                self._heap = [h for h in self._heap if not h.cancelled]
-                heapq.heapify(self._heap)
-                self._cancelled = 0
+            self._sweep()
             heapq.heappush(self._heap, handle)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"{self._name}-timers", daemon=True)
@@ -67,7 +68,18 @@ class Timers:
         with self._cond:
             if not handle.cancelled:
                 handle.cancelled = True
+                # what it would have called (an actor's ref) is let go now, not when it falls due
+                handle._fn = _nothing
                 self._cancelled += 1
+                self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop the cancelled handles once they are most of the heap (under the lock): amortized O(1) a
+        handle, and a stopped actor's timers (its shutdown timeouts) do not outlive it by their delay."""
+        if self._cancelled > 64 and 2 * self._cancelled > len(self._heap):
+            self._heap = [h for h in self._heap if not h.cancelled]
+            heapq.heapify(self._heap)
+            self._cancelled = 0
 
     def close(self) -> None:
         with self._cond:

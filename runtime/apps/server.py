@@ -31,7 +31,7 @@ their own (:mod:`runtime.apps.tenant_gate`: each sees only what it created; quot
     POST   /sessions/{id}/abort          → {"aborted": true|false}
     POST   /sessions/{id}/compact        {"keep_recent_tokens", "instructions"} → what it did
     GET    /sessions/{id}/context        the context breakdown of design §4.6
-    GET    /sessions/{id}/messages       ?view=user|model
+    GET    /sessions/{id}/messages       ?view=user|model&offset=&limit=  (paged from the newest)
     POST   /sessions/{id}/branch         {"leaf_id": "<message id>" | null}
     POST   /sessions/{id}/model          {"model"} → {"model", "context_window"}
     GET    /events                       Server-Sent Events; ?session=a,b&type=x,y filter them
@@ -323,6 +323,16 @@ class HttpError(AgentcellError):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def _int_param(request: Any, name: str, default: int | None) -> int | None:
+    """A query parameter that must be a whole number >= 0 (``default`` when absent); 400 otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise HttpError(400, f"{name} must be a whole number >= 0")
+    return int(raw)
 
 
 def _decode(raw: bytes, kind: type[Any]) -> Any:
@@ -630,8 +640,17 @@ def create_app(
         view = request.query_params.get("view", "user")
         if view not in ("user", "model"):
             raise HttpError(400, "view must be 'user' or 'model'")
-        found = await asyncio.to_thread(runtime.messages, session_id, view=view)
-        return {"messages": [msgspec.to_builtins(m) for m in found]}
+        offset, limit = _int_param(request, "offset", 0) or 0, _int_param(request, "limit", None)
+
+        def read() -> tuple[list[Any], int]:
+            found = runtime.messages(session_id, view=view, offset=offset, limit=limit)
+            total = (
+                len(found) if limit is None and offset == 0 else runtime.message_count(session_id, view=view)
+            )
+            return found, total
+
+        found, total = await asyncio.to_thread(read)
+        return {"messages": [msgspec.to_builtins(m) for m in found], "total": total}
 
     async def branch(request: Request) -> Any:
         session_id = await hosted(request)

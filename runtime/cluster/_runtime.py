@@ -60,6 +60,7 @@ from runtime.host import RuntimeStopped, SessionNotFound, _require_unicode, chec
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
+from runtime.store.history import page_bounds
 
 if TYPE_CHECKING:
     from runtime.gateway import PoolSnapshot
@@ -706,13 +707,32 @@ class ClusterRuntime(RuntimeAPI):
     async def acontext_stats(self, session_id: str) -> ContextStats:
         return await asyncio.to_thread(self.context_stats, session_id)
 
-    def messages(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> list[Message]:
+    def messages(
+        self,
+        session_id: str,
+        *,
+        view: str = "user",
+        offset: int = 0,
+        limit: int | None = None,
+        timeout: float = 30.0,
+    ) -> list[Message]:
         if view not in ("user", "model"):
             raise ValueError("view must be 'user' or 'model'")
-        return _wire.decode_messages(self._fleet.call(session_id, "messages", view, timeout, timeout=timeout))
+        page_bounds(0, offset, limit)
+        found = self._fleet.call(session_id, "messages", view, timeout, offset, limit, timeout=timeout)
+        return _wire.decode_messages(found)
 
-    async def amessages(self, session_id: str, *, view: str = "user") -> list[Message]:
-        return await asyncio.to_thread(lambda: self.messages(session_id, view=view))
+    def message_count(self, session_id: str, *, view: str = "user", timeout: float = 30.0) -> int:
+        if view not in ("user", "model"):
+            raise ValueError("view must be 'user' or 'model'")
+        return int(self._fleet.call(session_id, "message_count", view, timeout, timeout=timeout))
+
+    async def amessages(
+        self, session_id: str, *, view: str = "user", offset: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        return await asyncio.to_thread(
+            lambda: self.messages(session_id, view=view, offset=offset, limit=limit)
+        )
 
     def usage(
         self, session_id: str, timeout: float = 30.0, *, include_children: bool = False

@@ -228,9 +228,18 @@ class Shard:
     async def context_stats(self, session_id: str, timeout: float) -> Any:
         return await asyncio.to_thread(self.runtime.context_stats, session_id, timeout)
 
-    async def messages(self, session_id: str, view: str, timeout: float) -> bytes:
-        found = await asyncio.to_thread(lambda: self.runtime.messages(session_id, view=view, timeout=timeout))
+    async def messages(
+        self, session_id: str, view: str, timeout: float, offset: int = 0, limit: int | None = None
+    ) -> bytes:
+        found = await asyncio.to_thread(
+            lambda: self.runtime.messages(session_id, view=view, offset=offset, limit=limit, timeout=timeout)
+        )
         return _wire.encode(found)
+
+    async def message_count(self, session_id: str, view: str, timeout: float) -> int:
+        return await asyncio.to_thread(
+            lambda: self.runtime.message_count(session_id, view=view, timeout=timeout)
+        )
 
     async def usage(self, session_id: str, timeout: float, include_children: bool = False) -> Any:
         return await asyncio.to_thread(

@@ -19,6 +19,8 @@ last line, raises :class:`~runtime.store.log.CorruptLogError` naming the segment
 
 Readers keep, per process, a map of id to the line's place, built on the first lookup and brought up to
 date from where each segment was last read: an index of a million sessions is read once, not per lookup.
+Beside it, a map of parent to sub-agent sessions (the headers that name a parent), so the children of a
+session are found without reading any log.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Key(msgspec.Struct, frozen=True, kw_only=True, tag="header", tag_field="t
     v: int = FORMAT_VERSION
     session_id: str
     created_at: float = 0.0
+    parent_session_id: str | None = None
 
 
 _key_decoder = msgspec.json.Decoder(_Key | Removed)
@@ -86,6 +89,8 @@ class SessionIndex:
         self._removals: dict[str, set[float]] = {}  # removals met before the header they remove
         self._read_to: dict[int, int] = {}  # segment number -> bytes read so far
         self._lines: dict[int, int] = {}  # segment number -> complete lines read so far
+        self._children: dict[str, dict[str, None]] = {}  # parent id -> its sub-agents' ids, oldest first
+        self._parents: dict[str, str] = {}  # sub-agent id -> its parent's id
 
     # -- the segment this process appends to -------------------------------------------------------------
 
@@ -194,10 +199,26 @@ class SessionIndex:
             except FileNotFoundError:
                 continue
 
+    def children(self, parent_id: str) -> list[str]:
+        """Ids of the sessions whose header names ``parent_id`` as their parent, oldest first."""
+        with self._lock:
+            self._refresh()
+            return list(self._children.get(parent_id, ()))
+
     def forget(self, session_id: str) -> None:
         """Drop the id from this process's map (its removal is being appended)."""
         with self._lock:
             self._places.pop(session_id, None)
+            self._unparent(session_id)
+
+    def _unparent(self, session_id: str) -> None:
+        parent = self._parents.pop(session_id, None)
+        if parent is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.pop(session_id, None)
+                if not siblings:
+                    del self._children[parent]
 
     def _segment_path(self, number: int) -> str:
         return os.fspath(self.folder / f"{number}{SEGMENT_SUFFIX}")
@@ -269,6 +290,7 @@ class SessionIndex:
                 place = places.get(sid)
                 if place is not None and self._created_at(place) == key.created_at:
                     del places[sid]
+                    self._unparent(sid)
                 else:
                     removals.setdefault(sid, set()).add(key.created_at)
             else:
@@ -279,6 +301,10 @@ class SessionIndex:
                         del removals[sid]
                 else:
                     places[sid] = base | (offset + start)
+                    self._unparent(sid)  # (a header of an id started again replaces the earlier one)
+                    if key.parent_session_id is not None:
+                        self._parents[sid] = key.parent_session_id
+                        self._children.setdefault(key.parent_session_id, {})[sid] = None
             start = end + 1
         return line_no
 

@@ -191,6 +191,7 @@ class SessionDirectory:
         self._guard = _Guard(self.root / GUARD_NAME)
         self._layout_lock = threading.Lock()
         self._flat: frozenset[str] | None = None  # sessions still in the flat layout (found on first use)
+        self._legacy: dict[str, str] | None = None  # sub-agents with a log and no index line (found once)
 
     def close(self) -> None:
         """Release the descriptors the directory keeps open (its lock guard, its index claim); using it
@@ -286,6 +287,37 @@ class SessionDirectory:
         except FileNotFoundError:
             found = None
         return found if found is not None else self.index.lookup(session_id)
+
+    def children(self, parent_id: str) -> list[str]:
+        """Ids of the stored sessions whose header names ``parent_id`` as their parent, oldest first: from
+        the index, without reading any log (and, once per directory, the headers of logs the index does
+        not have: sessions stored before it existed)."""
+        found = self.index.children(parent_id)
+        legacy = self._legacy_parents()
+        if legacy:
+            found += [
+                sid
+                for sid, parent in legacy.items()
+                if parent == parent_id and sid not in found and self.has_log(sid)  # (not deleted since)
+            ]
+        return found
+
+    def _legacy_parents(self) -> dict[str, str]:
+        """Sub-agent sessions with a log and no index line, by id, with their parents (found once)."""
+        if self._legacy is None:
+            indexed = set(self.index.ids())
+            legacy: dict[str, str] = {}
+            for sid in self._logs():
+                if sid in indexed:
+                    continue
+                try:
+                    found = read_header_line(self.log_file(sid))
+                except (OSError, CorruptLogError, msgspec.DecodeError):
+                    continue
+                if found is not None and found[0].parent_session_id is not None:
+                    legacy[sid] = found[0].parent_session_id
+            self._legacy = legacy
+        return self._legacy
 
     def ids(self) -> list[str]:
         """Ids of the stored sessions, sorted."""
@@ -501,10 +533,44 @@ def _unused(header: Header) -> SessionInfo:
     )
 
 
+class _Line(msgspec.Struct):
+    """What listing checks of a log line: that it is JSON with a ``type`` (the rest is skipped unbuilt)."""
+
+    type: str
+
+
+_line_decoder = msgspec.json.Decoder(_Line)
+
+
+def _bad_line(data: bytes) -> tuple[int, str] | None:
+    """The first line of a log that is not an entry, as ``(number, reason)`` — but a torn last line, which
+    opening the session cuts off (design §2.3): the same rule :func:`runtime.store.log.read_log` keeps."""
+    body_end = data.rfind(b"\n") + 1
+    try:
+        _line_decoder.decode_lines(data[:body_end])
+        return None
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        pass
+    lines = data[:body_end].split(b"\n")[:-1]
+    for number, line in enumerate(lines, start=1):
+        try:
+            _line_decoder.decode(line)
+        except msgspec.ValidationError as exc:
+            return number, f"not a valid entry ({exc})"
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            if number == len(lines) and body_end == len(data):
+                return None  # a last line that is not even JSON: torn
+            return number, "empty line" if not line.strip() else f"not a valid entry ({exc})"
+    return None
+
+
 def _summarize(session_id: str, path: Path, data: bytes, mtime: float, size: int) -> SessionInfo:
     lines = data.split(b"\n")
     complete = lines[:-1]  # the part after the last newline is empty or a torn line
     try:
+        bad = _bad_line(data)
+        if bad is not None:
+            raise CorruptLogError(path, bad[0], bad[1])
         header = _header(path, complete[0]) if complete else None
         messages = 0
         model = header.model if header is not None else None

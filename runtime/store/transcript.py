@@ -82,7 +82,9 @@ class TranscriptWriter:
         self.exclude = frozenset(exclude)
         self.on_error = on_error
         self.fsync = fsync
-        self._sessions: dict[str, tuple[str, Callable[[Exception | None], None]]] = {}
+        # session id -> its transcript's path: plain strings, so a million sessions that wrote a transcript
+        # add nothing the cycle collector walks (the callback of a write is made per write)
+        self._sessions: dict[str, str] = {}
         self._failing: set[str] = set()  # sessions whose last transcript write failed (writer thread only)
         # Lines not yet taken by the writer, per session. One queued writer operation takes them all, so a
         # turn's events cost a few writer operations, not one each; and that operation is lazy: it waits
@@ -95,12 +97,12 @@ class TranscriptWriter:
         if kind in self.exclude:
             return
         sid = event.session_id
-        target = self._sessions.get(sid)
-        if target is None:
+        path = self._sessions.get(sid)
+        if path is None:
             if kind in _IDLE_TYPES and not getattr(event, "resumed", False):
                 return  # a new session's comings and goings: no transcript until it does something
-            target = self._open(sid)
-            if target is None:
+            path = self._open(sid)
+            if path is None:
                 return
             lines = [encode_event(event) + b"\n"]
             if kind != "session_started" and self.left_out is not None:
@@ -108,7 +110,6 @@ class TranscriptWriter:
                 lines[:0] = [encode_event(e) + b"\n" for e in earlier]
         else:
             lines = [encode_event(event) + b"\n"]
-        path, on_done = target
         with self._lock:
             waiting = self._pending.get(sid)
             if waiting is not None:  # an operation is queued and has not taken its lines yet: join them
@@ -117,7 +118,11 @@ class TranscriptWriter:
             self._pending[sid] = lines
         try:
             self.writer.append_from(
-                path, functools.partial(self._take, sid), on_done, fsync=self.fsync, lazy=True
+                path,
+                functools.partial(self._take, sid),
+                functools.partial(self._done, sid),
+                fsync=self.fsync,
+                lazy=True,
             )
         except WriterClosedError as exc:
             with self._lock:
@@ -143,16 +148,15 @@ class TranscriptWriter:
         with self._lock:
             self._pending.pop(session_id, None)
 
-    def _open(self, session_id: str) -> tuple[str, Callable[[Exception | None], None]] | None:
+    def _open(self, session_id: str) -> str | None:
         try:
             path = self.directory.transcript_file(session_id)
         except InvalidSessionId:
             return None  # not a session's event (e.g. a runtime-wide one): nothing to write it to
         self.directory.ensure()
-        target = (path, functools.partial(self._done, session_id))
-        self._sessions[session_id] = target
-        self.writer.call(path, truncate_torn_tail, target[1])
-        return target
+        self._sessions[session_id] = path
+        self.writer.call(path, truncate_torn_tail, functools.partial(self._done, session_id))
+        return path
 
     def _done(self, session_id: str, error: Exception | None) -> None:
         if error is None:

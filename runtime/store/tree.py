@@ -16,10 +16,21 @@ Every mutating method builds an entry and hands it to :meth:`SessionTree.apply`,
 that replay from a log uses as well, so a replayed tree is the tree that wrote the log. The views of the
 current path are cached and extended in O(1) when a message is appended to the leaf; a branch move,
 compaction or overlay makes them rebuild once, lazily.
+
+Memory bounded by the context (design §2.2): :meth:`SessionTree.trim` drops every node the model's view
+no longer needs — the path before the latest compaction's kept part, and every other branch — keeping
+the log (the source of truth) as the only copy. What stays is the path from there to the leaf, the
+number of user-view messages dropped before it (:attr:`SessionTree.messages_before`) and an index of the
+dropped ids (8 bytes each). A trimmed tree answers what the running session needs; anything that needs
+a dropped node (a branch to it, a new root, an overlay of it, a duplicate of its id, :meth:`entries`)
+raises :class:`NeedsHistory`, and its owner rebuilds the whole tree from the log and asks again.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -39,7 +50,7 @@ from runtime.store.entries import (
     VisibilityEntry,
 )
 
-__all__ = ["DEAD_KEY", "TURN_ENDED_KEY", "SessionTree"]
+__all__ = ["DEAD_KEY", "TURN_ENDED_KEY", "NeedsHistory", "SessionTree"]
 
 
 DEAD_KEY = "dead"
@@ -47,12 +58,57 @@ TURN_ENDED_KEY = "turn_ended_at"  # metadata: the newest message when a turn end
 """Metadata key marking a dead session (its value is the reason; an empty value revives it)."""
 
 
+class NeedsHistory(LookupError):
+    """A trimmed tree cannot answer: the node asked for may be one it dropped (it is in the log). The owner
+    rebuilds the whole tree from the log and asks again; the tree was left unchanged."""
+
+
+class _DroppedIds:
+    """The ids a trimmed tree dropped, as 64-bit hashes in a few sorted arrays (8 bytes an id).
+
+    ``in`` answers "maybe" (a hash collision is a false positive, which only costs a read of the log),
+    never a false "no". Runs are merged as they come so there are O(log n) of them.
+    """
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: list[array[int]] = []
+
+    def add(self, ids: Iterable[str]) -> None:
+        run = array("q", sorted({hash(i) for i in ids}))
+        if not run:
+            return
+        runs = self._runs
+        runs.append(run)
+        while len(runs) > 1 and len(runs[-2]) <= 2 * len(runs[-1]):
+            newer, older = runs.pop(), runs.pop()
+            runs.append(array("q", heapq.merge(older, newer)))
+
+    def __contains__(self, node_id: object) -> bool:
+        h = hash(node_id)
+        for run in self._runs:
+            i = bisect.bisect_left(run, h)
+            if i < len(run) and run[i] == h:
+                return True
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(run) for run in self._runs)
+
+
 class SessionTree:
     """One session's messages as a tree with a current leaf. Not thread-safe: one owner (the store actor)."""
 
     def __init__(self, header: Header | None = None) -> None:
         self.header: Header | None = None
-        self._applied: list[Entry] = []
+        self._applied: list[Entry] | None = []  # None once trimmed: the log holds them
+        self._entry_count = 0
+        # What trim() dropped: the last dropped node of the path (the kept path hangs from it), how many
+        # user-view messages the path has before the kept part, and the dropped ids.
+        self._base_id: str | None = None
+        self._before = 0
+        self._dropped = _DroppedIds()
         self._nodes: dict[str, NodeEntry] = {}
         self._children: dict[str | None, list[str]] = {}
         self._metadata: dict[str, Any] = {}
@@ -180,12 +236,14 @@ class SessionTree:
             case MetadataEntry():
                 self._metadata[entry.key] = entry.value
             case Header():
-                if self._applied:
+                if self._entry_count:
                     raise ValueError("a header must be the first entry of a session")
                 self.header = entry
             case _:
                 raise ValueError(f"not a session entry: {type(entry).__name__}")
-        self._applied.append(entry)
+        self._entry_count += 1
+        if self._applied is not None:
+            self._applied.append(entry)
 
     # -- queries --------------------------------------------------------------------------------------
 
@@ -240,7 +298,80 @@ class SessionTree:
         return self._message_count
 
     def __contains__(self, node_id: object) -> bool:
+        """Whether ``node_id`` is in memory (a trimmed tree may have dropped it: see :meth:`has`)."""
         return node_id in self._nodes
+
+    def has(self, node_id: str) -> bool:
+        """Whether the session has the node ``node_id``; raises :class:`NeedsHistory` when it may be one
+        that :meth:`trim` dropped."""
+        if node_id in self._nodes:
+            return True
+        if node_id in self._dropped:
+            raise NeedsHistory(f"node {node_id!r} may be in the part of the history kept only in the log")
+        return False
+
+    @property
+    def trimmed(self) -> bool:
+        """Whether :meth:`trim` dropped nodes (the log holds the whole tree)."""
+        return self._applied is None
+
+    @property
+    def messages_before(self) -> int:
+        """User-view messages of the path before the part in memory (0 unless trimmed)."""
+        return self._before
+
+    @property
+    def entry_count(self) -> int:
+        """Entries applied so far (the log's lines)."""
+        return self._entry_count
+
+    def trim(self) -> int:
+        """Drop from memory every node the model's view does not need; returns how many were dropped.
+
+        Kept: the path from where the latest compaction's view begins (its kept part, or the summary) to
+        the leaf. Dropped: the path before it and every other branch; they stay in the log. Without a
+        compaction on the path only other branches can go.
+        """
+        self._ensure_path()
+        start = self._window_start()
+        kept = self._path[start:]
+        if len(kept) == len(self._nodes):
+            return 0
+        kept_ids = {node.id for node in kept}
+        self._dropped.add(i for i in self._nodes if i not in kept_ids)
+        dropped = len(self._nodes) - len(kept)
+        if start:
+            self._before += sum(isinstance(n, MessageEntry | CompactionEntry) for n in self._path[:start])
+            self._base_id = self._path[start - 1].id
+        self._nodes = {node.id: node for node in kept}
+        children: dict[str | None, list[str]] = {}
+        for node in kept:
+            children.setdefault(node.parent_id, []).append(node.id)
+        self._children = children
+        self._path = list(kept)
+        self._index = {node.id: i for i, node in enumerate(kept)}
+        self._overlays = {k: v for k, v in self._overlays.items() if k in self._nodes}
+        if self._compaction_pos is not None:
+            self._compaction_pos -= start
+        self._context = None
+        self._messages = None
+        self._applied = None
+        return dropped
+
+    def _window_start(self) -> int:
+        """Position on the path where the model's view begins (0 without a compaction)."""
+        position = self._compaction_pos
+        if position is None:
+            return 0
+        while True:
+            node = self._path[position]
+            assert isinstance(node, CompactionEntry)
+            if node.first_kept_id is None:
+                return position
+            start = self._index[node.first_kept_id]
+            if not isinstance(self._path[start], CompactionEntry):
+                return start
+            position = start
 
     def get(self, node_id: str) -> NodeEntry | None:
         """The node ``node_id`` as it was recorded (an overlaid message's original), or ``None``."""
@@ -251,7 +382,9 @@ class SessionTree:
         return list(self._children.get(node_id, ()))
 
     def entries(self) -> list[Entry]:
-        """Every entry applied so far, in order: what the log holds."""
+        """Every entry applied so far, in order: what the log holds (:class:`NeedsHistory` once trimmed)."""
+        if self._applied is None:
+            raise NeedsHistory("the tree is trimmed: its entries are in the log")
         return list(self._applied)
 
     def path(self) -> list[NodeEntry]:
@@ -262,7 +395,8 @@ class SessionTree:
     def messages(self) -> list[Message]:
         """The user's view: the path's messages with overlays applied, compaction summaries as markers.
 
-        Hidden messages are included; a renderer skips those with ``user_visible=False``.
+        Hidden messages are included; a renderer skips those with ``user_visible=False``. In a trimmed
+        tree, the part in memory: the first :attr:`messages_before` are in the log.
         """
         self._ensure_path()
         if self._messages is None:
@@ -296,17 +430,19 @@ class SessionTree:
         return self._ensure_context()[self._usage_floor :]
 
     def copy(self) -> SessionTree:
-        """An independent tree with the same entries."""
-        return SessionTree.from_entries(self._applied)
+        """An independent tree with the same entries (:class:`NeedsHistory` once trimmed)."""
+        return SessionTree.from_entries(self.entries())
 
     # -- internals ------------------------------------------------------------------------------------
 
     def _attach(self, node: NodeEntry) -> None:
-        if node.id in self._nodes:
+        if self.has(node.id):
             raise ValueError(f"node id {node.id!r} is already in the session")
         parent = node.parent_id
-        if parent is not None and parent not in self._nodes:
+        if parent is not None and not self.has(parent):
             raise ValueError(f"parent {parent!r} of {node.id!r} is not in the session")
+        if parent is None and self._base_id is not None:
+            raise NeedsHistory("a new root: the path would leave the part of the history in memory")
         if isinstance(node, CompactionEntry) and node.first_kept_id is not None:
             if self._on_path(parent, node.first_kept_id) is None:
                 raise ValueError(f"compaction keeps from {node.first_kept_id!r}, which is not on the path")
@@ -348,17 +484,28 @@ class SessionTree:
         if leaf_id == self._leaf:
             self._ensure_path()
             position = self._index.get(node_id)
-            return None if position is None else self._path[position]
-        while leaf_id is not None:
+            if position is None:
+                self._not_on_path(node_id)
+                return None
+            return self._path[position]
+        while leaf_id is not None and leaf_id != self._base_id:
             node = self._nodes[leaf_id]
             if leaf_id == node_id:
                 return node
             leaf_id = node.parent_id
+        self._not_on_path(node_id)
         return None
 
+    def _not_on_path(self, node_id: str) -> None:
+        """Raise :class:`NeedsHistory` when ``node_id``, not found on the path in memory, may be a dropped one."""
+        if node_id in self._dropped:
+            raise NeedsHistory(f"node {node_id!r} may be on the part of the path kept only in the log")
+
     def _move_leaf(self, leaf_id: str | None) -> None:
-        if leaf_id is not None and leaf_id not in self._nodes:
+        if leaf_id is not None and not self.has(leaf_id):
             raise ValueError(f"cannot branch to {leaf_id!r}: no such node in the session")
+        if leaf_id is None and self._base_id is not None:
+            raise NeedsHistory("a branch to the start leaves the part of the history in memory")
         if leaf_id != self._leaf:
             self._leaf = leaf_id
             self._invalidate_path()
@@ -373,7 +520,7 @@ class SessionTree:
             return
         path: list[NodeEntry] = []
         node_id = self._leaf
-        while node_id is not None:
+        while node_id is not None and node_id != self._base_id:
             node = self._nodes[node_id]
             path.append(node)
             node_id = node.parent_id
@@ -400,7 +547,9 @@ class SessionTree:
         if node.user_visible is not None:
             changes["user_visible"] = node.user_visible
         for message_id in node.message_ids:
-            original = self._nodes[message_id]
+            original = self._nodes.get(message_id)
+            if original is None:  # dropped by trim(): before the part of the path in memory
+                continue
             assert isinstance(original, MessageEntry)
             current = self._overlays.get(message_id, original.message)
             self._overlays[message_id] = msgspec.structs.replace(current, **changes)

@@ -181,6 +181,15 @@ def test_session_lifecycle_over_http(
     assert after["message_count"] == compacted["messages_after"] and after["total"] < stats["total"]
     model_view = client.get("/sessions/web-1/messages", params={"view": "model"}).json()["messages"]
     assert model_view[0]["kind"] == "compaction_summary"
+    # paged from the newest; what the compaction summarized is read back from the log (design §2.2)
+    whole = client.get("/sessions/web-1/messages").json()
+    paged = client.get("/sessions/web-1/messages", params={"offset": 1, "limit": 2}).json()
+    assert whole["total"] == paged["total"] == len(whole["messages"]) == 7  # six, and the summary's marker
+    assert paged["messages"] == whole["messages"][-3:-1]
+    oldest = client.get("/sessions/web-1/messages", params={"offset": 5}).json()["messages"]
+    assert [m["parts"][0]["text"] for m in oldest] == texts[:2]
+    bad = client.get("/sessions/web-1/messages", params={"limit": "-1"})
+    assert bad.status_code == 400 and "limit must be" in bad.json()["error"]
 
     info = client.get("/sessions/web-1").json()
     assert info["model"] == model and info["context_window"] == 50_000 and info["usage"]["output_tokens"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import inspect
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import tracemalloc
 
 import pytest
 import tiktoken
@@ -379,3 +381,24 @@ def test_counting_works_without_network() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "2", "2", "2"]
+
+
+def test_a_cached_count_keeps_no_message_alive_and_goes_with_it() -> None:
+    """Issue 46: the count cache held each message's parts, so a busy session's history stayed in memory."""
+    counter = TokenCounter("gpt-4o", HEURISTIC)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            counter.count_message(user(f"{i} " + "long text " * 10_000))  # 100 KB each, dropped at once
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert kept < 200_000, f"{kept} bytes kept for 200 messages no one holds"
+    live = [user(f"live {i}") for i in range(10)]
+    for m in live:
+        counter.count_message(m)
+    counter.count_message(user("one more"))  # the dead messages' entries go with the next count
+    assert len(counter._messages) <= len(live) + 1

@@ -169,10 +169,14 @@ def test_views_follow_compaction_overlay_and_branch(start: Callable[..., Any]) -
     archived = msgspec.structs.replace(result, agent_visible=False, kind=KIND_TOOL_RESULT_ARCHIVED)
     stored(ref, Overlay((archived,)))
     assert [m.text for m in ref.proxy().context().get()] == ["sum", "three"]
-    assert [m.text for m in ref.ask(GetMessages()).messages] == ["one", "two", "three", "sum", "lots"]
+    # memory follows the context: what the compaction summarized is in the log, counted as ``before``
+    shown = ref.ask(GetMessages())
+    assert [m.text for m in shown.messages] == ["three", "sum", "lots"] and shown.before == 2
 
-    stored(ref, Branch(second.id))
+    stored(ref, Branch(second.id))  # a dropped node: the store reads its log back and branches there
     assert [m.text for m in ref.ask(GetContext()).messages] == ["one", "two"]
+    shown = ref.ask(GetMessages())
+    assert [m.text for m in shown.messages] == ["one", "two"] and shown.before == 0
     tree: SessionTree = ref.ask(GetTree())
     assert len(tree) == 4 and tree.leaf_id == second.id
 

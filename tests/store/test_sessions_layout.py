@@ -312,3 +312,55 @@ def _sessions_list(root: Path) -> list[str]:
     out = io.StringIO()
     assert run_sessions("list", None, sessions_dir=str(root), out=out) == 0
     return out.getvalue().splitlines()[1:-1]
+
+
+def test_listing_flags_a_corrupt_line_in_the_middle_of_a_log(tmp_path: Path) -> None:
+    """Issue 47: a garbled line between two good ones was listed as a healthy session."""
+    from runtime.messages import assistant, user
+    from runtime.store.tree import SessionTree
+
+    directory = SessionDirectory(tmp_path / "sessions")
+    tree = SessionTree(new_header("s1", model="m"))
+    tree.append(user("a"))
+    tree.append(assistant("b"))
+    header, first, second = (encode_entry(e) for e in tree.entries())
+    path = directory.log_path("s1")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(header + first + b'{"type":"message","id":"x\n' + second)
+    (info,) = directory.list()
+    assert info.error is not None and "line 3" in info.error
+    # a torn last line is not corruption: opening the session cuts it off
+    path.write_bytes(header + first + second + b'{"type":"mess\n')
+    (info,) = directory.list()
+    assert info.error is None and info.messages == 2
+
+
+def test_a_session_used_once_then_hibernated_leaves_at_most_its_handle_to_the_collector(
+    sessions_dir: Path,
+) -> None:
+    """Issue 47: each such session kept two more objects the cycle collector tracks (a bound method per
+    session, its transcript's callback), and a stopped actor's cancelled timers kept it for 5 s more."""
+    from runtime.gateway import load_litellm
+
+    load_litellm()
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+
+        def use_and_park(count: int) -> None:
+            sids = [rt.start_session(model="openai/m") for _ in range(count)]
+            for sid in sids:
+                assert rt.prompt(sid, "Once.").result(timeout=60).text == REPLY
+            for sid in sids:
+                assert rt.hibernate(sid)
+
+        use_and_park(20)  # what the first ones make once (caches, threads)
+        rt.flush()
+        gc.collect()
+        before = {id(o) for o in gc.get_objects()}
+        use_and_park(100)
+        use_and_park(1)  # (its count drops the cached counts of the messages gone)
+        rt.flush()
+        gc.collect()
+        kept = [o for o in gc.get_objects() if id(o) not in before]
+        assert len(kept) <= 100 + 100, sorted(
+            {type(o).__name__ for o in kept}
+        )  # one Session each (and a few of the last)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from runtime.messages import (
 )
 from runtime.store.entries import CompactionEntry, MessageEntry, OverlayEntry, VisibilityEntry, new_header
 from runtime.store.log import SessionLog, load_tree
-from runtime.store.tree import SessionTree
+from runtime.store.tree import NeedsHistory, SessionTree
 from runtime.store.writer import LogWriter
 
 
@@ -283,3 +285,79 @@ def test_nodes_of_every_kind_are_on_the_path() -> None:
     kinds = [type(n) for n in tree.path()]
     assert kinds == [MessageEntry, OverlayEntry, CompactionEntry]
     assert tree.leaf_id == c.id and o.parent_id == m.id
+
+
+# -- memory bounded by the context (design §2.2) ---------------------------------------------------------
+
+
+def long_tree(turns: int, every: int) -> tuple[SessionTree, list[Message]]:
+    """``turns`` exchanges, compacted every ``every`` turns keeping the latest exchange."""
+    tree = SessionTree(new_header("s", model="m"))
+    prompts: list[Message] = []
+    for i in range(turns):
+        prompt = tree.append(user(f"prompt {i}")).message
+        prompts.append(prompt)
+        tree.append(assistant(f"answer {i} " + "words " * 40))
+        if i % every == every - 1:
+            tree.record_compaction(summary(f"summary {i}"), prompt.id)
+    return tree, prompts
+
+
+def test_trim_keeps_the_model_view_and_counts_what_the_user_view_left_in_the_log() -> None:
+    tree, prompts = long_tree(50, 5)
+    full_messages, full_context, entries = tree.messages(), tree.context(), tree.entry_count
+    assert tree.trim() > 0 and tree.trimmed
+    assert tree.context() == full_context
+    assert tree.messages_before == len(full_messages) - len(tree.messages())
+    assert tree.messages() == full_messages[tree.messages_before :]
+    assert tree.path()[0].id == prompts[-1].id  # the kept part of the latest compaction
+    # it goes on as before, and trims again after the next compaction
+    nxt = tree.append(user("next")).message
+    tree.append(assistant("and again"))
+    tree.record_compaction(summary("latest"), nxt.id)
+    tree.trim()
+    assert texts(tree.context()) == ["latest", "next", "and again"]
+    assert tree.messages_before + len(tree.messages()) == len(full_messages) + 3
+    assert len(tree) == 52 * 2 - 2 and tree.entry_count == entries + 3
+
+
+def test_a_trimmed_tree_asks_for_the_log_for_what_it_dropped() -> None:
+    tree, prompts = long_tree(20, 5)
+    tree.trim()
+    view = (tree.leaf_id, tree.context(), tree.messages())
+    old = prompts[0]
+    for change in (
+        lambda: tree.branch(old.id),  # a branch to a dropped message
+        lambda: tree.branch(None),  # to the start
+        lambda: tree.append(old),  # a message whose id may be a dropped one's
+        lambda: tree.append(user("x"), parent_id=old.id),  # under a dropped parent
+        lambda: tree.overlay([msgspec.structs.replace(old, parts=())]),
+        lambda: tree.set_visibility([old.id], agent_visible=False),
+        tree.entries,
+        tree.copy,
+    ):
+        with pytest.raises(NeedsHistory):
+            change()
+    assert (tree.leaf_id, tree.context(), tree.messages()) == view  # and nothing changed
+    with pytest.raises(ValueError, match="no such node"):
+        tree.branch("nowhere")  # an id it never had is a plain error still
+
+
+def test_a_trimmed_tree_holds_the_context_not_the_history() -> None:
+    tree, _ = long_tree(200, 5)
+    tree.trim()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):
+            prompt = tree.append(user(f"prompt {i}")).message
+            tree.append(assistant(f"answer {i} " + "words " * 40))
+            if i % 5 == 4:
+                tree.record_compaction(summary(f"summary {i}"), prompt.id)
+                tree.trim()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 2_000 * 50, f"{grown} bytes kept for 2,000 turns"  # 8 bytes an id dropped, a few runs

@@ -847,9 +847,13 @@
       const current = sv;
       const base = `/sessions/${encodeURIComponent(current.id)}/messages?view=`;
       try {
-        const [user, model] = await Promise.all([api("GET", base + "user"), api("GET", base + "model")]);
+        // the newest page only: older history is read back from the log on the server (design §2.2)
+        const [user, model] = await Promise.all([
+          api("GET", base + `user&limit=${MESSAGES_LIMIT}`),
+          api("GET", base + "model"),
+        ]);
         if (current === sv) {
-          sv.messages = { user: user.messages, model: model.messages };
+          sv.messages = { user: user.messages, total: user.total ?? user.messages.length, model: model.messages };
           schedule(renderMessages);
         }
       } catch (err) {
@@ -1317,14 +1321,14 @@
     const box = $("messages");
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
     const model = new Map(sv.messages.model.map((m) => [m.id, m]));
-    const all = sv.messages.user;
-    const shown = all.slice(-MESSAGES_LIMIT);
+    const shown = sv.messages.user;
+    const total = sv.messages.total;
     const nodes = shown.map((m) => messageNode(m, model));
-    if (shown.length < all.length)
-      nodes.unshift(el("div", { class: "tl-more", text: `${all.length - shown.length} earlier messages not shown` }));
+    if (shown.length < total)
+      nodes.unshift(el("div", { class: "tl-more", text: `${int(total - shown.length)} earlier messages not shown` }));
     box.replaceChildren(...nodes);
-    const inContext = all.filter((m) => model.has(m.id)).length;
-    $("msg-caption").textContent = `${plural(all.length, "message")}, ${int(inContext)} in the model's context`;
+    const inContext = shown.filter((m) => model.has(m.id)).length;
+    $("msg-caption").textContent = `${plural(total, "message")}, ${int(inContext)} in the model's context`;
     if (atBottom || !box.dataset.loaded) box.scrollTop = box.scrollHeight;
     box.dataset.loaded = "1";
   }
