@@ -66,7 +66,7 @@ from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
-from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay
+from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay, signature
 from runtime.store.sessions import SessionDirectory, SessionLock
 from runtime.store.tree import TURN_ENDED_KEY, NeedsHistory, SessionTree
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
@@ -120,12 +120,13 @@ class _WriteFailed(msgspec.Struct, frozen=True):
 class _Opening:
     """What the log writer found opening a store's log (filled on the writer thread, read by the store)."""
 
-    __slots__ = ("deadline", "entries", "error", "info", "lock", "retry")
+    __slots__ = ("deadline", "entries", "error", "info", "lock", "retry", "tree")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline  # until when a lock held by a stopping store of this process is waited for
         self.retry = False  # the lock was held by such a store: ask again shortly
         self.lock: SessionLock | None = None
+        self.tree: SessionTree | None = None  # replayed already by a resume (the log as it still is)
         self.entries: list[Entry] = []
         self.info: RecoveryInfo | None = None
         self.error: Exception | None = None
@@ -226,8 +227,12 @@ class SessionStore(PooledActor):
                     raise
                 _holders.add(key, me)
                 opening.lock = lock
+                handed = directory.take_over(session_id)  # a resume that replayed the log just now
                 try:
-                    opening.entries, opening.info = read_log(path)
+                    if handed is not None and handed[1] == signature(path):
+                        opening.tree = handed[0]
+                    else:
+                        opening.entries, opening.info = read_log(path)
                 except FileNotFoundError:
                     pass
             except Exception as exc:
@@ -261,7 +266,7 @@ class SessionStore(PooledActor):
         try:
             if opening.error is not None:
                 raise opening.error
-            self._open(opening.entries, opening.info)
+            self._open(opening.entries, opening.info, opening.tree)
         except BaseException as exc:
             self._emit(
                 ev.ErrorOccurred, message=f"cannot open session {self.session_id}: {exc}", code="store_open"
@@ -269,12 +274,12 @@ class SessionStore(PooledActor):
             raise  # the stashed asks fail as the store stops; its supervisor restarts it
         self.unstash_all()
 
-    def _open(self, entries: list[Entry], info: RecoveryInfo | None) -> None:
+    def _open(self, entries: list[Entry], info: RecoveryInfo | None, tree: SessionTree | None) -> None:
         path = self._log.path
         if info is not None and info.torn:
             self._emit(ev.LogRecovered, path=str(path), torn_bytes=info.torn_bytes)
-        if entries:
-            self._tree = replay(path, entries)
+        if tree is not None or entries:
+            self._tree = tree if tree is not None else replay(path, entries)
             self._tree.trim()
             return
         # No log, or one that died before its header was written: a new session.

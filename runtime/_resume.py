@@ -15,7 +15,7 @@ from typing import Any
 from runtime import events as ev
 from runtime.bus import EventBus
 from runtime.config import Config
-from runtime.store.log import CorruptLogError, cut_log, load_tree
+from runtime.store.log import CorruptLogError, cut_log, load_tree, signature
 from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import transcript_end
 from runtime.tools.mcp.servers import restored, withheld
@@ -27,11 +27,15 @@ log = logging.getLogger("agentcell.runtime")
 
 def check_log(directory: SessionDirectory, bus: EventBus, sid: str, repair: str | None) -> None:
     """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
-    it before its first bad line instead (what is cut is kept in the session's artifacts)."""
+    it before its first bad line instead (what is cut is kept in the session's artifacts).
+
+    Call it holding the session's lock: the tree it replayed is handed over to the session's store
+    (:meth:`SessionDirectory.hand_over`), which takes it instead of reading the log again when the log is
+    as it was (a torn last line is left for the store to cut and report: nothing is handed over then)."""
 
     path = directory.log_path(sid)
     try:
-        load_tree(path, repair=False)  # (a torn last line is left for the store to cut and report)
+        tree, info = load_tree(path, repair=False)
     except CorruptLogError as exc:
         if repair != "truncate" or exc.line < 2:
             hint = (
@@ -48,7 +52,9 @@ def check_log(directory: SessionDirectory, bus: EventBus, sid: str, repair: str 
         bus.publish(
             ev.LogRecovered(session_id=sid, path=str(path), torn_bytes=cut, line=exc.line, kept_in=str(keep))
         )
-        load_tree(path, repair=False)  # what is left must replay (an error now is not a line we can cut)
+        tree, info = load_tree(path, repair=False)  # what is left must replay (an error now is not a cut)
+    if not info.torn:
+        directory.hand_over(sid, tree, signature(path))
 
 
 def continue_numbering(directory: SessionDirectory, bus: EventBus, sid: str, *, transcript: bool) -> None:

@@ -261,47 +261,53 @@ class Runtime(RuntimeAPI):
         with self.services.directory.lock(sid):
             if self.services.directory.has_log(sid):  # (a session never used has its header in the index)
                 # a corrupt log is an error here, not a session that dies later
-                check_log(self.services.directory, self.bus, sid, repair)
-        overrides = dict(header.config or {})
-        cfg = self.config.with_overrides(overrides)
-        spec = self._hosting.spec(
-            sid,
-            model=header.model,
-            system_prompt=header.system_prompt,
-            tools=tools if tools is not None else (list(header.tools) and "builtin") or None,
-            workspace=workspace if workspace is not None else header.workspace,
-            cfg=cfg,
-            overrides=overrides,
-            api_base=api_base if api_base is not None else header.api_base,
-            api_key=api_key,
-            approval=approval,
-            require_approval=require_approval,
-            resume=True,
-            agents=parse_profiles(header.agents)
-            if header.parent_session_id
-            else {**self.agents, **parse_profiles(header.agents)},
-            parent=(header.parent_session_id, header.parent_call_id or "", header.depth)
-            if header.parent_session_id
-            else None,
-            mcp_servers=resumed_servers(header.mcp_servers, explicit, cfg),
-        )
-        continue_numbering(
-            self.services.directory, self.bus, sid, transcript=self.config.persistence.transcript
-        )
-        plain = api_key is None and approval is None and not require_approval and tools is None
-        plain = plain and spec.mcp is None
-        plain = plain and (workspace is None or spec.workspace == workspace_of(header))
-        plain = plain and (api_base is None or api_base == header.api_base)
-        session = self._hosting.host(spec, line, plain=plain, builtin_tools=bool(header.tools), fresh=False)
-        if header.parent_session_id:  # a sub-agent: its events carry its parent again
-            self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
-        session.ensure_running()
-        self.bus.publish(
-            ev.SessionStarted(
-                session_id=sid, model=spec.model, context_window=session.context_window, resumed=True
+                check_log(self.services.directory, self.bus, sid, repair)  # (hands its tree to the store)
+        try:
+            overrides = dict(header.config or {})
+            cfg = self.config.with_overrides(overrides)
+            spec = self._hosting.spec(
+                sid,
+                model=header.model,
+                system_prompt=header.system_prompt,
+                tools=tools if tools is not None else (list(header.tools) and "builtin") or None,
+                workspace=workspace if workspace is not None else header.workspace,
+                cfg=cfg,
+                overrides=overrides,
+                api_base=api_base if api_base is not None else header.api_base,
+                api_key=api_key,
+                approval=approval,
+                require_approval=require_approval,
+                resume=True,
+                agents=parse_profiles(header.agents)
+                if header.parent_session_id
+                else {**self.agents, **parse_profiles(header.agents)},
+                parent=(header.parent_session_id, header.parent_call_id or "", header.depth)
+                if header.parent_session_id
+                else None,
+                mcp_servers=resumed_servers(header.mcp_servers, explicit, cfg),
             )
-        )
-        return sid
+            continue_numbering(
+                self.services.directory, self.bus, sid, transcript=self.config.persistence.transcript
+            )
+            plain = api_key is None and approval is None and not require_approval and tools is None
+            plain = plain and spec.mcp is None
+            plain = plain and (workspace is None or spec.workspace == workspace_of(header))
+            plain = plain and (api_base is None or api_base == header.api_base)
+            session = self._hosting.host(
+                spec, line, plain=plain, builtin_tools=bool(header.tools), fresh=False
+            )
+            if header.parent_session_id:  # a sub-agent: its events carry its parent again
+                self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
+            session.ensure_running()
+            self.bus.publish(
+                ev.SessionStarted(
+                    session_id=sid, model=spec.model, context_window=session.context_window, resumed=True
+                )
+            )
+            return sid
+        except BaseException:
+            self.services.directory.take_over(sid)  # not hosted: nobody takes the tree check_log left
+            raise
 
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
         return await asyncio.to_thread(self.resume_session, session_id, **kwargs)

@@ -40,6 +40,7 @@ __all__ = [
     "read_header_line",
     "read_log",
     "replay",
+    "signature",
     "truncate",
     "truncate_torn_tail",
 ]
@@ -125,6 +126,12 @@ def read_header_line(path: StrPath) -> tuple[Header, bytes] | None:
     if not isinstance(entry, Header):
         raise CorruptLogError(path, 1, f"the first entry must be a header, not {type(entry).__name__}")
     return entry, first
+
+
+def signature(path: StrPath) -> tuple[int, int, int]:
+    """What changes whenever a log is written: its inode, size and modification time (nanoseconds)."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_file(path: StrPath) -> bytes:

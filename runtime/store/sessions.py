@@ -192,6 +192,8 @@ class SessionDirectory:
         self._layout_lock = threading.Lock()
         self._flat: frozenset[str] | None = None  # sessions still in the flat layout (found on first use)
         self._legacy: dict[str, str] | None = None  # sub-agents with a log and no index line (found once)
+        self._handed: dict[str, tuple[Any, tuple[int, int, int]]] = {}  # see hand_over
+        self._handed_lock = threading.Lock()
 
     def close(self) -> None:
         """Release the descriptors the directory keeps open (its lock guard, its index claim); using it
@@ -318,6 +320,17 @@ class SessionDirectory:
                     legacy[sid] = found[0].parent_session_id
             self._legacy = legacy
         return self._legacy
+
+    def hand_over(self, session_id: str, tree: Any, signature: tuple[int, int, int]) -> None:
+        """Leave a session's tree, replayed from its log as it was (``signature``), for its store to take
+        instead of reading the log again (a resume checks the log first: it is read once, not twice)."""
+        with self._handed_lock:
+            self._handed[session_id] = (tree, signature)
+
+    def take_over(self, session_id: str) -> tuple[Any, tuple[int, int, int]] | None:
+        """What :meth:`hand_over` left for ``session_id`` (once), or None."""
+        with self._handed_lock:
+            return self._handed.pop(session_id, None)
 
     def ids(self) -> list[str]:
         """Ids of the stored sessions, sorted."""

@@ -367,4 +367,4 @@ def test_an_empty_prompt_is_refused_with_the_python_apis_words(client: httpx.Cli
     sid = start(client, provider)
     response = client.post(f"/sessions/{sid}/prompt", json={"text": " \n"})
     assert response.status_code == 400 and "prompt text must not be empty" in response.json()["error"]
-    assert json.loads(client.get(f"/sessions/{sid}/messages").text) == {"messages": []}
+    assert json.loads(client.get(f"/sessions/{sid}/messages").text) == {"messages": [], "total": 0}

@@ -154,3 +154,17 @@ def test_a_flat_session_open_in_a_live_process_stays_where_it_is(tmp_path: Path)
     mover = SessionDirectory(tmp_path, migrate=True)
     assert mover.log_path("busy") == tmp_path / "busy.jsonl"
     assert mover.ids() == ["busy"] and mover.exists("busy")
+
+
+def test_the_index_knows_each_sessions_children(tmp_path: Path) -> None:
+    """Issue 47: finding a session's sub-agents read every stored log; the index answers it."""
+    directory = SessionDirectory(tmp_path)
+    kid = lambda sid, parent: encode_entry(new_header(sid, model="m", parent=(parent, "call", 1)))  # noqa: E731
+    directory.index.append_now(header_line("p") + kid("k1", "p") + kid("k2", "p") + kid("other", "q"))
+    assert directory.children("p") == ["k1", "k2"] and directory.children("q") == ["other"]
+    directory.delete("k1")
+    assert directory.children("p") == ["k2"]
+    assert SessionDirectory(tmp_path).children("p") == [
+        "k2"
+    ]  # a new reader: from the lines, removal included
+    assert directory.children("k2") == []

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,3 +365,26 @@ def test_a_session_used_once_then_hibernated_leaves_at_most_its_handle_to_the_co
         assert len(kept) <= 100 + 100, sorted(
             {type(o).__name__ for o in kept}
         )  # one Session each (and a few of the last)
+
+
+def test_resuming_reads_the_log_once(sessions_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47: resume_session read a log twice, its check and then its store; now the store takes the
+    tree the check replayed (the log being as it was)."""
+    import runtime.store.log as log_module
+
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session(model="openai/m")
+        assert rt.prompt(sid, "Hello").result(timeout=60).text == REPLY
+    reads: list[str] = []
+    real = log_module.read_file
+
+    def counting(path: Any) -> bytes:
+        reads.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(log_module, "read_file", counting)
+    with Runtime(mock_config(), sessions_dir=sessions_dir) as rt:
+        rt.resume_session(sid)
+        assert [m.text for m in rt.messages(sid)] == ["Hello", REPLY]
+        assert reads.count(os.fspath(rt.services.directory.log_path(sid))) == 1
+        assert rt.prompt(sid, "Again").result(timeout=60).text == REPLY
