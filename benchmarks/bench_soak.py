@@ -169,6 +169,7 @@ def retained(url: str, sessions: int, turns: int, window: int) -> dict[str, Any]
             tracemalloc.stop()
         shown = rt.message_count(sids[0])
         in_context = rt.message_count(sids[0], view="model")
+        reads = _reads(rt, sids[0], shown)
     slope = statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
     return {
         "kind": "retained",
@@ -179,7 +180,35 @@ def retained(url: str, sessions: int, turns: int, window: int) -> dict[str, Any]
         "grown_bytes": points[-1][1] - points[0][1],
         "messages_one_session": shown,
         "in_its_context": in_context,
+        **reads,
         "samples": [{"turns": x, "traced_bytes": y} for x, y in points],
+    }
+
+
+def _reads(rt: Any, sid: str, shown: int) -> dict[str, Any]:
+    """What reading one session's old history costs: its whole user view, then a page deep in it, each
+    from the log (the page cache emptied first), then the same page again (from the cache)."""
+    from runtime.store.history import HistoryPages
+
+    def timed(**page: Any) -> float:
+        start = time.perf_counter()
+        found = rt.messages(sid, **page)
+        assert found, page
+        return round((time.perf_counter() - start) * 1000, 2)
+
+    rt.history = HistoryPages()
+    whole = timed()
+    rt.history = HistoryPages()
+    deep = timed(offset=shown // 2, limit=50)
+    again = timed(offset=shown // 2, limit=50)
+    newest = timed(limit=50)
+    log_bytes = rt.services.directory.log_path(sid).stat().st_size
+    return {
+        "log_kib": round(log_bytes / 1024),
+        "read_all_ms": whole,
+        "read_deep_page_ms": deep,
+        "read_deep_page_cached_ms": again,
+        "read_newest_page_ms": newest,
     }
 
 
