@@ -14,7 +14,9 @@ Each keeps the built-in base it always had, so code that catches ``KeyError``, `
      │   ├─ CorruptLogError         ValueError    a log line that is not a valid entry
      │   ├─ LogWriteError           OSError       a write refused after an earlier one to the file failed
      │   ├─ WriterClosedError       RuntimeError  the log writer is closed
-     │   └─ StoreWriteError         RuntimeError  the store actor could not write (actors.session_store)
+     │   ├─ StoreWriteError         RuntimeError  the store actor could not write (actors.session_store)
+     │   └─ NeedsHistory            LookupError   a trimmed session tree was asked for a node it left to
+     │                                            the log; its store reads it back (runtime.store.tree)
      ├─ ToolError                                 a tool's failure, shown to the model as it is
      │   ├─ WorkspaceError                        a path outside the session's workspace
      │   └─ McpUnavailable                        an MCP server cannot take the call (runtime.tools.mcp)

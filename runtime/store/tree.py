@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.errors import StoreError
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.messages import Message
 from runtime.store.entries import (
@@ -58,7 +59,7 @@ TURN_ENDED_KEY = "turn_ended_at"  # metadata: the newest message when a turn end
 """Metadata key marking a dead session (its value is the reason; an empty value revives it)."""
 
 
-class NeedsHistory(LookupError):
+class NeedsHistory(StoreError, LookupError):
     """A trimmed tree cannot answer: the node asked for may be one it dropped (it is in the log). The owner
     rebuilds the whole tree from the log and asks again; the tree was left unchanged."""
 
