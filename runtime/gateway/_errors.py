@@ -1,6 +1,8 @@
 """Provider errors classified into the kinds the runtime acts on (design §3.7, 6.1).
 
-Every transport maps its failures here, so one error means the same on every transport: overflow is
+Each transport says what its library's exceptions are by their types (``Transport.error_kind``: isinstance,
+as httpx maps its transport errors; no class names compared), and the rules here do the rest, the same on
+every transport, so one error means the same on each: overflow is
 decided first by :func:`runtime.context.overflow.is_context_overflow` (an overflow that arrives as a 500, as
 Ollama sends it, or as a 413 is never retried as a transient error), then authentication, rate limits (with
 ``retry-after``), timeouts, content policy, transient failures (5xx, "overloaded", connection errors) and
@@ -19,30 +21,13 @@ from typing import Final
 
 from runtime.gateway._models import ErrorKind, ProviderError
 
-_TIMEOUTS: Final = frozenset(
-    {"Timeout", "APITimeoutError", "ReadTimeout", "ConnectTimeout", "WriteTimeout", "PoolTimeout"}
-)
-_TRANSIENT: Final = frozenset(
-    {
-        "APIConnectionError",
-        "ServiceUnavailableError",
-        "InternalServerError",
-        "BadGatewayError",
-        "MidStreamFallbackError",
-        "RemoteProtocolError",
-        "ReadError",
-        "WriteError",
-        "ConnectError",
-        "StreamError",
-    }
-)
-_INVALID: Final = frozenset(
-    {"BadRequestError", "UnprocessableEntityError", "NotFoundError", "UnsupportedParamsError"}
-)
 
-
-def classify_error(exc: BaseException, *, provider: str | None = None) -> ProviderError:
-    """Classify a provider exception (litellm's, the OpenAI client's, httpx's, asyncio's, a transport's)."""
+def classify_error(
+    exc: BaseException, *, provider: str | None = None, kind: ErrorKind | None = None
+) -> ProviderError:
+    """Classify a provider exception. ``kind`` is what its type says, as the transport that raised it maps
+    its library's exception types (:meth:`Transport.error_kind`); the status code, the overflow wordings and
+    the message decide the rest (a 401 is ``auth`` whatever its type)."""
     from runtime.context.overflow import is_context_overflow, stated_window
 
     status = _status_code(exc)
@@ -71,31 +56,30 @@ def classify_error(exc: BaseException, *, provider: str | None = None) -> Provid
         return error("cancelled")
     if is_context_overflow(exc, message=message, status_code=status, code=code, body=body):
         return error("overflow")
-    name = type(exc).__name__
     lowered = message.lower()
-    if status in (401, 403) or name in ("AuthenticationError", "PermissionDeniedError"):
+    if status in (401, 403) or kind == "auth":
         return error("auth")
-    if status == 429 or name == "RateLimitError":
+    if status == 429 or kind == "rate_limit":
         return error("rate_limit", retry_after)
     if (
         isinstance(exc, TimeoutError)
-        or name in _TIMEOUTS
+        or kind == "timeout"
         or "timed out" in lowered
         or "timeout on reading" in lowered
     ):
         return error("timeout", retry_after)
-    if name == "ContentPolicyViolationError" or "content_policy" in lowered:
+    if kind == "content_policy" or "content_policy" in lowered:
         return error("content_policy")
     if (
         (status is not None and (status >= 500 or status in (408, 409)))
         or "overloaded" in lowered
         or isinstance(exc, ConnectionError | OSError)
-        or name in _TRANSIENT
+        or kind == "transient"
     ):
         return error("transient", retry_after)
     if status is not None and 400 <= status < 500:
         return error("invalid_request")
-    if name in _INVALID:
+    if kind == "invalid_request":
         return error("invalid_request")
     return error("unknown")
 

@@ -16,7 +16,8 @@ applies its ``timeout``), watched by one timer per request rather than one per r
 litellm: proxies (a configured proxy sends the model to litellm, see the router), HTTP/2, compression.
 
 Failures are exceptions named as httpx names them (``ConnectError``, ``ReadError``, ``RemoteProtocolError``,
-``ReadTimeout``, ``ConnectTimeout``, ``PoolTimeout``), so that the shared classifier reads them alike.
+``ReadTimeout``, ``ConnectTimeout``, ``PoolTimeout``), each carrying its error ``kind`` (transient or
+timeout), which the native transport hands to the shared classifier.
 """
 
 from __future__ import annotations
@@ -27,17 +28,21 @@ import os
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from typing import ClassVar, Final
 from urllib.parse import urlsplit
 
 from runtime.errors import TransportError
+from runtime.gateway._models import ErrorKind
 
 _HEAD_LIMIT: Final = 64 * 1024
 _READ_SIZE: Final = 64 * 1024
 
 
 class HTTPTransportError(TransportError):
-    """A request that failed below HTTP: no connection, a cut, a timeout, a malformed answer."""
+    """A request that failed below HTTP: no connection, a cut, a timeout, a malformed answer. ``kind`` is
+    the error kind it is (each subclass's)."""
+
+    kind: ClassVar[ErrorKind] = "transient"
 
 
 class ConnectError(HTTPTransportError):
@@ -57,15 +62,15 @@ class RemoteProtocolError(HTTPTransportError):
 
 
 class ConnectTimeout(HTTPTransportError):
-    pass
+    kind = "timeout"
 
 
 class ReadTimeout(HTTPTransportError):
-    pass
+    kind = "timeout"
 
 
 class PoolTimeout(HTTPTransportError):
-    pass
+    kind = "timeout"
 
 
 class Endpoint:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
-from runtime.gateway._models import CompletionRequest
+from runtime.gateway._models import CompletionRequest, ErrorKind
 from runtime.gateway._stream import StreamAssembler, message_from_response
 from runtime.gateway._usage import field
 from runtime.gateway.transports.base import Attempt, Transport
@@ -148,6 +148,13 @@ class LitellmTransport(Transport):
                     await aclose()
         return assembler.message(model=model, usage=usage_with_cost(assembler.usage, route.prices, self.name))
 
+    def error_kind(self, exc: BaseException) -> ErrorKind | None:
+        """What litellm's, the OpenAI client's or httpx's exception types say (subclasses included)."""
+        for types, kind in _error_types():
+            if isinstance(exc, types):
+                return kind
+        return None
+
     async def aclose(self) -> None:
         await close_loop_clients(asyncio.get_running_loop())
 
@@ -203,3 +210,54 @@ def _response_headers(response: object) -> Mapping[str, str] | None:
     if headers is not None and (isinstance(headers, Mapping) or hasattr(headers, "items")):
         return {str(k).removeprefix("llm_provider-"): str(v) for k, v in headers.items()}
     return None
+
+
+_ERROR_TYPES: list[tuple[tuple[type[BaseException], ...], ErrorKind]] = []
+
+
+def _error_types() -> list[tuple[tuple[type[BaseException], ...], ErrorKind]]:
+    """litellm's exception types (and the OpenAI client's and httpx's it lets through) by error kind, the
+    first match deciding: a subclass before its base (litellm's ``Timeout`` is an ``APIConnectionError``,
+    its ``ContentPolicyViolationError`` a ``BadRequestError``). Built once litellm is loaded."""
+    if not _ERROR_TYPES:
+        import httpx
+        import openai
+
+        litellm = load_litellm()
+        _ERROR_TYPES.extend(
+            [
+                ((litellm.ContentPolicyViolationError,), "content_policy"),
+                (
+                    (litellm.Timeout, openai.APITimeoutError, httpx.TimeoutException),
+                    "timeout",
+                ),
+                ((openai.AuthenticationError, openai.PermissionDeniedError), "auth"),
+                ((openai.RateLimitError,), "rate_limit"),
+                (
+                    (
+                        litellm.APIConnectionError,
+                        litellm.ServiceUnavailableError,
+                        litellm.InternalServerError,
+                        litellm.BadGatewayError,
+                        litellm.exceptions.MidStreamFallbackError,
+                        openai.APIConnectionError,
+                        openai.InternalServerError,
+                        httpx.ConnectError,
+                        httpx.ReadError,
+                        httpx.WriteError,
+                        httpx.RemoteProtocolError,
+                    ),
+                    "transient",
+                ),
+                (
+                    (
+                        openai.BadRequestError,
+                        openai.UnprocessableEntityError,
+                        openai.NotFoundError,
+                        litellm.UnsupportedParamsError,
+                    ),
+                    "invalid_request",
+                ),
+            ]
+        )
+    return _ERROR_TYPES

@@ -10,11 +10,13 @@ objects, no logging or cost callbacks. Text, ``reasoning_content`` (or ``reasoni
 :class:`~runtime.gateway._stream.StreamAssembler`; usage comes from the last chunk
 (``stream_options.include_usage``), cost from the route's prices.
 
-Failures are mapped into the shared error kinds by the same classifier litellm's are: an error response is a
+Failures are mapped into the shared error kinds by type (:meth:`OpenAICompatTransport.error_kind`), then by the
+same rules litellm's are: an error response is a
 :class:`ProviderHTTPError` carrying the status, the decoded JSON body (where the overflow classifier reads
 every vendor's wording) and the headers (``retry-after``); an error sent mid-stream, a stream cut short and an
-undecodable chunk are :class:`StreamError` (transient); the HTTP client's errors are named as httpx's are
-(``ReadTimeout`` is a timeout, ``ConnectError``, ``ReadError`` and ``RemoteProtocolError`` are transient).
+undecodable chunk are :class:`StreamError` (transient); the HTTP client's errors are named as httpx's are and
+carry their kind (``ReadTimeout`` is a timeout, ``ConnectError``, ``ReadError`` and ``RemoteProtocolError`` are
+transient).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import msgspec
 from runtime.errors import TransportError
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
-from runtime.gateway._models import CompletionRequest, Delta
+from runtime.gateway._models import CompletionRequest, Delta, ErrorKind
 from runtime.gateway._stream import StreamAssembler, message_from_response
-from runtime.gateway.transports._http import Endpoint, HTTPClient, Response
+from runtime.gateway.transports._http import Endpoint, HTTPClient, HTTPTransportError, Response
 from runtime.gateway.transports.base import Attempt, Transport
 
 if TYPE_CHECKING:
@@ -135,6 +137,15 @@ class OpenAICompatTransport(Transport):
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    def error_kind(self, exc: BaseException) -> ErrorKind | None:
+        """A stream that failed is transient, the HTTP client's errors are what they carry, and an error
+        response is decided by its status and body (None here)."""
+        if isinstance(exc, StreamError):
+            return "transient"
+        if isinstance(exc, HTTPTransportError):
+            return exc.kind
+        return None
 
     async def attempt(self, call: Attempt, route: Route) -> Message:
         request = call.request
