@@ -9,7 +9,8 @@ used.
 
 Each exported name is listed once, as an import below: the cheap ones (configuration, errors) are imported at
 once, the others under ``TYPE_CHECKING`` (what type checkers read; ``X as X`` marks each a re-export).
-``__all__`` and the lazy look-up are read from those imports on first need.
+``__all__`` and the lazy look-up are read from those imports on first need (imports from private modules,
+``runtime._x``, are not exports).
 """
 
 from __future__ import annotations
@@ -178,9 +179,9 @@ def _exports() -> dict[str, str]:
         for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body:
             lazy = isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
             for stmt in node.body if isinstance(node, ast.If) and lazy else [node]:
-                if not isinstance(stmt, ast.ImportFrom) or stmt.module in (None, "runtime._offline"):
+                if not isinstance(stmt, ast.ImportFrom) or stmt.module is None:
                     continue
-                if stmt.module.startswith("runtime."):
+                if stmt.module.startswith("runtime.") and not stmt.module.startswith("runtime._"):
                     found.update((alias.name, stmt.module) for alias in stmt.names)
         _exported = found  # (whole: another thread sees it complete or not at all)
     return _exported
