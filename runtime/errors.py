@@ -34,7 +34,9 @@ Each keeps the built-in base it always had, so code that catches ``KeyError``, `
      ├─ TransportError                            the native transport's own errors, each mapped to a
      │   ├─ HTTPTransportError ...                ProviderError before it leaves the gateway
      │   └─ ProviderHTTPError ...                 (runtime.gateway.transports)
-     ├─ AddressRefused              OSError       a client's URL at an address the server does not connect
+     ├─ QueueTimeout                              a call waited past its turn's budget for a provider key's
+ │                                            capacity; the turn ends rate_limited (runtime.gateway)
+ ├─ AddressRefused              OSError       a client's URL at an address the server does not connect
      │                                            to for clients (loopback, private, link-local...)
      └─ the applications' errors (runtime.apps): HttpError, ApiError, InputError (ValueError)
 

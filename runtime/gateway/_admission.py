@@ -27,6 +27,7 @@ import msgspec
 
 from runtime.capacity import FairQueue, Limits, Pool, RateLimitInfo, Ticket, pool_for
 from runtime.config import CapacityConfig, LimitConfig
+from runtime.errors import AgentcellError
 
 __all__ = ["WAIT_BUCKETS", "AdmissionControl", "PoolSnapshot", "PoolState", "QueueTimeout", "limits_of"]
 
@@ -37,7 +38,7 @@ OnQueued = Callable[[str, int, float], object]
 """``(pool, position, estimated_wait)`` when a call starts waiting."""
 
 
-class QueueTimeout(Exception):
+class QueueTimeout(AgentcellError):
     """A call waited past its budget for a pool's capacity."""
 
     def __init__(self, pool: str, waited: float, budget: float) -> None:
