@@ -79,7 +79,7 @@ def test_a_subscription_per_session_gets_every_delta_in_order_through_a_shards_s
     pid = cluster.shard_info(victim).pid
 
     chunk_chars, chunk_delay = provider.chunk_chars, provider.chunk_delay
-    provider.chunk_chars, provider.chunk_delay = 5, 0.005  # ~200 deltas a turn, over about a second
+    provider.chunk_chars, provider.chunk_delay = 5, 0.02  # ~200 deltas a turn, over about four seconds
     try:
         handles = {sid: cluster.prompt(sid, "stream to me") for sid in sids}
         for sid in sids:  # every session is mid-turn

@@ -76,7 +76,12 @@ def test_a_newcomers_session_finds_the_window_and_never_overflows(
     """``model="openai/smollm2"``, an api_base, nothing configured: the window comes from the server's
     /props (2,048 tokens on one slot), every one of 30 turns ends ok, and the server refuses nothing, across
     the compactions a 2,048-token window needs (made by the real model as summarizer)."""
-    sid = real_rt.start_session(model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM)
+    # Answers of at most 96 tokens (a CI-sized run: SmolLM2 otherwise rambles up to the room left, ~1,000
+    # tokens, 20 s a turn); the window is still nobody's but the server's, and the cap to the room left is
+    # the smaller one whenever less than 96 tokens are left.
+    sid = real_rt.start_session(
+        model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM, config={"agent.max_output_tokens": 96}
+    )
     assert real_rt.context_stats(sid).window == llama_server.ctx_per_slot == 2048
     results = _turns(real_rt, sid, 30)
     assert [r.status for r in results] == ["ok"] * 30, [r.error for r in results if r.status != "ok"]
