@@ -625,8 +625,10 @@ class Agent(SessionActor):
         )
         self._enter(AgentState.STREAMING)
         me, token, publish, sid, turn = self.actor_ref, run.token, self.publish, self.session_id, run.turn_id
+        streamed = [False]  # (the gateway's loop thread runs on_delta and on_retry, one after the other)
 
         def on_delta(delta: Delta) -> None:
+            streamed[0] = True
             if delta.kind == "text":
                 publish(ev.TextDelta(session_id=sid, turn_id=turn, delta=delta.text))
             elif delta.kind == "reasoning":
@@ -649,8 +651,21 @@ class Agent(SessionActor):
         def deliver(result: CompletionResult) -> None:
             me.tell(_ProviderDone(token, result))
 
+        report_retry = retry_reporter(publish, sid, turn)
+
+        def reset_then_report(info: RetryInfo) -> None:
+            if streamed[0]:  # what the failed attempt streamed is void: subscribers drop it
+                streamed[0] = False
+                run.message_id = new_id()  # (read on this actor's thread only after the result, told later)
+                publish(
+                    ev.StreamReset(
+                        session_id=sid, turn_id=turn, attempt=info.attempt, message_id=run.message_id
+                    )
+                )
+            report_retry(info)
+
         on_result: Callable[[CompletionResult], None] = deliver
-        on_retry: Callable[[RetryInfo], None] = retry_reporter(publish, sid, turn)
+        on_retry: Callable[[RetryInfo], None] = reset_then_report
         tracing = self.services.tracing
         if tracing is not None:
             chat = tracing.start_chat(run.span, sid, request, turn_id=turn, provider=route.provider)

@@ -119,6 +119,7 @@ if TYPE_CHECKING:
         SessionStarted as SessionStarted,
         SessionStopped as SessionStopped,
         StatusUpdate as StatusUpdate,
+        StreamReset as StreamReset,
         StreamStalled as StreamStalled,
         SubscriberLagged as SubscriberLagged,
         TextDelta as TextDelta,

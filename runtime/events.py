@@ -51,6 +51,7 @@ __all__ = [
     "SessionStarted",
     "SessionStopped",
     "StatusUpdate",
+    "StreamReset",
     "StreamStalled",
     "SubscriberLagged",
     "TextDelta",
@@ -168,6 +169,16 @@ class ToolCallDelta(Event, frozen=True, tag="tool_call_delta"):
     call_id: str | None
     name: str | None
     arguments_delta: str
+
+
+class StreamReset(Event, frozen=True, tag="stream_reset"):
+    """A provider attempt failed after it streamed, and the gateway retries: drop the partial text,
+    reasoning and tool-call deltas this turn streamed since its last ``request_start`` (or ``stream_reset``).
+    ``attempt`` is the failed attempt's number; the retry's answer will be appended as ``message_id``."""
+
+    turn_id: str
+    attempt: int
+    message_id: str | None = None
 
 
 class StreamStalled(Event, frozen=True, tag="stream_stalled"):
@@ -439,6 +450,7 @@ AnyEvent = (
     | TextDelta
     | ReasoningDelta
     | ToolCallDelta
+    | StreamReset
     | StreamStalled
     | MessageAppended
     | ToolExecutionStart

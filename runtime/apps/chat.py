@@ -229,6 +229,8 @@ class ChatPrinter:
                 self._note(f"[waiting for capacity of {pool}: {position} in the queue{about}]")
             case ev.RequestAdmitted(waited=waited):
                 self._note(f"[capacity after {waited:.1f}s]")
+            case ev.StreamReset(attempt=attempt):  # what attempt streamed is void: the reply starts again
+                self._note(f"[attempt {attempt} broke off: the text above is void, the reply starts again]")
             case ev.ProviderRetry(attempt=attempt, max_attempts=most, delay=delay, error=error):
                 self._note(f"[retry {attempt}/{most} in {delay:.1f}s: {error}]")
             case ev.ErrorOccurred(code="aborted"):

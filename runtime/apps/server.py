@@ -732,6 +732,9 @@ def create_app(
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        if request.url.path.startswith("/v1/"):  # the OpenAI API's error shape there
+            body = _error_body(request.scope, exc.status_code, message)
+            return Response(body, exc.status_code, dict(exc.headers or {}), "application/json")
         return error(exc.status_code, message, dict(exc.headers or {}))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
@@ -748,6 +751,9 @@ def create_app(
         served_app = DashboardFiles(gate)
     else:
         served_app = DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
+    from runtime.apps.responses import RequestIds
+
+    served_app = RequestIds(served_app)
     return served_app if drain is None else DrainGate(served_app, drain, _error_body)
 
 

@@ -360,6 +360,23 @@ def test_printer_writes_a_transcript_and_tracks_what_it_printed() -> None:
     )
 
 
+def test_a_stream_reset_says_the_broken_text_is_void() -> None:
+    out = io.StringIO()
+    printer = ChatPrinter(out)
+    for seq, event in enumerate(
+        [
+            ev.TextDelta(session_id="s", turn_id="t", delta="This reply b"),
+            ev.StreamReset(session_id="s", turn_id="t", attempt=1, message_id="m2"),
+            ev.TextDelta(session_id="s", turn_id="t", delta="This reply is whole."),
+        ],
+        start=1,
+    ):
+        printer(msgspec.structs.replace(event, seq=seq))
+    assert out.getvalue() == (
+        "This reply b\n[attempt 1 broke off: the text above is void, the reply starts again]\nThis reply is whole."
+    )
+
+
 def test_reasoning_is_shown_apart_from_the_answer() -> None:
     out = io.StringIO()
     printer = ChatPrinter(out, color=True)  # a terminal: reasoning is shown, dimmed

@@ -83,7 +83,7 @@ def test_unsupported_and_unknown_parameters_are_named(client: openai.OpenAI, ser
         client.responses.create(model="openai/x", input="hi", extra_body={"bogus": 1})
     assert error_of(raised)["code"] == "unknown_parameter" and error_of(raised)["param"] == "bogus"
     with pytest.raises(openai.BadRequestError) as raised:
-        client.responses.create(model="openai/x", input="hi", tools=[{"type": "web_search"}])
+        client.responses.create(model="openai/x", input="hi", tools=[{"type": "custom", "name": "x"}])
     assert error_of(raised)["param"] == "tools[0].type"
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(model="bad model name\n", input="hi")

@@ -100,7 +100,9 @@ def test_a_conversations_stored_items_keep_their_ids() -> None:
         ({"tool_choice": "required"}, "tool_choice"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"background": True}, "background"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"reasoning": {"summary": "verbose"}}, "reasoning.summary"),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"max_output_tokens": 10}, "max_output_tokens"),
@@ -115,9 +117,11 @@ def test_what_sdks_send_by_default_is_accepted() -> None:
         model="m",
         tool_choice="auto",
         parallel_tool_calls=True,
-        include=[],
-        text={"format": {"type": "text"}},
-        reasoning={"effort": None, "summary": None},
+        include=["reasoning.encrypted_content"],
+        text={"format": {"type": "text"}, "verbosity": "low"},
+        reasoning={"effort": None, "summary": "auto"},
+        prompt_cache_key="k",
+        client_metadata={"session_id": "x"},
         store=True,
         stream=False,
     )
@@ -126,7 +130,9 @@ def test_what_sdks_send_by_default_is_accepted() -> None:
 
 def test_tools_usage_errors_and_the_response_object_have_the_apis_shapes() -> None:
     tools = function_tools([{"type": "function", "name": "f", "parameters": {"type": "object"}}])
-    assert tools == ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
+    assert tools.schemas == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
     usage = usage_object(Usage(input_tokens=10, output_tokens=4, reasoning_tokens=2, cache_read_tokens=6))
     responses_types.ResponseUsage.model_validate(usage)
     assert usage["input_tokens_details"]["cached_tokens"] == 6 and usage["total_tokens"] == 14
@@ -164,7 +170,7 @@ def _message_events(translator: StreamTranslator, mid: str) -> list[dict[str, An
 
 
 def test_the_stream_of_a_step_matches_its_final_items() -> None:
-    translator = StreamTranslator(frozenset({"weather"}))
+    translator = StreamTranslator(frozenset({"weather"}), extra_events=True)
     record = ResponseRecord(id="resp_1", session_id="s", model="m")
     events = translator.start(record.to_api()) + _message_events(translator, "f" * 16)
     message = Message(

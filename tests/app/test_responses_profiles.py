@@ -98,19 +98,30 @@ def test_the_servers_own_tools_are_mcp_call_items(client: openai.OpenAI) -> None
     assert events[-1].response.output[0].model_dump() == done[0].model_dump()
 
 
-def test_truncation_auto_compacts_and_a_standard_client_skips_the_extra_events(client: openai.OpenAI) -> None:
+def test_truncation_auto_compacts_and_a_client_that_asks_sees_the_extra_events(client: openai.OpenAI) -> None:
     previous: str | None = None
     extra: list[str] = []
     for turn in range(8):
         text = f"Note {turn}: {filler(2_400, f't{turn}')}"
         if turn % 2:  # the raw stream; and the SDK's helper, which builds the response from the events
             events = list(
-                client.responses.create(model="tiny", input=text, previous_response_id=previous, stream=True)
+                client.responses.create(
+                    model="tiny",
+                    input=text,
+                    previous_response_id=previous,
+                    stream=True,
+                    include=["agentcell.events"],  # type: ignore[list-item]
+                )
             )
             assert events[-1].type == "response.completed", [e.type for e in events]
             previous = events[-1].response.id
         else:
-            with client.responses.stream(model="tiny", input=text, previous_response_id=previous) as stream:
+            with client.responses.stream(
+                model="tiny",
+                input=text,
+                previous_response_id=previous,
+                include=["agentcell.events"],  # type: ignore[list-item]
+            ) as stream:
                 events = list(stream)
                 final = stream.get_final_response()
             assert final.status == "completed" and final.output_text.startswith("Noted.")

@@ -29,6 +29,6 @@ and :mod:`.stream` (events → the API's stream events) are pure; :mod:`.records
 conversations on disk; :mod:`.door` runs a response on a session; :mod:`.routes` is the HTTP side.
 """
 
-from runtime.apps.responses.routes import responses_routes
+from runtime.apps.responses.routes import RequestIds, responses_routes
 
-__all__ = ["responses_routes"]
+__all__ = ["RequestIds", "responses_routes"]

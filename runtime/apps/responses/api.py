@@ -90,6 +90,7 @@ class CreateResponse(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image: Any = None
     access_programs: Any = None
     background_options: Any = None
+    client_metadata: dict[str, str] | None = None  # (Codex sends it; kept as metadata)
 
     @property
     def conversation_id(self) -> str | None:
@@ -125,15 +126,47 @@ def unsupported(body: CreateResponse) -> list[str]:
         names.append("tool_choice")
     if body.parallel_tool_calls is False:
         names.append("parallel_tool_calls")
-    if body.include:
+    if any(name not in INCLUDABLE for name in body.include or ()):
         names.append("include")
     if body.text is not None and (body.text.get("format") or {"type": "text"}).get("type") != "text":
         names.append("text.format")
-    if body.reasoning is not None and any(v is not None for v in body.reasoning.values()):
-        names.append("reasoning")
+    if body.text is not None and body.text.get("verbosity") not in (None, "low", "medium", "high"):
+        names.append("text.verbosity")
+    if body.reasoning is not None:
+        if body.reasoning.get("summary") not in (None, "auto", "concise", "detailed"):
+            names.append("reasoning.summary")
+        if any(v is not None for k, v in body.reasoning.items() if k != "summary"):
+            names.append("reasoning")
     if body.service_tier not in (None, "auto", "default"):
         names.append("service_tier")
     return names
+
+
+ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
+AGENTCELL_EVENTS: Final = "agentcell.events"
+INCLUDABLE: Final = frozenset({ENCRYPTED_REASONING, AGENTCELL_EVENTS})
+"""``include`` values honoured: reasoning items carry ``encrypted_content`` (an opaque token this server
+turns back into the reasoning when a client sends the item back: :mod:`.sealing`); a stream carries
+agentcell's own events as ``agentcell.<type>`` (without it, only the API's events)."""
+
+MAX_METADATA_KEYS: Final = 64
+MAX_METADATA_VALUE: Final = 16_384
+
+
+def metadata_of(body: CreateResponse) -> dict[str, str]:
+    """The response's metadata: ``client_metadata`` (Codex's) joined by ``metadata`` (which wins on a clash),
+    bounded (a 400 past :data:`MAX_METADATA_KEYS` keys or a value over :data:`MAX_METADATA_VALUE` characters)."""
+    merged = {**(body.client_metadata or {}), **(body.metadata or {})}
+    if len(merged) > MAX_METADATA_KEYS:
+        raise ApiError(400, f"metadata: at most {MAX_METADATA_KEYS} keys", param="metadata")
+    for key, value in merged.items():
+        if len(key) > 256 or len(value) > MAX_METADATA_VALUE:
+            raise ApiError(
+                400,
+                f"metadata: keys of at most 256 and values of at most {MAX_METADATA_VALUE:,} characters",
+                param="metadata",
+            )
+    return merged
 
 
 def decode_error(exc: Exception) -> ApiError:
@@ -150,30 +183,81 @@ def decode_error(exc: Exception) -> ApiError:
     return ApiError(400, f"The request body is not valid JSON: {text}", code="invalid_json")
 
 
-def function_tools(tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
-    """The request's ``function`` tools in the chat format the gateway sends; 400 for any other kind."""
-    out: list[dict[str, Any]] = []
-    names: set[str] = set()
-    for index, tool in enumerate(tools or ()):
-        param = f"tools[{index}]"
-        if tool.get("type") != "function":
-            raise ApiError(
-                400,
-                f"{param}: tools of type {tool.get('type')!r} are not supported by this server (function "
-                "tools run on the client; the server's own tools come with the model's agent profile)",
-                param=f"{param}.type",
-            )
+HOSTED_TOOLS: Final = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "computer",
+        "local_shell",
+        "tool_search",
+        "mcp",
+    }
+)
+"""Tools the API's servers run themselves: declared by a client, they are not offered to the model (this
+server does not run them) and are named in the response's ``x-agentcell-tools-not-offered`` header."""
+
+
+class ClientTools:
+    """A request's ``tools`` as the gateway sends them: ``schemas`` (the chat format), the namespace of
+    each function declared inside a ``namespace`` tool (``namespaces``), the hosted tools left out
+    (``not_offered``)."""
+
+    def __init__(self) -> None:
+        self.schemas: list[dict[str, Any]] = []
+        self.namespaces: dict[str, str] = {}
+        self.not_offered: list[str] = []
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in self.schemas)
+
+
+def function_tools(tools: list[dict[str, Any]] | None) -> ClientTools:
+    """The request's tools: ``function`` tools (and those of ``namespace`` tools, under their own names)
+    offered to the model; hosted tools (:data:`HOSTED_TOOLS`) set aside; 400 for any other kind."""
+    out = ClientTools()
+
+    def add(tool: dict[str, Any], param: str, namespace: str | None) -> None:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise ApiError(400, f"{param}.name is required", param=f"{param}.name")
-        if name in names:
+        if any(t["function"]["name"] == name for t in out.schemas):
             raise ApiError(400, f"{param}: two tools are named {name!r}", param=f"{param}.name")
-        names.add(name)
         function: dict[str, Any] = {"name": name, "parameters": tool.get("parameters") or {"type": "object"}}
         if tool.get("description"):
             function["description"] = tool["description"]
-        out.append({"type": "function", "function": function})
-    return tuple(out)
+        out.schemas.append({"type": "function", "function": function})
+        if namespace is not None:
+            out.namespaces[name] = namespace
+
+    for index, tool in enumerate(tools or ()):
+        param = f"tools[{index}]"
+        kind = tool.get("type")
+        if kind == "function":
+            add(tool, param, None)
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            namespace = str(tool.get("name") or "")
+            for inner, member in enumerate(tool["tools"]):
+                where = f"{param}.tools[{inner}]"
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    raise ApiError(400, f"{where}: only function tools in a namespace", param=f"{where}.type")
+                add(member, where, namespace)
+        elif kind in HOSTED_TOOLS:
+            out.not_offered.append(str(kind))
+        else:
+            raise ApiError(
+                400,
+                f"{param}: tools of type {kind!r} are not supported by this server (function "
+                "tools run on the client; the server's own tools come with the model's agent profile)",
+                param=f"{param}.type",
+            )
+    return out
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -229,7 +313,7 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
         return {
             "id": self.id,
             "object": "response",
-            "created_at": self.created_at,
+            "created_at": int(self.created_at),
             "status": self.status,
             "completed_at": self.completed_at,
             "error": self.error,
@@ -261,17 +345,25 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
 
 
 def request_tools(body: CreateResponse) -> list[dict[str, Any]]:
-    """The request's tools as the response echoes them (``FunctionTool``)."""
-    return [
-        {
+    """The request's tools as the response echoes them (``FunctionTool``, ``NamespaceTool``): those offered
+    to the model (hosted tools this server does not run are left out)."""
+
+    def function(t: dict[str, Any]) -> dict[str, Any]:
+        return {
             "type": "function",
             "name": t.get("name"),
             "description": t.get("description"),
             "parameters": t.get("parameters"),
             "strict": t.get("strict", True),
         }
-        for t in body.tools or ()
-    ]
+
+    out: list[dict[str, Any]] = []
+    for t in body.tools or ():
+        if t.get("type") == "function":
+            out.append(function(t))
+        elif t.get("type") == "namespace":
+            out.append({**t, "tools": [function(m) for m in t.get("tools") or ()]})
+    return out
 
 
 def failure(code: str, message: str) -> tuple[int, dict[str, Any]]:

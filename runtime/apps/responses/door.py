@@ -20,17 +20,22 @@ from actors.protocol import TurnOptions
 from runtime import events as ev
 from runtime.apps.responses import items as it
 from runtime.apps.responses.api import (
+    AGENTCELL_EVENTS,
+    ENCRYPTED_REASONING,
     ApiError,
+    ClientTools,
     CreateResponse,
     ResponseRecord,
     failure,
     function_tools,
+    metadata_of,
     not_found,
     request_tools,
     unsupported,
     usage_object,
 )
 from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
+from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.stream import StreamTranslator
 from runtime.handles import TurnResult
 from runtime.messages import Message
@@ -44,10 +49,19 @@ STREAM_END = object()  # what ends a run's event queue
 class Run:
     """One response being made: its record, its stream's events (a queue, when streamed), its task."""
 
-    def __init__(self, record: ResponseRecord, streamed: bool, client_tools: frozenset[str]) -> None:
+    def __init__(
+        self,
+        record: ResponseRecord,
+        streamed: bool,
+        tools: ClientTools,
+        shape: it.Shape = it.PLAIN,
+        extra_events: bool = False,
+    ) -> None:
         self.record = record
         self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if streamed else None
-        self.translator = StreamTranslator(client_tools)
+        self.translator = StreamTranslator(tools.names, shape=shape, extra_events=extra_events)
+        self.shape = shape
+        self.not_offered = tools.not_offered  # hosted tools the client declared: not offered to the model
         self.task: asyncio.Task[None] | None = None
         self.session_id: str | None = None
         self.cancelled = False
@@ -77,6 +91,8 @@ class FrontDoor:
         self.check_config = check_config
         self.records = Records(runtime.sessions_path)
         self.runs: dict[str, Run] = {}
+        self._sealer: Sealer | None = None
+        self.runtime_started = time.time()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def _lock(self, key: str) -> asyncio.Lock:
@@ -84,6 +100,12 @@ class FrontDoor:
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
+
+    def sealer(self) -> Sealer:
+        """Seals reasoning into ``encrypted_content`` with the server's key (made once, kept on disk)."""
+        if self._sealer is None:
+            self._sealer = Sealer(self.records.sealing_key())
+        return self._sealer
 
     # -- reading ----------------------------------------------------------------------------------------
     async def response(self, response_id: str, param: str | None = None) -> ResponseRecord:
@@ -113,6 +135,80 @@ class FrontDoor:
             out.extend(it.to_items(messages))
         out.extend(record.pending)
         return out
+
+    def conversation_lock(self, conversation_id: str) -> asyncio.Lock:
+        """Held by a response in the conversation from when it reads it until it recorded where it left it."""
+        return self._lock(conversation_id)
+
+    @staticmethod
+    def check_added_outputs(record: ConversationRecord, added: list[dict[str, Any]]) -> None:
+        """Items added to a conversation: each ``function_call_output`` answers a call the conversation
+        waits for, or one among its pending and added items (else the next response could not run)."""
+        known = set(record.awaiting)
+        known |= {
+            str(i.get("call_id")) for i in (*record.pending, *added) if i.get("type") == "function_call"
+        }
+        for index, item in enumerate(added):
+            if item.get("type") == "function_call_output" and item.get("call_id") not in known:
+                raise ApiError(
+                    400,
+                    f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                    param=f"items[{index}].call_id",
+                )
+
+    async def delete_item(self, record: ConversationRecord, item_id: str) -> None:
+        """Delete an item of a conversation. A pending one is dropped; one its session recorded leaves the
+        conversation's other items pending for its next response, which starts a new session from them
+        (the model then sees the conversation without it)."""
+        if any(i.get("id") == item_id for i in record.pending):
+            record.pending = [i for i in record.pending if i.get("id") != item_id]
+        else:
+            items = await self.conversation_items(record)
+            if not any(i.get("id") == item_id for i in items):
+                raise not_found("Item", item_id)
+            record.pending = [_unnamed(i) for i in items if i.get("id") != item_id]
+            record.session_id, record.leaf_id, record.awaiting = None, None, []
+        await asyncio.to_thread(self.records.save_conversation, record)
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the agent profiles, then the models the configuration names."""
+        config = self.runtime.config
+        names = list(self.runtime.agents)
+        for name in (
+            config.agent.model,
+            *(p.model for p in self.runtime.agents.values() if p.model),
+            *config.models.context_windows,
+            *config.models.max_output_tokens,
+        ):
+            if name not in names:
+                names.append(name)
+        created = int(self.runtime_started)
+        return [{"id": n, "object": "model", "created": created, "owned_by": "agentcell"} for n in names]
+
+    async def count_input_tokens(self, body: CreateResponse) -> int:
+        """``POST /v1/responses/input_tokens``: the tokens of what a response with ``body`` would send the
+        model (instructions, tools, the history it continues and its input), as the session estimates them."""
+        from runtime.tokens import TokenCounter
+
+        tools = function_tools(body.tools)
+        sealer = await asyncio.to_thread(self.sealer)
+        try:
+            parsed = it.parse_input(body.input if body.input is not None else [], unseal=sealer.open)
+        except it.InputError as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+        history: list[Message] = []
+        if body.previous_response_id:
+            previous = await self.response(body.previous_response_id, "previous_response_id")
+            await self.hosted(previous.session_id)
+            history = await self.runtime.amessages(previous.session_id)
+            ids = [m.id for m in history]
+            if previous.leaf_id in ids:
+                history = history[: ids.index(previous.leaf_id) + 1]
+        model = body.model or self.runtime.config.agent.model
+        counter = TokenCounter(model, self.runtime.config.tokens)
+        instructions = "\n\n".join(t for t in (body.instructions, *parsed.instructions) if t)
+        total = counter.count_messages([*history, *parsed.messages]) + counter.count_tools(tools.schemas)
+        return total + (counter.count_system(instructions) if instructions else 0)
 
     # -- a response -------------------------------------------------------------------------------------
     async def create(self, body: CreateResponse) -> Run:
@@ -155,8 +251,10 @@ class FrontDoor:
                 param="previous_response_id",
             )
         client_tools = function_tools(body.tools)
+        metadata = metadata_of(body)
+        sealer = await asyncio.to_thread(self.sealer)
         try:
-            parsed = it.parse_input(body.input if body.input is not None else [])
+            parsed = it.parse_input(body.input if body.input is not None else [], unseal=sealer.open)
         except it.InputError as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
         previous = conversation = None
@@ -185,19 +283,25 @@ class FrontDoor:
         awaiting = previous.awaiting if previous else conversation.awaiting if conversation else []
         _check_outputs(parsed, awaiting)
         session_id = previous.session_id if previous else conversation.session_id if conversation else None
-        model, profile = self._model(body.model)
+        model, profile = await self._model(body.model)
+        # the model sees the input's system and developer messages after the instructions; the response's
+        # ``instructions`` are the request's own
         instructions = "\n\n".join(t for t in (body.instructions, *parsed.instructions) if t) or None
+        shape = it.Shape(
+            seal=sealer.seal if ENCRYPTED_REASONING in (body.include or ()) else None,
+            namespaces=client_tools.namespaces,
+        )
         record = ResponseRecord(
             id=new_response_id(),
             session_id=session_id or "",
             model=body.model,
             start_leaf=previous.leaf_id if previous else conversation.leaf_id if conversation else None,
             input_items=it.to_items(parsed.messages),
-            instructions=instructions,
+            instructions=body.instructions,
             previous_response_id=body.previous_response_id,
             conversation_id=conversation.id if conversation else None,
             tools=request_tools(body),
-            metadata=body.metadata or {},
+            metadata=metadata,
             truncation=body.truncation or "auto",
             store=body.store is not False,
             user=body.user,
@@ -208,9 +312,12 @@ class FrontDoor:
             service_tier=body.service_tier,
         )
         options = TurnOptions(
-            client_tools=client_tools, instructions=instructions, compaction=body.truncation != "disabled"
+            client_tools=tuple(client_tools.schemas),
+            instructions=instructions,
+            compaction=body.truncation != "disabled",
         )
-        run = Run(record, bool(body.stream), frozenset(t["function"]["name"] for t in client_tools))
+        extra = AGENTCELL_EVENTS in (body.include or ())
+        run = Run(record, bool(body.stream), client_tools, shape, extra)
         if session_id is None:
             run.session_id = await self._start_session(model, profile, instructions)
             record.session_id = run.session_id
@@ -219,17 +326,31 @@ class FrontDoor:
         self.runs[record.id] = run
         return run, parsed.messages, options, model, conversation
 
-    def _model(self, name: str) -> tuple[str, Any]:
-        """The model to run, and the agent profile ``name`` names (or None)."""
+    async def _model(self, name: str) -> tuple[str, Any]:
+        """The model to run, and the agent profile ``name`` names (or None). A name that is neither a
+        profile nor a model any provider serves (``two``: the OpenAI Agents SDK's default client strips
+        the ``openai/`` of ``openai/two``) is a 400 ``model_not_found`` naming the ways to say it."""
         from runtime.models import validate_model_name
 
         profile = self.runtime.agents.get(name)
         if profile is not None:
             return profile.model or self.runtime.config.agent.model, profile
         try:
-            return validate_model_name(name), None
+            model = validate_model_name(name)
         except ValueError as exc:
             raise ApiError(400, f"model: {exc}", param="model", code="model_not_found") from None
+        if "/" not in model and not await asyncio.to_thread(_has_provider, model):
+            profiles = ", ".join(sorted(self.runtime.agents)[:20]) or "none"
+            raise ApiError(
+                400,
+                f"The model '{model}' is neither an agent profile of this server (profiles: {profiles}) nor "
+                f"a model with a provider: name its provider ('openai/{model}'). A client that strips a "
+                f"leading 'openai/' (the OpenAI Agents SDK's default client does) needs 'openai/openai/{model}'"
+                ", or a profile of that name.",
+                param="model",
+                code="model_not_found",
+            )
+        return model, None
 
     async def _start_session(self, model: str, profile: Any, instructions: str | None) -> str:
         tools: Any = None
@@ -284,10 +405,15 @@ class FrontDoor:
             run.http_status = status
             self._end(run, "failed", error)
         record.completed_at = time.time() if record.status == "completed" else None
+        final: list[dict[str, Any]] = []
+        if run.queue is not None:  # the output as streamed (a failed attempt's items included)
+            response = record.to_api()
+            final = run.translator.finish(response)
+            record.output = response["output"]
         try:
             await self._keep(run, conversation)
         finally:
-            run.send(run.translator.finish(record.to_api()))
+            run.send(final)
             if run.queue is not None:
                 run.queue.put_nowait(STREAM_END)
             self.runs.pop(record.id, None)
@@ -320,7 +446,7 @@ class FrontDoor:
         inputs = {m.id for m in messages}
         last_input = max((i for i, m in enumerate(after) if m.id in inputs), default=-1)
         new = [m for m in after[last_input + 1 :] if m.id not in inputs]
-        record.output = it.to_items(new)
+        record.output = it.to_items(new, shape=run.shape)
         record.usage = usage_object(result.usage)
         record.leaf_id = after[-1].id if after else None
         record.awaiting = [c.id for c in result.awaiting]
@@ -414,6 +540,22 @@ class FrontDoor:
             return
         if not await asyncio.to_thread(self.records.delete_response, response_id):
             raise not_found("Response", response_id)
+
+
+def _unnamed(item: dict[str, Any]) -> dict[str, Any]:
+    """An item without its id (it is recorded again, as a new message)."""
+    return {k: v for k, v in item.items() if k != "id"}
+
+
+def _has_provider(model: str) -> bool:
+    """Whether litellm's provider resolution places ``model`` (``gpt-4o`` yes, ``two`` no)."""
+    from runtime.gateway.transports.litellm import load_litellm
+
+    try:
+        load_litellm().get_llm_provider(model)
+    except Exception:
+        return False
+    return True
 
 
 def _check_outputs(parsed: it.ParsedInput, awaiting: list[str]) -> None:

@@ -20,7 +20,7 @@ can name an item before the message exists (``request_start`` announces the mess
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from runtime.context.integrity import CLIENT_CALLS_KEY
@@ -70,9 +70,33 @@ class ParsedInput:
         self.calls: list[str] = []
 
 
-def parse_input(value: Any, *, keep_ids: bool = False, param: str = "input") -> ParsedInput:
+Unseal = Callable[[str], list[ReasoningPart]]
+"""Opens a reasoning item's ``encrypted_content`` into its parts (raises ``ValueError`` if it cannot)."""
+
+
+class Shape:
+    """How messages become items for one response: ``seal`` (when the client included
+    ``reasoning.encrypted_content``) makes a reasoning item's token; ``namespaces`` names the namespace of
+    the client's functions declared inside a ``namespace`` tool."""
+
+    def __init__(
+        self,
+        seal: Callable[[Sequence[ReasoningPart]], str] | None = None,
+        namespaces: Mapping[str, str] | None = None,
+    ) -> None:
+        self.seal = seal
+        self.namespaces: Mapping[str, str] = namespaces or {}
+
+
+PLAIN: Final = Shape()
+
+
+def parse_input(
+    value: Any, *, keep_ids: bool = False, param: str = "input", unseal: Unseal | None = None
+) -> ParsedInput:
     """Parse ``input`` (a string, or a list of items) into messages; :class:`InputError` for what does not
-    fit. ``keep_ids``: an item with an id this module made keeps it (a conversation's stored items)."""
+    fit. ``keep_ids``: an item with an id this module made keeps it (a conversation's stored items).
+    ``unseal`` opens a reasoning item's ``encrypted_content`` (its parts replace the item's summary)."""
     parsed = ParsedInput()
     if isinstance(value, str):
         if value:
@@ -116,7 +140,17 @@ def parse_input(value: Any, *, keep_ids: bool = False, param: str = "input") -> 
             texts += [
                 _str(p.get("text") if isinstance(p, dict) else None, f"{where}.content") for p in content
             ]
-            group.reasoning("\n".join(texts), _id(item, keep_ids))
+            token = item.get("encrypted_content")
+            if token is not None and unseal is not None:
+                try:
+                    group.reasoning_parts(unseal(_str(token, f"{where}.encrypted_content")))
+                except ValueError as exc:
+                    raise InputError(
+                        f"{where}.encrypted_content: {exc}", f"{where}.encrypted_content"
+                    ) from None
+                group.message_id = group.message_id or _id(item, keep_ids)
+            else:
+                group.reasoning("\n".join(texts), _id(item, keep_ids))
         elif kind == "function_call":
             call = ToolCallPart(
                 id=_str(item.get("call_id"), f"{where}.call_id"),
@@ -170,6 +204,11 @@ class _AssistantGroup:
             self._close()
         self.parts.append(ReasoningPart(text))
         self.message_id = self.message_id or item_id
+
+    def reasoning_parts(self, parts: Sequence[ReasoningPart]) -> None:
+        if any(not isinstance(p, ReasoningPart) for p in self.parts):
+            self._close()
+        self.parts.extend(parts)
 
     def text(self, text: str, item_id: str | None) -> None:
         self.parts.append(TextPart(text))
@@ -312,7 +351,9 @@ def client_calls(message: Message) -> frozenset[str]:
     return frozenset(str(i) for i in ids) if isinstance(ids, list) else frozenset()
 
 
-def to_items(messages: Sequence[Message], *, results: Iterable[Message] = ()) -> list[dict[str, Any]]:
+def to_items(
+    messages: Sequence[Message], *, results: Iterable[Message] = (), shape: Shape = PLAIN
+) -> list[dict[str, Any]]:
     """The items of ``messages``, in order. The runtime's own calls carry their results, found among
     ``messages`` and ``results`` (a call without one yet is ``in_progress``)."""
     by_call = {m.tool_call_id: m for m in (*messages, *results) if m.role == "tool" and m.tool_call_id}
@@ -326,7 +367,7 @@ def to_items(messages: Sequence[Message], *, results: Iterable[Message] = ()) ->
         elif message.role == "assistant":
             client = client_calls(message)
             own_calls.update(c.id for c in message.tool_calls if c.id not in client)
-            items.extend(assistant_items(message, by_call))
+            items.extend(assistant_items(message, by_call, shape))
         elif message.role == "tool" and message.tool_call_id not in own_calls:
             items.append(function_call_output_item(message))
     return items
@@ -348,24 +389,39 @@ def user_item(message: Message) -> dict[str, Any]:
     }
 
 
-def assistant_items(message: Message, results: Mapping[str, Message]) -> list[dict[str, Any]]:
+def assistant_items(
+    message: Message, results: Mapping[str, Message], shape: Shape = PLAIN
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
-    if message.reasoning:
-        items.append(reasoning_item(message.id, message.reasoning))
+    reasoning = [p for p in message.parts if isinstance(p, ReasoningPart)]
+    if message.reasoning or (reasoning and shape.seal is not None):
+        items.append(reasoning_item(message.id, message.reasoning, shape=shape, parts=reasoning))
     if message.text or (not message.tool_calls and not message.reasoning):
         items.append(text_item(message.id, message.text))
     client = client_calls(message)
     for call in message.tool_calls:
         if call.id in client:
-            items.append(function_call_item(call))
+            items.append(function_call_item(call, namespace=shape.namespaces.get(call.name)))
         else:
             items.append(mcp_call_item(call, results.get(call.id)))
     return items
 
 
-def reasoning_item(message_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def reasoning_item(
+    message_id: str,
+    text: str,
+    status: str = "completed",
+    *,
+    shape: Shape = PLAIN,
+    parts: Sequence[ReasoningPart] | None = None,
+) -> dict[str, Any]:
+    """A ``reasoning`` item: its text as the summary; with ``shape.seal``, the reasoning ``parts`` (or the
+    text alone) sealed in ``encrypted_content``."""
     summary = [{"type": "summary_text", "text": text}] if text else []
-    return {"id": reasoning_item_id(message_id), "type": "reasoning", "summary": summary, "status": status}
+    item = {"id": reasoning_item_id(message_id), "type": "reasoning", "summary": summary, "status": status}
+    if shape.seal is not None and status == "completed":
+        item["encrypted_content"] = shape.seal(parts if parts is not None else [ReasoningPart(text)])
+    return item
 
 
 def text_item(message_id: str, text: str, status: str = "completed") -> dict[str, Any]:
@@ -383,8 +439,10 @@ def output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(call: ToolCallPart, status: str = "completed") -> dict[str, Any]:
-    return {
+def function_call_item(
+    call: ToolCallPart, status: str = "completed", *, namespace: str | None = None
+) -> dict[str, Any]:
+    item = {
         "id": call_item_id(call.id, client=True),
         "type": "function_call",
         "call_id": call.id,
@@ -392,6 +450,9 @@ def function_call_item(call: ToolCallPart, status: str = "completed") -> dict[st
         "arguments": call.arguments,
         "status": status,
     }
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 def mcp_call_item(call: ToolCallPart, result: Message | None) -> dict[str, Any]:

@@ -62,6 +62,27 @@ class Records:
         self.responses = root / "responses"
         self.conversations = root / "conversations"
 
+    def sealing_key(self) -> bytes:
+        """The 32-byte key reasoning is sealed with (:mod:`.sealing`): ``responses/.sealing-key``, made on
+        first use (readable by the server's user only) and kept, so tokens open after a restart."""
+        path = self.responses / ".sealing-key"
+        with contextlib.suppress(FileNotFoundError):
+            key = path.read_bytes()
+            if len(key) == 32:
+                return key
+        self.responses.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(secrets.token_bytes(32))
+        try:
+            os.link(temporary, path)  # the first writer wins; a concurrent one reads the winner's key
+        except FileExistsError:
+            pass
+        finally:
+            temporary.unlink()
+        return path.read_bytes()
+
     def save_response(self, record: ResponseRecord) -> None:
         self._write(self.responses, record.id, record)
 

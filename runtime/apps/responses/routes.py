@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,9 @@ from runtime.apps.responses.door import STREAM_END, FrontDoor, Run
 from runtime.apps.responses.records import ConversationRecord, new_conversation_id
 
 log = logging.getLogger("agentcell.responses")
+
+NOT_OFFERED = "x-agentcell-tools-not-offered"
+"""The response header naming the hosted tools a request declared that were not offered to the model."""
 
 
 class _ConversationBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -102,9 +106,10 @@ def responses_routes(
     async def create(request: Request) -> Any:
         body: CreateResponse = decode(await request.body(), CreateResponse)
         run = await door.create(body)
+        headers = {NOT_OFFERED: ", ".join(run.not_offered)} if run.not_offered else {}
         if run.queue is not None:
             return StreamingResponse(
-                _sse(run), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+                _sse(run), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
             )
         assert run.task is not None
         await asyncio.shield(run.task)  # (a client that goes away does not cut the run short)
@@ -117,7 +122,30 @@ def responses_routes(
                 param=record.error.get("param"),
                 code=str(record.error.get("code")),
             )
-        return record.to_api()
+        return JSONResponse(record.to_api(), headers=headers)
+
+    async def count_input_tokens(request: Request) -> Any:
+        body: CreateResponse = decode(await request.body(), CreateResponse)
+        return {"object": "response.input_tokens", "input_tokens": await door.count_input_tokens(body)}
+
+    async def compact(request: Request) -> Any:
+        raise ApiError(
+            501,
+            "responses.compact is not implemented by this server: with truncation 'auto' (the default) a "
+            "session compacts itself when its context fills up.",
+            type="server_error",
+            code="not_implemented",
+        )
+
+    async def models(request: Request) -> Any:
+        return {"object": "list", "data": door.models()}
+
+    async def model(request: Request) -> Any:
+        name = request.path_params["model"]
+        for entry in door.models():
+            if entry["id"] == name:
+                return entry
+        raise ApiError(404, f"The model '{name}' does not exist on this server.", code="model_not_found")
 
     async def retrieve(request: Request) -> Any:
         if request.query_params.get("stream") in ("true", "1"):
@@ -188,6 +216,7 @@ def responses_routes(
         record = await door.conversation(request.path_params["conversation_id"])
         body: _ItemsBody = decode(await request.body(), _ItemsBody)
         added = parse_items(body.items, "items")
+        door.check_added_outputs(record, added)
         record.pending.extend(added)
         await asyncio.to_thread(door.records.save_conversation, record)
         return list_page(added, after=None, limit=len(added) or 1, order="asc")
@@ -200,8 +229,19 @@ def responses_routes(
                 return item
         raise not_found("Item", item_id)
 
+    async def delete_item(request: Request) -> Any:
+        conversation_id = request.path_params["conversation_id"]
+        async with door.conversation_lock(conversation_id):
+            record = await door.conversation(conversation_id)
+            await door.delete_item(record, request.path_params["item_id"])
+        return record.to_api()
+
     return [
+        Route("/v1/models", api(models), methods=["GET"]),
+        Route("/v1/models/{model:path}", api(model), methods=["GET"]),
         Route("/v1/responses", api(create), methods=["POST"]),
+        Route("/v1/responses/input_tokens", api(count_input_tokens), methods=["POST"]),
+        Route("/v1/responses/compact", api(compact), methods=["POST"]),
         Route("/v1/responses/{response_id}", api(retrieve), methods=["GET"]),
         Route("/v1/responses/{response_id}", api(delete), methods=["DELETE"]),
         Route("/v1/responses/{response_id}/cancel", api(cancel), methods=["POST"]),
@@ -213,6 +253,7 @@ def responses_routes(
         Route("/v1/conversations/{conversation_id}/items", api(list_items), methods=["GET"]),
         Route("/v1/conversations/{conversation_id}/items", api(add_items), methods=["POST"]),
         Route("/v1/conversations/{conversation_id}/items/{item_id}", api(get_item), methods=["GET"]),
+        Route("/v1/conversations/{conversation_id}/items/{item_id}", api(delete_item), methods=["DELETE"]),
     ]
 
 
@@ -233,3 +274,24 @@ async def _sse(run: Run) -> AsyncIterator[bytes]:
             yield b"".join(frames)
         if events[-1] is STREAM_END:
             return
+
+
+class RequestIds:
+    """ASGI middleware: every answer under ``/v1/`` carries an ``x-request-id`` (``req_<32 hex>``), as the
+    OpenAI API's do (the SDKs show it as ``response._request_id`` and in their errors)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        request_id = f"req_{secrets.token_hex(16)}".encode()
+
+        async def stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)

@@ -18,9 +18,15 @@ the API's order, each with its ``sequence_number``::
 
 An item is done when the next one starts, or when its step ends (a tool run by the runtime when its
 result is known: :meth:`StreamTranslator.results`). :meth:`finish` reconciles the stream with the final
-output (read from the session): an item the stream never showed is added and done there. agentcell's own
-events (compaction, overflow recovery, retries) are passed on as ``agentcell.<type>`` events, which a
-standard client ignores.
+output (read from the session): an item the stream never showed is added and done there, and the final
+``output`` lists every item streamed, at its ``output_index``.
+
+A provider attempt that fails after it streamed (``stream_reset``: the gateway retries) leaves items that
+will never be completed: each is done there and then with status ``incomplete`` and the text it had, and
+the retry streams new items (the answer's message has a new id). Every ``*.done`` event and the final
+response agree with what was streamed. agentcell's own events (compaction, overflow recovery, retries,
+resets) are passed on as ``agentcell.<type>`` events only to a client that asked for them
+(``include: ["agentcell.events"]``).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ PASSED_ON: Final = frozenset(
         "stream_stalled",
         "tool_output",
         "message_queued",
+        "stream_reset",
     }
 )
 """agentcell events a stream carries as ``agentcell.<type>`` (a standard client skips unknown types)."""
@@ -65,8 +72,12 @@ class _Item:
 class StreamTranslator:
     """One response's stream: feed it the run's events; it returns the API events to send, numbered."""
 
-    def __init__(self, client_tools: frozenset[str]) -> None:
+    def __init__(
+        self, client_tools: frozenset[str], *, shape: it.Shape = it.PLAIN, extra_events: bool = False
+    ) -> None:
         self.client_tools = client_tools
+        self.shape = shape
+        self.extra_events = extra_events
         self.sequence = 0
         self.items: dict[str, _Item] = {}  # by item id, in the order they were added
         self.open: _Item | None = None  # the item deltas go to
@@ -100,6 +111,8 @@ class StreamTranslator:
             return self._delta(it.message_item_id(self.message_id), event.delta, "message")
         if isinstance(event, ev.ToolCallDelta):
             return self._call_delta(event)
+        if isinstance(event, ev.StreamReset):
+            return self._reset(event) + self._passed_on(event)
         if isinstance(event, ev.TurnEnd):
             out = self._close()
             for item in self.waiting.values():
@@ -127,10 +140,48 @@ class StreamTranslator:
                 item, out = waiting, []
             out.append(self._on(item, "response.mcp_call.in_progress"))
             return out
-        if event.type in PASSED_ON:
+        return self._passed_on(event)
+
+    def _passed_on(self, event: ev.Event) -> list[dict[str, Any]]:
+        if self.extra_events and event.type in PASSED_ON:
             data = ev.event_to_builtins(event)
             return [self._event(f"agentcell.{event.type}", event=data)]
         return []
+
+    def _reset(self, event: ev.StreamReset) -> list[dict[str, Any]]:
+        """The attempt that streamed this step's items failed: each ends ``incomplete`` as it was; the
+        retry's answer is a new message (``event.message_id``) with items of its own."""
+        out: list[dict[str, Any]] = []
+        step = {it.reasoning_item_id(self.message_id or ""), it.message_item_id(self.message_id or "")}
+        step |= {c["item"].id for c in self.calls.values() if c["item"] is not None}
+        for item in self.items.values():
+            if item.id not in step or item.done:
+                continue
+            text = "".join(item.text)
+            kind = item.item["type"]
+            if kind == "message":
+                out.append(
+                    self._on(item, "response.output_text.done", content_index=0, text=text, logprobs=[])
+                )
+                out.append(
+                    self._on(
+                        item, "response.content_part.done", content_index=0, part=it.output_text_part(text)
+                    )
+                )
+                item.item = {**item.item, "content": [it.output_text_part(text)]}
+            elif kind == "reasoning":
+                part = {"type": "summary_text", "text": text}
+                out.append(self._on(item, "response.reasoning_summary_text.done", summary_index=0, text=text))
+                out.append(self._on(item, "response.reasoning_summary_part.done", summary_index=0, part=part))
+                item.item = {**item.item, "summary": [part] if text else []}
+            else:
+                self.waiting.pop(str(item.item.get("call_id") or item.id.split("_", 1)[1]), None)
+                item.item = {**item.item, "arguments": text}
+            item.item = {**item.item, "status": "incomplete"}
+            out.extend(self._done(item))
+        self.open = None
+        self.message_id, self.calls = event.message_id or self.message_id, {}
+        return out
 
     def results(self, messages: Iterable[Message]) -> list[dict[str, Any]]:
         """The runtime's own calls answered among ``messages``: each is completed (or failed) and done."""
@@ -149,17 +200,21 @@ class StreamTranslator:
     def finish(self, response: dict[str, Any]) -> list[dict[str, Any]]:
         """The end of the stream: open items closed as the final ``output`` has them, items the stream did
         not show added and done, then ``response.completed`` (or ``failed``, ``incomplete``, ``cancelled``
-        ends as ``failed``... see the response's status)."""
+        ends as ``failed``... see the response's status). ``response["output"]`` becomes the stream's
+        items in order (those a failed attempt left ``incomplete`` included)."""
         out = self._close()
         final = {str(i["id"]): i for i in response.get("output", [])}
         for item in self.items.values():
             if not item.done:
                 item.item = final.get(item.id, {**item.item, "status": "incomplete"})
                 out.extend(self._done(item))
+            elif item.item.get("status") != "incomplete" and item.id in final:
+                item.item = final[item.id]
         for item_id, item in final.items():
             if item_id not in self.items:
                 added = self._add(item, out)
                 out.extend(self._done(added))
+        response["output"] = [item.item for item in self.items.values()]
         status = response.get("status")
         kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
             str(status), "response.failed"
@@ -239,7 +294,11 @@ class StreamTranslator:
             out.extend(self._close())
             part = ToolCallPart(call["id"], call["name"], "")
             client = call["name"] in self.client_tools
-            shown = it.function_call_item(part, "in_progress") if client else it.mcp_call_item(part, None)
+            shown = (
+                it.function_call_item(part, "in_progress", namespace=self.shape.namespaces.get(call["name"]))
+                if client
+                else it.mcp_call_item(part, None)
+            )
             item = call["item"] = self._add(shown, out)
             self.open = item
             if not client:
@@ -284,7 +343,7 @@ class StreamTranslator:
                     part=part,
                 )
             )
-            item.item = it.reasoning_item(self.message_id or "", text) | {"id": item.id}
+            item.item = it.reasoning_item(self.message_id or "", text, shape=self.shape) | {"id": item.id}
         elif kind == "message":
             out.append(
                 self._on(

@@ -788,11 +788,17 @@
           if (state === "gone" && current === sv) toast(message || "no such session", true);
         },
       }).start(),
-      new EventStream(`/events?session=${enc}&type=text_delta`, {
+      new EventStream(`/events?session=${enc}&type=text_delta,stream_reset`, {
         resume: false,
         onEvent: (ev) => {
           // Its own stream: deltas may come after the turn's end on the other one; only the open turn's.
           if (current !== sv || !sv.openTurn || sv.openTurn.turnId !== ev.turn_id) return;
+          if (ev.type === "stream_reset") {
+            // the attempt that streamed since the step's start failed and is retried: its text is void
+            sv.reply = "";
+            schedule(renderReply);
+            return;
+          }
           sv.reply += ev.delta;
           if (sv.reply.length > 4000) sv.reply = sv.reply.slice(-2000);
           schedule(renderReply);
@@ -1022,6 +1028,9 @@
         break;
       case "provider_retry":
         child(ev, "overflow", "retry", `${ev.attempt}/${ev.max_attempts} in ${duration(ev.delay)}: ${clip(ev.error, 160)}`);
+        break;
+      case "stream_reset":
+        child(ev, "overflow", "reset", `attempt ${ev.attempt} broke off mid-stream: its partial text was dropped`);
         break;
       case "stream_stalled":
         child(ev, "overflow", "stalled", `no data for ${duration(ev.seconds)}`);
