@@ -70,7 +70,9 @@ def test_codex_exec_runs_a_tool_through_agentcell_and_resumes(
         [
             Turn(
                 reasoning="Read the file first.",
-                tool_calls=(ToolCallSpec(name="exec_command", arguments=json.dumps({"cmd": "cat note.txt"})),),
+                tool_calls=(
+                    ToolCallSpec(name="exec_command", arguments=json.dumps({"cmd": "cat note.txt"})),
+                ),
             ),
             Turn(text="The note holds the marker."),
             Turn(text="Still here after the resume."),

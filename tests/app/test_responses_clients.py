@@ -276,3 +276,88 @@ def test_a_conversation_refuses_an_output_for_no_call_and_items_can_be_deleted(
     client.responses.create(model=model, input="three", conversation=conversation.id)
     texts = [m.get("content") for m in sent(provider, model)[-1] if m["role"] != "system"]
     assert "two" not in str(texts) and "one" in str(texts) and "three" in str(texts)
+
+
+@pytest.mark.slow  # two real servers, one killed with SIGKILL
+def test_a_response_id_survives_a_kill_mid_stream_and_can_be_continued(
+    tmp_path: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from tests.serve import serve_process
+
+    provider.add_script("crash-script", [Turn(text="never finished", latency=15)])
+    provider.add_script(
+        "crash-after", [Turn(text="continued after the crash")]
+    )  # (one script's turns wait in turn)
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    sessions = tmp_path / "sessions"
+    with serve_process(sessions, "--token", TOKEN, check_exit=False) as served:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=TOKEN, max_retries=0)
+        stream = client.responses.create(model="openai/crash-script", input="remember me", stream=True)
+        first = next(iter(stream))
+        assert first.type == "response.created"
+        response_id = first.response.id
+        served.process.send_signal(signal.SIGKILL)
+        served.process.wait(timeout=30)
+        client.close()
+    with serve_process(sessions, "--token", TOKEN) as served:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+        interrupted = client.responses.retrieve(response_id)
+        assert interrupted.status == "failed" and interrupted.error is not None
+        assert "server stopped" in interrupted.error.message
+        again = client.responses.create(
+            model="openai/crash-after", input="go on", previous_response_id=response_id
+        )
+        assert again.status == "completed" and again.output_text == "continued after the crash"
+        client.close()
+    texts = [str(m.get("content")) for m in sent(provider, "crash-after")[-1]]
+    assert "remember me" in texts and "go on" in texts  # the first input was kept, the thread went on
+
+
+def as_input(items: list[Any]) -> list[dict[str, Any]]:
+    """Output items as a client sends them back (what it was given, without nulls)."""
+    return [i.model_dump(exclude_none=True) for i in items]
+
+
+def test_a_stateless_client_goes_on_in_one_session_and_store_false_leaves_no_text(
+    server: ApiServer, rt: Any, provider: Any, script: Any, sessions_dir: Path
+) -> None:
+    model = script(
+        Turn(
+            reasoning="Look first.", tool_calls=(ToolCallSpec(name="exec_command", arguments="{}", id="c1"),)
+        ),
+        Turn(text="It holds a secret-ish note."),
+        Turn(text="Nothing more to say."),
+    )
+    before = {s.id for s in rt.list_sessions()}
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    history: list[dict[str, Any]] = [DEVELOPER, user("what is in the box-4711?")]
+    first = client.responses.create(**codex_body(model, history, stream=False))
+    history += [
+        *as_input(first.output),
+        {"type": "function_call_output", "call_id": "c1", "output": "a note"},
+    ]
+    second = client.responses.create(**codex_body(model, history, stream=False))
+    assert second.output_text == "It holds a secret-ish note."
+    history += [*as_input(second.output), user("anything else?")]
+    third = client.responses.create(**codex_body(model, history, stream=False))
+    assert third.output_text == "Nothing more to say."
+
+    started = {s.id for s in rt.list_sessions()} - before
+    assert len(started) == 1  # one session for the whole thread, not one a request
+    (session,) = started
+    roles = [m.role for m in rt.messages(session)]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]  # each message once
+    assert [m["role"] for m in sent(provider, model)[-1]] == ["system", *roles[:-1]]
+    assert rt.usage(session).input_tokens > 0
+
+    client.close()
+    server.stop()
+    assert any("box-4711" in p.read_text(errors="ignore") for p in sessions_dir.rglob("*") if p.is_file())
+    with ApiServer(rt, TOKEN):  # a restart lets go of the store: false sessions the last run left
+        assert session not in {s.id for s in rt.list_sessions()}
+        assert not [
+            p for p in sessions_dir.rglob("*") if p.is_file() and "box-4711" in p.read_text(errors="ignore")
+        ]

@@ -239,3 +239,24 @@ def test_a_server_tool_is_done_when_its_result_comes_and_unstreamed_items_are_ad
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done == record.output
     assert types[-1] == "response.failed"
+
+
+def test_stateless_threads_match_the_longest_history_of_the_same_owner_and_stay_bounded() -> None:
+    from runtime.apps.responses.threads import Thread, Threads, chain
+    from runtime.messages import user
+
+    history = [user("one"), Message(role="assistant", parts=(TextPart("two"),)), user("three")]
+    mine = chain("alice", history)
+    threads = Threads(limit=2)
+    threads.put(Thread(session_id="s1", leaf_id="l1", digest=mine[2], length=2))
+    assert threads.take(chain("mallory", history), None) is None  # another owner's identical history
+    taken = threads.take(mine, None)
+    assert taken is not None and taken.session_id == "s1" and len(threads) == 0  # taken while it runs
+    assert threads.take(mine, None) is None
+    assert threads.take(mine[:3], None) is None  # the whole input is the thread: nothing new to answer
+    gone: list[Thread] = []
+    for n in range(4):
+        digest = chain("alice", [user(f"thread {n}"), user("x")])[1]
+        gone += threads.put(Thread(session_id=f"t{n}", leaf_id="l", digest=digest, length=1))
+    assert [t.session_id for t in gone] == ["t0", "t1"] and len(threads) == 2  # the least recently used go
+    assert [t.session_id for t in threads.expire(now=float("inf"))] == ["t2", "t3"]

@@ -52,7 +52,9 @@ def test_store_false_keeps_nothing(client: openai.OpenAI, rt: Any, script: Any) 
         client.responses.retrieve(response.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=model, input="more", previous_response_id=response.id)
-    assert {s.id for s in rt.list_sessions()} == before  # the session it started is gone too
+    # the session it started stays only while the client may go on with it (a stateless thread, bounded):
+    # tests/app/test_responses_clients.py follows it to its end
+    assert len({s.id for s in rt.list_sessions()} - before) == 1
 
 
 def test_a_response_starts_a_session_and_is_kept(client: openai.OpenAI, provider: Any, script: Any) -> None:

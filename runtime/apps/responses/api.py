@@ -307,6 +307,7 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     service_tier: str | None = None
+    interrupted: bool = False  # the server stopped while it was in progress (see FrontDoor.response)
 
     def to_api(self) -> dict[str, Any]:
         """The ``Response`` object."""

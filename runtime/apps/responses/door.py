@@ -37,6 +37,7 @@ from runtime.apps.responses.api import (
 from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
 from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.stream import StreamTranslator
+from runtime.apps.responses.threads import Thread, Threads, chain, extend
 from runtime.handles import TurnResult
 from runtime.messages import Message
 from runtime.served import served
@@ -68,11 +69,21 @@ class Run:
         self.sent = False  # its turn was sent to the session (a cancel aborts it from then on)
         self.deleted = False
         self.http_status = 200
+        self.stateless: Stateless | None = None  # (no previous_response_id, no conversation)
+        self.replay: list[Message] = []  # an interrupted response's input, sent again if its session lacks it
 
     def send(self, events: list[dict[str, Any]]) -> None:
         if self.queue is not None:
             for event in events:
                 self.queue.put_nowait(event)
+
+
+class Stateless:
+    """A response of a client that keeps its own history: its input's digest and length, the thread it
+    went on with (if any), its ``prompt_cache_key``."""
+
+    def __init__(self, digest: bytes, length: int, thread: Thread | None, cache_key: str | None) -> None:
+        self.digest, self.length, self.thread, self.cache_key = digest, length, thread, cache_key
 
 
 class FrontDoor:
@@ -92,6 +103,11 @@ class FrontDoor:
         self.records = Records(runtime.sessions_path)
         self.runs: dict[str, Run] = {}
         self._sealer: Sealer | None = None
+        self.threads = Threads()
+        for session_id in self.records.ephemeral_sessions():  # store: false sessions a stop left behind
+            with contextlib.suppress(Exception):
+                runtime.delete_session(session_id)
+            self.records.unmark_ephemeral(session_id)
         self.runtime_started = time.time()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -115,6 +131,13 @@ class FrontDoor:
         record = await asyncio.to_thread(self.records.load_response, response_id)
         if record is None:
             raise not_found("Response", response_id, param)
+        if record.status == "in_progress" and response_id not in self.runs:  # the server stopped mid-run
+            record.status, record.interrupted = "failed", True
+            record.error = {
+                "code": "server_error",
+                "message": "The server stopped while this response was in progress; what its session recorded "
+                "is kept, and a response with previous_response_id set to this one goes on from there.",
+            }
         return record
 
     async def conversation(self, conversation_id: str, param: str | None = None) -> ConversationRecord:
@@ -211,8 +234,9 @@ class FrontDoor:
         return total + (counter.count_system(instructions) if instructions else 0)
 
     # -- a response -------------------------------------------------------------------------------------
-    async def create(self, body: CreateResponse) -> Run:
-        """Check ``body``, start its run, and return it (its task runs on).
+    async def create(self, body: CreateResponse, owner: str = "") -> Run:
+        """Check ``body``, start its run, and return it (its task runs on). ``owner`` (a digest of the
+        client's credentials) scopes the stateless threads a request may go on with.
 
         A response in a conversation holds the conversation from before it reads where the conversation is
         until it has recorded where it left it: the next one goes on after it, not beside it."""
@@ -221,7 +245,13 @@ class FrontDoor:
             held = self._lock(body.conversation_id)
             await held.acquire()
         try:
-            run, messages, options, model, conversation = await self._prepare(body)
+            run, messages, options, model, conversation = await self._prepare(body, owner)
+            if run.record.store:  # before the first byte: the id a client holds survives a crash
+                try:
+                    await asyncio.to_thread(self.records.save_response, run.record)
+                except BaseException:
+                    self.runs.pop(run.record.id, None)
+                    raise
         except BaseException:
             if held is not None:
                 held.release()
@@ -230,7 +260,7 @@ class FrontDoor:
         return run
 
     async def _prepare(
-        self, body: CreateResponse
+        self, body: CreateResponse, owner: str
     ) -> tuple[Run, list[Message], TurnOptions, str, ConversationRecord | None]:
         names = unsupported(body)
         if names:
@@ -280,10 +310,25 @@ class FrontDoor:
             raise ApiError(
                 400, "input must end with a user message or a function_call_output.", param="input"
             )
-        awaiting = previous.awaiting if previous else conversation.awaiting if conversation else []
-        _check_outputs(parsed, awaiting)
-        session_id = previous.session_id if previous else conversation.session_id if conversation else None
         model, profile = await self._model(body.model)
+        awaiting = previous.awaiting if previous else conversation.awaiting if conversation else []
+        session_id = previous.session_id if previous else conversation.session_id if conversation else None
+        start_leaf = previous.leaf_id if previous else conversation.leaf_id if conversation else None
+        digests: list[bytes] = []
+        thread: Thread | None = None
+        sent = parsed.messages
+        if previous is None and conversation is None:  # a stateless client: does it go on with a thread?
+            digests = chain(owner, parsed.messages)
+            thread = self.threads.take(digests, body.prompt_cache_key)
+            if thread is not None:
+                session_id, start_leaf, awaiting = thread.session_id, thread.leaf_id, thread.awaiting
+                sent = parsed.messages[thread.length :]
+        try:
+            _check_outputs(parsed, awaiting)
+        except ApiError:
+            if thread is not None:
+                await self._let_go(self.threads.put(thread))
+            raise
         # the model sees the input's system and developer messages after the instructions; the response's
         # ``instructions`` are the request's own
         instructions = "\n\n".join(t for t in (body.instructions, *parsed.instructions) if t) or None
@@ -295,7 +340,7 @@ class FrontDoor:
             id=new_response_id(),
             session_id=session_id or "",
             model=body.model,
-            start_leaf=previous.leaf_id if previous else conversation.leaf_id if conversation else None,
+            start_leaf=start_leaf,
             input_items=it.to_items(parsed.messages),
             instructions=body.instructions,
             previous_response_id=body.previous_response_id,
@@ -321,10 +366,16 @@ class FrontDoor:
         if session_id is None:
             run.session_id = await self._start_session(model, profile, instructions)
             record.session_id = run.session_id
+            if not record.store:  # (gone at the latest when the server next starts: see _let_go)
+                await asyncio.to_thread(self.records.mark_ephemeral, run.session_id)
         else:
             run.session_id = session_id
+        if previous is not None and previous.interrupted:
+            run.replay = it.parse_input(previous.input_items, keep_ids=True).messages
+        if previous is None and conversation is None:
+            run.stateless = Stateless(digests[-1], len(parsed.messages), thread, body.prompt_cache_key)
         self.runs[record.id] = run
-        return run, parsed.messages, options, model, conversation
+        return run, sent, options, model, conversation
 
     async def _model(self, name: str) -> tuple[str, Any]:
         """The model to run, and the agent profile ``name`` names (or None). A name that is neither a
@@ -426,6 +477,9 @@ class FrontDoor:
         before = await runtime.amessages(sid)
         if (before[-1].id if before else None) != record.start_leaf and record.start_leaf is not None:
             await runtime.abranch(sid, record.start_leaf)  # an older response: its branch of the tree
+        recorded = {m.id for m in before}
+        missing = [m for m in run.replay if m.id not in recorded]  # (the server stopped before it was)
+        messages = [*missing, *messages]
         summary = served(runtime).session_summary(sid)  # (in memory: a local runtime's)
         if summary.model != model:
             await runtime.aset_model(sid, model)
@@ -512,9 +566,44 @@ class FrontDoor:
             await asyncio.to_thread(self.records.save_conversation, conversation)
         if record.store and not run.deleted:
             await asyncio.to_thread(self.records.save_response, record)
-        elif not record.store and record.previous_response_id is None and conversation is None:
-            with contextlib.suppress(Exception):  # store: false keeps nothing of a session it started
-                await self.runtime.adelete_session(record.session_id)
+        stateless = run.stateless
+        if stateless is None:
+            return
+        # a session only store: false responses wrote is let go with its thread (or at once, without one)
+        ephemeral = not record.store and (stateless.thread is None or stateless.thread.ephemeral)
+        if record.store and stateless.thread is not None and stateless.thread.ephemeral:
+            await asyncio.to_thread(
+                self.records.unmark_ephemeral, record.session_id
+            )  # a response keeps it now
+        if record.status == "completed" and record.leaf_id is not None:  # the client's next request may go on
+            sealer = await asyncio.to_thread(self.sealer)
+            shown = [i for i in record.output if i.get("status") != "incomplete"]
+            try:
+                echoed = it.parse_input(shown, unseal=sealer.open).messages  # (as the client will send it)
+            except it.InputError:
+                echoed = None
+            if echoed is not None:
+                thread = Thread(
+                    session_id=record.session_id,
+                    leaf_id=record.leaf_id,
+                    digest=extend(stateless.digest, echoed),
+                    length=stateless.length + len(echoed),
+                    awaiting=record.awaiting,
+                    cache_key=stateless.cache_key,
+                    ephemeral=ephemeral,
+                )
+                await self._let_go(self.threads.put(thread))
+                return
+        if ephemeral:  # store: false keeps nothing of a session it started, nor of its thread's
+            await self._let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
+
+    async def _let_go(self, threads: list[Thread]) -> None:
+        """Threads out of the table: the sessions of ``store: false`` ones are deleted."""
+        for thread in threads:
+            if thread.ephemeral:
+                with contextlib.suppress(Exception):
+                    await self.runtime.adelete_session(thread.session_id)
+                await asyncio.to_thread(self.records.unmark_ephemeral, thread.session_id)
 
     async def cancel(self, response_id: str) -> ResponseRecord:
         run = self.runs.get(response_id)
@@ -537,6 +626,7 @@ class FrontDoor:
         run = self.runs.get(response_id)
         if run is not None:
             run.deleted = True
+            await asyncio.to_thread(self.records.delete_response, response_id)
             return
         if not await asyncio.to_thread(self.records.delete_response, response_id):
             raise not_found("Response", response_id)

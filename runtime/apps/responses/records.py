@@ -21,6 +21,7 @@ from runtime.apps.responses.api import ResponseRecord
 
 RESPONSE_ID: Final = re.compile(r"^resp_[0-9a-f]{32}$")
 CONVERSATION_ID: Final = re.compile(r"^conv_[0-9a-f]{32}$")
+SESSION_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 class ConversationRecord(msgspec.Struct, kw_only=True):
@@ -61,6 +62,7 @@ class Records:
     def __init__(self, root: Path) -> None:
         self.responses = root / "responses"
         self.conversations = root / "conversations"
+        self.ephemeral = root / "responses" / "ephemeral"  # sessions of store: false responses, until let go
 
     def sealing_key(self) -> bytes:
         """The 32-byte key reasoning is sealed with (:mod:`.sealing`): ``responses/.sealing-key``, made on
@@ -82,6 +84,20 @@ class Records:
         finally:
             temporary.unlink()
         return path.read_bytes()
+
+    def mark_ephemeral(self, session_id: str) -> None:
+        """``session_id`` holds only ``store: false`` text: deleted when let go, or on the next start."""
+        self.ephemeral.mkdir(parents=True, exist_ok=True)
+        (self.ephemeral / session_id).touch()
+
+    def unmark_ephemeral(self, session_id: str) -> None:
+        _unlink(self.ephemeral / session_id)
+
+    def ephemeral_sessions(self) -> list[str]:
+        try:
+            return [p.name for p in self.ephemeral.iterdir() if SESSION_ID.match(p.name)]
+        except FileNotFoundError:
+            return []
 
     def save_response(self, record: ResponseRecord) -> None:
         self._write(self.responses, record.id, record)

@@ -7,6 +7,7 @@ response is Server-Sent Events (``event: <type>`` and ``data: <the event>``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -105,7 +106,7 @@ def responses_routes(
     # -- responses --------------------------------------------------------------------------------------
     async def create(request: Request) -> Any:
         body: CreateResponse = decode(await request.body(), CreateResponse)
-        run = await door.create(body)
+        run = await door.create(body, owner_of(request))
         headers = {NOT_OFFERED: ", ".join(run.not_offered)} if run.not_offered else {}
         if run.queue is not None:
             return StreamingResponse(
@@ -255,6 +256,13 @@ def responses_routes(
         Route("/v1/conversations/{conversation_id}/items/{item_id}", api(get_item), methods=["GET"]),
         Route("/v1/conversations/{conversation_id}/items/{item_id}", api(delete_item), methods=["DELETE"]),
     ]
+
+
+def owner_of(request: Any) -> str:
+    """Whose request it is, as far as the front door's stateless threads go: a digest of its credentials
+    (one token never goes on with another's thread)."""
+    credentials = request.headers.get("authorization", "").encode()
+    return hashlib.sha256(b"agentcell owner\0" + credentials).hexdigest()
 
 
 async def _sse(run: Run) -> AsyncIterator[bytes]:
