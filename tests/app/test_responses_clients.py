@@ -361,3 +361,84 @@ def test_a_stateless_client_goes_on_in_one_session_and_store_false_leaves_no_tex
         assert not [
             p for p in sessions_dir.rglob("*") if p.is_file() and "box-4711" in p.read_text(errors="ignore")
         ]
+
+
+def test_dropped_streams_waiting_for_a_session_are_cancelled_and_the_queue_is_bounded(
+    client: openai.OpenAI, server: ApiServer, provider: Any, script: Any
+) -> None:
+    from runtime.apps.responses.door import MAX_QUEUED
+
+    model = script(Turn(text="r0"), Turn(text="r1", latency=3), Turn(text="the real answer"))
+    r0 = client.responses.create(model=model, input="start")
+    running = client.responses.create(model=model, input="slow", previous_response_id=r0.id, stream=True)
+    assert next(iter(running)).type == "response.created"  # (r1 holds the session for 3 s)
+    body = {"model": model, "input": "dropped", "previous_response_id": r0.id, "stream": True}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def drop_and_overflow() -> int:
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as http:
+            for _ in range(40):  # clients that go away from a response still queued behind r1
+                async with http.stream("POST", "/v1/responses", json=body) as answer:
+                    assert answer.status_code == 200
+                    async for line in answer.aiter_lines():
+                        if line.startswith("data:"):
+                            break  # (response.created) and gone
+            held = []
+            for _ in range(MAX_QUEUED + 1):  # a queue that stays: bounded
+                stream = http.stream("POST", "/v1/responses", json=body)
+                answer = await stream.__aenter__()
+                held.append((stream, answer))
+                if answer.status_code != 200:
+                    break
+            status = held[-1][1].status_code
+            error = (await held[-1][1].aread()).decode() if status != 200 else ""
+            for stream, _ in reversed(held):
+                await stream.__aexit__(None, None, None)
+            assert "too_many_queued_responses" in error, error
+            return status
+
+    assert asyncio.run(drop_and_overflow()) == 429
+    real = client.responses.create(model=model, input="the real one", previous_response_id=r0.id)
+    assert real.output_text == "the real answer"  # no dropped response ran a turn (each would take one)
+    assert len(sent(provider, model)) == 3
+    list(running)
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text in p.read_text(errors="ignore")]
+
+
+def test_store_false_writes_nothing_when_it_goes_on_from_a_stored_response_or_in_a_conversation(
+    client: openai.OpenAI, provider: Any, script: Any, sessions_dir: Path
+) -> None:
+    model = script(
+        Turn(text="stored answer"),
+        Turn(text="secret answer-9931"),
+        Turn(text="secret answer-9932"),
+        Turn(text="fine"),
+    )
+    stored = client.responses.create(model=model, input="a stored question", instructions="Be kind.")
+    off = client.responses.create(
+        model=model, input="secret question-9931", previous_response_id=stored.id, store=False
+    )
+    assert off.output_text == "secret answer-9931"
+    assert [m.get("content") for m in sent(provider, model)[-1]] == [
+        "Be kind.",
+        "a stored question",
+        "stored answer",
+        "secret question-9931",
+    ]  # the model saw the stored thread
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "hello"}]
+    )
+    before = client.conversations.items.list(conversation.id).data
+    inside = client.responses.create(
+        model=model, input="secret question-9932", conversation=conversation.id, store=False
+    )
+    assert inside.output_text == "secret answer-9932"
+    assert client.conversations.items.list(conversation.id).data == before  # nothing added to it
+    for marker in ("question-9931", "answer-9931", "question-9932", "answer-9932"):
+        assert files_holding(sessions_dir, marker) == [], marker
+    after = client.responses.create(model=model, input="and now?", previous_response_id=stored.id)
+    assert "9931" not in str(sent(provider, model)[-1])  # the stored thread never saw it
+    assert after.previous_response_id == stored.id

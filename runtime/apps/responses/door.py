@@ -46,6 +46,9 @@ log = logging.getLogger("agentcell.responses")
 
 STREAM_END = object()  # what ends a run's event queue
 
+MAX_QUEUED = 16
+"""Responses that may wait for one session at a time; past it a request is a 429 (``too_many_queued_responses``)."""
+
 
 class Run:
     """One response being made: its record, its stream's events (a queue, when streamed), its task."""
@@ -67,6 +70,8 @@ class Run:
         self.session_id: str | None = None
         self.cancelled = False
         self.sent = False  # its turn was sent to the session (a cancel aborts it from then on)
+        self.queued = False  # it counts among the responses waiting for its session
+        self.copied = False  # store: false, run in a copy of the stored session it goes on from
         self.deleted = False
         self.http_status = 200
         self.stateless: Stateless | None = None  # (no previous_response_id, no conversation)
@@ -104,6 +109,8 @@ class FrontDoor:
         self.runs: dict[str, Run] = {}
         self._sealer: Sealer | None = None
         self.threads = Threads()
+        self.max_queued = MAX_QUEUED
+        self._queued: dict[str, int] = {}  # responses waiting for each session (one runs at a time)
         for session_id in self.records.ephemeral_sessions():  # store: false sessions a stop left behind
             with contextlib.suppress(Exception):
                 runtime.delete_session(session_id)
@@ -246,6 +253,16 @@ class FrontDoor:
             await held.acquire()
         try:
             run, messages, options, model, conversation = await self._prepare(body, owner)
+            assert run.session_id is not None
+            if self._queued.get(run.session_id, 0) >= self.max_queued:
+                await self._drop(run)
+                raise ApiError(
+                    429,
+                    f"{self.max_queued} responses already wait for this session (one runs at a time): "
+                    "wait for one to finish, or cancel one.",
+                    type="rate_limit_error",
+                    code="too_many_queued_responses",
+                )
             if run.record.store:  # before the first byte: the id a client holds survives a crash
                 try:
                     await asyncio.to_thread(self.records.save_response, run.record)
@@ -256,8 +273,23 @@ class FrontDoor:
             if held is not None:
                 held.release()
             raise
+        self._queued[run.session_id] = self._queued.get(run.session_id, 0) + 1
+        run.queued = True
         run.task = asyncio.create_task(self._run(run, messages, options, model, conversation, held))
         return run
+
+    async def _drop(self, run: Run) -> None:
+        """Forget a run refused before it started (its thread goes back to the table)."""
+        self.runs.pop(run.record.id, None)
+        if run.stateless is not None and run.stateless.thread is not None:
+            await self._let_go(self.threads.put(run.stateless.thread))
+
+    def abandon(self, run: Run) -> None:
+        """The client went away from ``run``'s stream: a run still waiting for its session (behind another
+        response) is cancelled, as nobody will read it; one that has its session finishes and is kept."""
+        if run.queued:  # behind another response on its session
+            run.cancelled = True  # (it ends as soon as it has the session, without a turn)
+            self._leave_queue(run)
 
     async def _prepare(
         self, body: CreateResponse, owner: str
@@ -323,6 +355,10 @@ class FrontDoor:
             if thread is not None:
                 session_id, start_leaf, awaiting = thread.session_id, thread.leaf_id, thread.awaiting
                 sent = parsed.messages[thread.length :]
+        copy_of: tuple[str, str | None] | None = None
+        copied = body.store is False and (previous is not None or conversation is not None)
+        if copied and session_id is not None:
+            copy_of, session_id, start_leaf = (session_id, start_leaf), None, None  # (see _copy)
         try:
             _check_outputs(parsed, awaiting)
         except ApiError:
@@ -363,8 +399,13 @@ class FrontDoor:
         )
         extra = AGENTCELL_EVENTS in (body.include or ())
         run = Run(record, bool(body.stream), client_tools, shape, extra)
+        run.copied = copied  # store: false goes on in a copy: nothing is added to the stored session
+        system_prompt: str | None = None
+        if copy_of is not None:
+            history, system_prompt = await self._copy(*copy_of)
+            sent = [*history, *sent]
         if session_id is None:
-            run.session_id = await self._start_session(model, profile, instructions)
+            run.session_id = await self._start_session(model, profile, instructions or system_prompt)
             record.session_id = run.session_id
             if not record.store:  # (gone at the latest when the server next starts: see _let_go)
                 await asyncio.to_thread(self.records.mark_ephemeral, run.session_id)
@@ -446,6 +487,7 @@ class FrontDoor:
         assert run.session_id is not None
         try:
             async with self._lock(run.session_id):
+                self._leave_queue(run)
                 if run.cancelled:
                     self._end(run, "cancelled", None)
                 else:
@@ -455,6 +497,8 @@ class FrontDoor:
             status, error = failure("internal", f"{type(exc).__name__}: {exc}")
             run.http_status = status
             self._end(run, "failed", error)
+        finally:
+            self._leave_queue(run)
         record.completed_at = time.time() if record.status == "completed" else None
         final: list[dict[str, Any]] = []
         if run.queue is not None:  # the output as streamed (a failed attempt's items included)
@@ -552,14 +596,38 @@ class FrontDoor:
                 recent = await self.runtime.amessages(run.session_id)
                 run.send(run.translator.results(m for m in recent[-64:] if m.role == "tool"))
 
+    def _leave_queue(self, run: Run) -> None:
+        if not run.queued or run.session_id is None:
+            return
+        run.queued = False
+        left = self._queued.get(run.session_id, 1) - 1
+        if left > 0:
+            self._queued[run.session_id] = left
+        else:
+            self._queued.pop(run.session_id, None)
+
     def _end(self, run: Run, status: Any, error: dict[str, Any] | None, incomplete: Any = None) -> None:
         run.record.status = status
         run.record.error = error
         run.record.incomplete_details = incomplete
 
+    async def _copy(self, session_id: str, leaf_id: str | None) -> tuple[list[Message], str | None]:
+        """What a ``store: false`` response that goes on from a stored one (or in a conversation) sends a
+        session of its own: the stored session's conversation up to ``leaf_id``, and its system prompt."""
+        await self.hosted(session_id)
+        messages = await self.runtime.amessages(session_id)
+        ids = [m.id for m in messages]
+        if leaf_id in ids:
+            messages = messages[: ids.index(leaf_id) + 1]
+        header = await asyncio.to_thread(self.runtime.services.directory.read_header, session_id)
+        return [m for m in messages if it.is_shown(m)], header.system_prompt if header is not None else None
+
     async def _keep(self, run: Run, conversation: ConversationRecord | None) -> None:
         """Save what the response leaves: its record (when stored), its conversation's place."""
         record = run.record
+        if run.copied:  # store: false in a copy: nothing of it is kept, the copy goes at once
+            await self._let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
+            return
         if conversation is not None and record.leaf_id is not None:
             conversation.session_id, conversation.leaf_id = record.session_id, record.leaf_id
             conversation.awaiting, conversation.pending = list(record.awaiting), []

@@ -333,6 +333,11 @@ def _output_text(output: Any, param: str) -> str:
 # -- messages → items -------------------------------------------------------------------------------------
 
 
+def is_shown(message: Message) -> bool:
+    """Whether ``message`` is a conversation's (not context management's: summaries, notes)."""
+    return message.kind in _SHOWN_KINDS
+
+
 def message_item_id(message_id: str) -> str:
     return f"msg_{message_id}"
 

@@ -110,7 +110,9 @@ def responses_routes(
         headers = {NOT_OFFERED: ", ".join(run.not_offered)} if run.not_offered else {}
         if run.queue is not None:
             return StreamingResponse(
-                _sse(run), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
+                _sse(run, door.abandon),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", **headers},
             )
         assert run.task is not None
         await asyncio.shield(run.task)  # (a client that goes away does not cut the run short)
@@ -265,10 +267,20 @@ def owner_of(request: Any) -> str:
     return hashlib.sha256(b"agentcell owner\0" + credentials).hexdigest()
 
 
-async def _sse(run: Run) -> AsyncIterator[bytes]:
-    """The stream of ``run``: its events as they come; a client that goes away leaves the run going."""
+async def _sse(run: Run, abandon: Callable[[Run], None]) -> AsyncIterator[bytes]:
+    """The stream of ``run``: its events as they come. A client that goes away leaves a run that has
+    started going (it is kept), and cancels one still waiting for its session (``abandon``)."""
     queue = run.queue
     assert queue is not None
+    try:
+        async for frames in _frames(queue):
+            yield frames
+    finally:
+        if run.task is not None and not run.task.done():  # (the client went away before the end)
+            abandon(run)
+
+
+async def _frames(queue: asyncio.Queue[Any]) -> AsyncIterator[bytes]:
     while True:
         events = [await queue.get()]
         while not queue.empty():  # what is there already goes out in one write
