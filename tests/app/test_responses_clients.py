@@ -442,3 +442,45 @@ def test_store_false_writes_nothing_when_it_goes_on_from_a_stored_response_or_in
     after = client.responses.create(model=model, input="and now?", previous_response_id=stored.id)
     assert "9931" not in str(sent(provider, model)[-1])  # the stored thread never saw it
     assert after.previous_response_id == stored.id
+
+
+def test_responses_compact_gives_a_window_that_goes_on_in_the_compacted_session(
+    client: openai.OpenAI, rt: Any, provider: Any, script: Any
+) -> None:
+    model = script(
+        Turn(text="first answer"),
+        Turn(text="second answer"),
+        Turn(text="SUMMARY-77: the user asked about boxes."),
+        Turn(text="after the compaction"),
+        Turn(text="stored first"),
+        Turn(text="stored second"),
+        Turn(text="SUMMARY-78: stored."),
+        Turn(text="stored after"),
+    )
+    before = {s.id for s in rt.list_sessions()}
+    long = "what about boxes? " + "The boxes are stacked on shelves in the north hall. " * 60
+    history = [user(long)]
+    first = client.responses.create(**codex_body(model, history, stream=False))
+    history += [*as_input(first.output), user(long)]
+    second = client.responses.create(**codex_body(model, history, stream=False))
+    history += as_input(second.output)
+    compacted = client.responses.compact(model=model, input=history)  # type: ignore[arg-type]
+    assert compacted.object == "response.compaction"
+    assert [i.type for i in compacted.output] == ["message", "message", "compaction"]
+    assert compacted.output[0].content[0].text == long  # type: ignore[union-attr]
+    window = [*as_input(compacted.output), user("and now?")]
+    after = client.responses.create(**codex_body(model, window, stream=False))
+    assert after.output_text == "after the compaction"
+    assert "SUMMARY-77" in str(sent(provider, model)[-1])  # the model goes on from the summary
+    assert len({s.id for s in rt.list_sessions()} - before) == 1  # in the compacted session
+    forged = {**window[-2], "encrypted_content": window[-2]["encrypted_content"][:-4] + "AAAA"}
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(**codex_body(model, [*window[:-2], forged, user("x")], stream=False))
+
+    stored = client.responses.create(model=model, input=long + " Remember the shelf.")
+    stored = client.responses.create(model=model, input=long, previous_response_id=stored.id)
+    squeezed = client.responses.compact(model=model, previous_response_id=stored.id)  # type: ignore[arg-type]
+    on = client.responses.create(model=model, input="go on", previous_response_id=squeezed.id)
+    assert on.output_text == "stored after" and "SUMMARY-78" in str(sent(provider, model)[-1])
+    with pytest.raises(openai.BadRequestError):  # nothing this server holds
+        client.responses.compact(model=model, input=[user("never seen")])  # type: ignore[arg-type]

@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from actors.protocol import TurnOptions
 from runtime import events as ev
 from runtime.apps.responses import items as it
@@ -39,7 +41,7 @@ from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.stream import StreamTranslator
 from runtime.apps.responses.threads import Thread, Threads, chain, extend
 from runtime.handles import TurnResult
-from runtime.messages import Message
+from runtime.messages import Message, Usage
 from runtime.served import served
 
 log = logging.getLogger("agentcell.responses")
@@ -349,12 +351,18 @@ class FrontDoor:
         digests: list[bytes] = []
         thread: Thread | None = None
         sent = parsed.messages
+        if parsed.compaction is not None and (previous is not None or conversation is not None):
+            raise ApiError(
+                400, "a compaction item goes without previous_response_id or conversation", param="input"
+            )
         if previous is None and conversation is None:  # a stateless client: does it go on with a thread?
-            digests = chain(owner, parsed.messages)
+            digests = chain(self._seed(owner, parsed.compaction), parsed.messages)
             thread = self.threads.take(digests, body.prompt_cache_key)
             if thread is not None:
                 session_id, start_leaf, awaiting = thread.session_id, thread.leaf_id, thread.awaiting
                 sent = parsed.messages[thread.length :]
+            elif parsed.compaction is not None:  # (its thread was let go: the session may still be there)
+                session_id, start_leaf = self._compacted(owner, parsed.compaction, sealer)
         copy_of: tuple[str, str | None] | None = None
         copied = body.store is False and (previous is not None or conversation is not None)
         if copied and session_id is not None:
@@ -610,6 +618,100 @@ class FrontDoor:
         run.record.status = status
         run.record.error = error
         run.record.incomplete_details = incomplete
+
+    # -- responses.compact ------------------------------------------------------------------------------
+    async def compact(self, body: CreateResponse, owner: str) -> dict[str, Any]:
+        """``POST /v1/responses/compact``: compact the session the request names (``previous_response_id``,
+        or the stateless thread whose history is all of ``input``) and answer the compacted window: the
+        conversation's user messages and one ``compaction`` item, whose ``encrypted_content`` names the
+        compacted session's point (sealed). An input that holds that item goes on from there; with
+        ``previous_response_id``, the compacted response's ``id`` does too."""
+        sealer = await asyncio.to_thread(self.sealer)
+        try:
+            parsed = it.parse_input(body.input if body.input is not None else [], unseal=sealer.open)
+        except it.InputError as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+        thread: Thread | None = None
+        if body.previous_response_id:
+            previous = await self.response(body.previous_response_id, "previous_response_id")
+            if previous.leaf_id is None:
+                raise ApiError(400, "that response left nothing to compact", param="previous_response_id")
+            session_id, leaf_id = previous.session_id, previous.leaf_id
+        else:
+            thread = self.threads.take_whole(chain(self._seed(owner, parsed.compaction), parsed.messages))
+            if thread is None:
+                raise ApiError(
+                    400,
+                    "Nothing to compact: give previous_response_id, or the whole input of a conversation this "
+                    "server is holding (the history of your last response, as you would send it next).",
+                    param="input",
+                )
+            session_id, leaf_id = thread.session_id, thread.leaf_id
+        try:
+            async with self._lock(session_id):
+                await self.hosted(session_id)
+                before = await self.runtime.amessages(session_id)
+                if (before[-1].id if before else None) != leaf_id:
+                    await self.runtime.abranch(session_id, leaf_id)
+                result = await self.runtime.compact(session_id, keep_recent_tokens=0)  # (all in the summary)
+                messages = await self.runtime.amessages(session_id)
+        except BaseException:
+            if thread is not None:
+                await self._let_go(self.threads.put(thread))
+            raise
+        if not result.compacted and result.reason not in ("nothing_to_compact", None):
+            log.warning("compaction of %s: %s", session_id, result.reason)
+        leaf = messages[-1].id if messages else leaf_id
+        point = msgspec.json.encode({"o": owner, "s": session_id, "l": leaf})
+        token = sealer.seal_bytes(point, b"compaction")
+        users = it.to_items([m for m in messages if m.role == "user" and it.is_shown(m)])
+        output = [*users, {"id": f"cmp_{leaf}", "type": "compaction", "encrypted_content": token}]
+        record = ResponseRecord(
+            id=new_response_id(), session_id=session_id, model=body.model or "", status="completed"
+        )
+        record.leaf_id, record.output, record.usage = leaf, output, usage_object(Usage())
+        record.completed_at = time.time()
+        if thread is not None:  # the client's next input starts with the compacted window
+            after = Thread(
+                session_id=session_id,
+                leaf_id=leaf,
+                digest=chain(self._seed(owner, token), [])[0],
+                length=0,
+                ephemeral=thread.ephemeral,
+            )
+            await self._let_go(self.threads.put(after))
+        else:
+            await asyncio.to_thread(self.records.save_response, record)
+        return {
+            "id": record.id,
+            "object": "response.compaction",
+            "created_at": int(record.created_at),
+            "output": output,
+            "usage": record.usage,
+        }
+
+    @staticmethod
+    def _seed(owner: str, compaction: str | None) -> str:
+        """What a stateless chain starts from: the owner (and the compaction its input starts with)."""
+        if compaction is None:
+            return owner
+        return f"{owner}\0{compaction}"
+
+    @staticmethod
+    def _compacted(owner: str, token: str, sealer: Sealer) -> tuple[str, str]:
+        """The session and point a ``compaction`` item names (the owner's only)."""
+        try:
+            point = msgspec.json.decode(sealer.open_bytes(token, b"compaction"))
+            if point["o"] != owner:
+                raise ValueError("another client's")
+            return str(point["s"]), str(point["l"])
+        except (ValueError, KeyError, TypeError, msgspec.DecodeError):
+            raise ApiError(
+                400,
+                "input: a compaction item this server did not give you",
+                param="input",
+                code="invalid_value",
+            ) from None
 
     async def _copy(self, session_id: str, leaf_id: str | None) -> tuple[list[Message], str | None]:
         """What a ``store: false`` response that goes on from a stored one (or in a conversation) sends a

@@ -68,6 +68,7 @@ class ParsedInput:
         self.instructions: list[str] = []
         self.outputs: list[str] = []
         self.calls: list[str] = []
+        self.compaction: str | None = None  # the last ``compaction`` item's token: what came before it
 
 
 Unseal = Callable[[str], list[ReasoningPart]]
@@ -177,6 +178,10 @@ def parse_input(
             message_id = _id(item, keep_ids) or new_id()
             parsed.messages.append(tool_result(call_id, name, output, id=message_id))
             parsed.outputs.append(call_id)
+        elif kind == "compaction":  # (responses.compact's): the session it names holds what came before
+            group.flush()
+            parsed.compaction = _str(item.get("encrypted_content"), f"{where}.encrypted_content")
+            parsed.messages, parsed.outputs, parsed.calls = [], [], []
         elif kind is None:
             raise InputError(f"{where} has no type", f"{where}.type")
         else:

@@ -132,13 +132,8 @@ def responses_routes(
         return {"object": "response.input_tokens", "input_tokens": await door.count_input_tokens(body)}
 
     async def compact(request: Request) -> Any:
-        raise ApiError(
-            501,
-            "responses.compact is not implemented by this server: with truncation 'auto' (the default) a "
-            "session compacts itself when its context fills up.",
-            type="server_error",
-            code="not_implemented",
-        )
+        body: CreateResponse = decode(await request.body(), CreateResponse)
+        return await door.compact(body, owner_of(request))
 
     async def models(request: Request) -> Any:
         return {"object": "list", "data": door.models()}

@@ -23,7 +23,6 @@ from runtime.errors import AgentcellError
 from runtime.messages import ReasoningPart
 
 _VERSION: Final = b"ac1"
-_AAD: Final = b"agentcell reasoning v1"
 _parts = msgspec.json.Decoder(list[ReasoningPart])
 _encode = msgspec.json.Encoder()
 
@@ -44,12 +43,23 @@ class Sealer:
         self._nonce_key = hmac.new(key, b"agentcell nonce", hashlib.sha256).digest()
 
     def seal(self, parts: Sequence[ReasoningPart]) -> str:
-        plain = _encode.encode(list(parts))
-        nonce = hmac.new(self._nonce_key, plain, hashlib.sha256).digest()[:12]  # (deterministic, SIV-style)
-        sealed = self._aead.encrypt(nonce, plain, _AAD)
-        return (_VERSION + base64.urlsafe_b64encode(nonce + sealed)).decode()
+        return self.seal_bytes(_encode.encode(list(parts)), b"reasoning")
 
     def open(self, token: str) -> list[ReasoningPart]:
+        try:
+            return _parts.decode(self.open_bytes(token, b"reasoning"))
+        except msgspec.DecodeError:
+            raise SealError("encrypted_content does not hold reasoning") from None
+
+    def seal_bytes(self, plain: bytes, purpose: bytes) -> str:
+        """``plain`` sealed for ``purpose`` (a token sealed for one purpose does not open for another)."""
+        nonce = hmac.new(self._nonce_key, purpose + b"\0" + plain, hashlib.sha256).digest()[
+            :12
+        ]  # (SIV-style)
+        sealed = self._aead.encrypt(nonce, plain, b"agentcell " + purpose + b" v1")
+        return (_VERSION + base64.urlsafe_b64encode(nonce + sealed)).decode()
+
+    def open_bytes(self, token: str, purpose: bytes) -> bytes:
         from cryptography.exceptions import InvalidTag
 
         raw = token.encode()
@@ -57,7 +67,6 @@ class Sealer:
             raise SealError("encrypted_content was not made by this server")
         try:
             data = base64.urlsafe_b64decode(raw[len(_VERSION) :])
-            plain = self._aead.decrypt(data[:12], data[12:], _AAD)
-            return _parts.decode(plain)
-        except (InvalidTag, ValueError, msgspec.DecodeError):
+            return self._aead.decrypt(data[:12], data[12:], b"agentcell " + purpose + b" v1")
+        except (InvalidTag, ValueError):
             raise SealError("encrypted_content does not open with this server's key (altered?)") from None

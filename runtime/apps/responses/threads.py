@@ -93,7 +93,7 @@ class Threads:
         """The thread whose history is the longest prefix of the input (``digests``: its :func:`chain`),
         short of all of it, preferring the one of ``cache_key``; removed from the table while it runs."""
         found: Thread | None = None
-        for length in range(len(digests) - 2, 0, -1):  # (at least one message must be new)
+        for length in range(len(digests) - 2, -1, -1):  # (at least one message must be new)
             thread = self._by_digest.get(digests[length])
             if thread is None or thread.length != length:
                 continue
@@ -105,6 +105,13 @@ class Threads:
         if found is not None:
             del self._by_digest[found.digest]
         return found
+
+    def take_whole(self, digests: Sequence[bytes]) -> Thread | None:
+        """The thread whose history is all of the input (``responses.compact``'s), removed."""
+        thread = self._by_digest.get(digests[-1])
+        if thread is None or thread.length != len(digests) - 1:
+            return None
+        return self._by_digest.pop(thread.digest)
 
     def put(self, thread: Thread) -> list[Thread]:
         """Keep ``thread`` (replacing one with the same history); the threads that fall out."""
