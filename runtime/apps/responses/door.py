@@ -16,8 +16,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
-
 from actors.protocol import TurnOptions
 from runtime import events as ev
 from runtime.apps.responses import items as it
@@ -36,12 +34,13 @@ from runtime.apps.responses.api import (
     unsupported,
     usage_object,
 )
+from runtime.apps.responses.compaction import compacted_point, seed
 from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
 from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.stream import StreamTranslator
 from runtime.apps.responses.threads import Thread, Threads, chain, extend
 from runtime.handles import TurnResult
-from runtime.messages import Message, Usage
+from runtime.messages import Message
 from runtime.served import served
 
 log = logging.getLogger("agentcell.responses")
@@ -120,7 +119,7 @@ class FrontDoor:
         self.runtime_started = time.time()
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    def _lock(self, key: str) -> asyncio.Lock:
+    def lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
@@ -170,7 +169,7 @@ class FrontDoor:
 
     def conversation_lock(self, conversation_id: str) -> asyncio.Lock:
         """Held by a response in the conversation from when it reads it until it recorded where it left it."""
-        return self._lock(conversation_id)
+        return self.lock(conversation_id)
 
     @staticmethod
     def check_added_outputs(record: ConversationRecord, added: list[dict[str, Any]]) -> None:
@@ -202,46 +201,6 @@ class FrontDoor:
             record.session_id, record.leaf_id, record.awaiting = None, None, []
         await asyncio.to_thread(self.records.save_conversation, record)
 
-    def models(self) -> list[dict[str, Any]]:
-        """``GET /v1/models``: the agent profiles, then the models the configuration names."""
-        config = self.runtime.config
-        names = list(self.runtime.agents)
-        for name in (
-            config.agent.model,
-            *(p.model for p in self.runtime.agents.values() if p.model),
-            *config.models.context_windows,
-            *config.models.max_output_tokens,
-        ):
-            if name not in names:
-                names.append(name)
-        created = int(self.runtime_started)
-        return [{"id": n, "object": "model", "created": created, "owned_by": "agentcell"} for n in names]
-
-    async def count_input_tokens(self, body: CreateResponse) -> int:
-        """``POST /v1/responses/input_tokens``: the tokens of what a response with ``body`` would send the
-        model (instructions, tools, the history it continues and its input), as the session estimates them."""
-        from runtime.tokens import TokenCounter
-
-        tools = function_tools(body.tools)
-        sealer = await asyncio.to_thread(self.sealer)
-        try:
-            parsed = it.parse_input(body.input if body.input is not None else [], unseal=sealer.open)
-        except it.InputError as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
-        history: list[Message] = []
-        if body.previous_response_id:
-            previous = await self.response(body.previous_response_id, "previous_response_id")
-            await self.hosted(previous.session_id)
-            history = await self.runtime.amessages(previous.session_id)
-            ids = [m.id for m in history]
-            if previous.leaf_id in ids:
-                history = history[: ids.index(previous.leaf_id) + 1]
-        model = body.model or self.runtime.config.agent.model
-        counter = TokenCounter(model, self.runtime.config.tokens)
-        instructions = "\n\n".join(t for t in (body.instructions, *parsed.instructions) if t)
-        total = counter.count_messages([*history, *parsed.messages]) + counter.count_tools(tools.schemas)
-        return total + (counter.count_system(instructions) if instructions else 0)
-
     # -- a response -------------------------------------------------------------------------------------
     async def create(self, body: CreateResponse, owner: str = "") -> Run:
         """Check ``body``, start its run, and return it (its task runs on). ``owner`` (a digest of the
@@ -251,7 +210,7 @@ class FrontDoor:
         until it has recorded where it left it: the next one goes on after it, not beside it."""
         held: asyncio.Lock | None = None
         if body.conversation is not None and not body.previous_response_id and body.conversation_id:
-            held = self._lock(body.conversation_id)
+            held = self.lock(body.conversation_id)
             await held.acquire()
         try:
             run, messages, options, model, conversation = await self._prepare(body, owner)
@@ -284,7 +243,7 @@ class FrontDoor:
         """Forget a run refused before it started (its thread goes back to the table)."""
         self.runs.pop(run.record.id, None)
         if run.stateless is not None and run.stateless.thread is not None:
-            await self._let_go(self.threads.put(run.stateless.thread))
+            await self.let_go(self.threads.put(run.stateless.thread))
 
     def abandon(self, run: Run) -> None:
         """The client went away from ``run``'s stream: a run still waiting for its session (behind another
@@ -356,13 +315,13 @@ class FrontDoor:
                 400, "a compaction item goes without previous_response_id or conversation", param="input"
             )
         if previous is None and conversation is None:  # a stateless client: does it go on with a thread?
-            digests = chain(self._seed(owner, parsed.compaction), parsed.messages)
+            digests = chain(seed(owner, parsed.compaction), parsed.messages)
             thread = self.threads.take(digests, body.prompt_cache_key)
             if thread is not None:
                 session_id, start_leaf, awaiting = thread.session_id, thread.leaf_id, thread.awaiting
                 sent = parsed.messages[thread.length :]
             elif parsed.compaction is not None:  # (its thread was let go: the session may still be there)
-                session_id, start_leaf = self._compacted(owner, parsed.compaction, sealer)
+                session_id, start_leaf = compacted_point(owner, parsed.compaction, sealer)
         copy_of: tuple[str, str | None] | None = None
         copied = body.store is False and (previous is not None or conversation is not None)
         if copied and session_id is not None:
@@ -371,7 +330,7 @@ class FrontDoor:
             _check_outputs(parsed, awaiting)
         except ApiError:
             if thread is not None:
-                await self._let_go(self.threads.put(thread))
+                await self.let_go(self.threads.put(thread))
             raise
         # the model sees the input's system and developer messages after the instructions; the response's
         # ``instructions`` are the request's own
@@ -494,7 +453,7 @@ class FrontDoor:
         run.send(run.translator.start(record.to_api()))
         assert run.session_id is not None
         try:
-            async with self._lock(run.session_id):
+            async with self.lock(run.session_id):
                 self._leave_queue(run)
                 if run.cancelled:
                     self._end(run, "cancelled", None)
@@ -619,100 +578,6 @@ class FrontDoor:
         run.record.error = error
         run.record.incomplete_details = incomplete
 
-    # -- responses.compact ------------------------------------------------------------------------------
-    async def compact(self, body: CreateResponse, owner: str) -> dict[str, Any]:
-        """``POST /v1/responses/compact``: compact the session the request names (``previous_response_id``,
-        or the stateless thread whose history is all of ``input``) and answer the compacted window: the
-        conversation's user messages and one ``compaction`` item, whose ``encrypted_content`` names the
-        compacted session's point (sealed). An input that holds that item goes on from there; with
-        ``previous_response_id``, the compacted response's ``id`` does too."""
-        sealer = await asyncio.to_thread(self.sealer)
-        try:
-            parsed = it.parse_input(body.input if body.input is not None else [], unseal=sealer.open)
-        except it.InputError as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
-        thread: Thread | None = None
-        if body.previous_response_id:
-            previous = await self.response(body.previous_response_id, "previous_response_id")
-            if previous.leaf_id is None:
-                raise ApiError(400, "that response left nothing to compact", param="previous_response_id")
-            session_id, leaf_id = previous.session_id, previous.leaf_id
-        else:
-            thread = self.threads.take_whole(chain(self._seed(owner, parsed.compaction), parsed.messages))
-            if thread is None:
-                raise ApiError(
-                    400,
-                    "Nothing to compact: give previous_response_id, or the whole input of a conversation this "
-                    "server is holding (the history of your last response, as you would send it next).",
-                    param="input",
-                )
-            session_id, leaf_id = thread.session_id, thread.leaf_id
-        try:
-            async with self._lock(session_id):
-                await self.hosted(session_id)
-                before = await self.runtime.amessages(session_id)
-                if (before[-1].id if before else None) != leaf_id:
-                    await self.runtime.abranch(session_id, leaf_id)
-                result = await self.runtime.compact(session_id, keep_recent_tokens=0)  # (all in the summary)
-                messages = await self.runtime.amessages(session_id)
-        except BaseException:
-            if thread is not None:
-                await self._let_go(self.threads.put(thread))
-            raise
-        if not result.compacted and result.reason not in ("nothing_to_compact", None):
-            log.warning("compaction of %s: %s", session_id, result.reason)
-        leaf = messages[-1].id if messages else leaf_id
-        point = msgspec.json.encode({"o": owner, "s": session_id, "l": leaf})
-        token = sealer.seal_bytes(point, b"compaction")
-        users = it.to_items([m for m in messages if m.role == "user" and it.is_shown(m)])
-        output = [*users, {"id": f"cmp_{leaf}", "type": "compaction", "encrypted_content": token}]
-        record = ResponseRecord(
-            id=new_response_id(), session_id=session_id, model=body.model or "", status="completed"
-        )
-        record.leaf_id, record.output, record.usage = leaf, output, usage_object(Usage())
-        record.completed_at = time.time()
-        if thread is not None:  # the client's next input starts with the compacted window
-            after = Thread(
-                session_id=session_id,
-                leaf_id=leaf,
-                digest=chain(self._seed(owner, token), [])[0],
-                length=0,
-                ephemeral=thread.ephemeral,
-            )
-            await self._let_go(self.threads.put(after))
-        else:
-            await asyncio.to_thread(self.records.save_response, record)
-        return {
-            "id": record.id,
-            "object": "response.compaction",
-            "created_at": int(record.created_at),
-            "output": output,
-            "usage": record.usage,
-        }
-
-    @staticmethod
-    def _seed(owner: str, compaction: str | None) -> str:
-        """What a stateless chain starts from: the owner (and the compaction its input starts with)."""
-        if compaction is None:
-            return owner
-        return f"{owner}\0{compaction}"
-
-    @staticmethod
-    def _compacted(owner: str, token: str, sealer: Sealer) -> tuple[str, str]:
-        """The session and point a ``compaction`` item names (the owner's only)."""
-        try:
-            point = msgspec.json.decode(sealer.open_bytes(token, b"compaction"))
-            if point["o"] != owner:
-                raise ValueError("another client's")
-            return str(point["s"]), str(point["l"])
-        except (ValueError, KeyError, TypeError, msgspec.DecodeError):
-            raise ApiError(
-                400,
-                "input: a compaction item this server did not give you",
-                param="input",
-                code="invalid_value",
-            ) from None
-
     async def _copy(self, session_id: str, leaf_id: str | None) -> tuple[list[Message], str | None]:
         """What a ``store: false`` response that goes on from a stored one (or in a conversation) sends a
         session of its own: the stored session's conversation up to ``leaf_id``, and its system prompt."""
@@ -728,7 +593,7 @@ class FrontDoor:
         """Save what the response leaves: its record (when stored), its conversation's place."""
         record = run.record
         if run.copied:  # store: false in a copy: nothing of it is kept, the copy goes at once
-            await self._let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
+            await self.let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
             return
         if conversation is not None and record.leaf_id is not None:
             conversation.session_id, conversation.leaf_id = record.session_id, record.leaf_id
@@ -762,12 +627,12 @@ class FrontDoor:
                     cache_key=stateless.cache_key,
                     ephemeral=ephemeral,
                 )
-                await self._let_go(self.threads.put(thread))
+                await self.let_go(self.threads.put(thread))
                 return
         if ephemeral:  # store: false keeps nothing of a session it started, nor of its thread's
-            await self._let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
+            await self.let_go([Thread(session_id=record.session_id, leaf_id="", digest=b"", length=0)])
 
-    async def _let_go(self, threads: list[Thread]) -> None:
+    async def let_go(self, threads: list[Thread]) -> None:
         """Threads out of the table: the sessions of ``store: false`` ones are deleted."""
         for thread in threads:
             if thread.ephemeral:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.apps.responses import catalog, compaction
 from runtime.apps.responses import items as it
 from runtime.apps.responses.api import (
     ApiError,
@@ -129,18 +130,21 @@ def responses_routes(
 
     async def count_input_tokens(request: Request) -> Any:
         body: CreateResponse = decode(await request.body(), CreateResponse)
-        return {"object": "response.input_tokens", "input_tokens": await door.count_input_tokens(body)}
+        return {
+            "object": "response.input_tokens",
+            "input_tokens": await catalog.count_input_tokens(door, body),
+        }
 
     async def compact(request: Request) -> Any:
         body: CreateResponse = decode(await request.body(), CreateResponse)
-        return await door.compact(body, owner_of(request))
+        return await compaction.compact(door, body, owner_of(request))
 
     async def models(request: Request) -> Any:
-        return {"object": "list", "data": door.models()}
+        return {"object": "list", "data": catalog.models(door)}
 
     async def model(request: Request) -> Any:
         name = request.path_params["model"]
-        for entry in door.models():
+        for entry in catalog.models(door):
             if entry["id"] == name:
                 return entry
         raise ApiError(404, f"The model '{name}' does not exist on this server.", code="model_not_found")
