@@ -35,6 +35,7 @@ ErrorBody = Callable[[Any, int, str], bytes]
 _SESSION_PATH: Final = re.compile(r"^/sessions/([^/]+)(/[a-z]+)?$")
 _RESPONSE_PATH: Final = re.compile(r"^/v1/responses/([^/]+)(/[a-z_]+)?$")
 _CONVERSATION_PATH: Final = re.compile(r"^/v1/conversations/([^/]+)(/.*)?$")
+_READS_BODY: Final = frozenset({"/v1/responses", "/v1/responses/compact", "/v1/responses/input_tokens"})
 _RESPONSE_ID: Final = re.compile(rb'"id":\s*"(resp_[0-9a-f]{32})"')
 _TURNS: Final = {"prompt"}
 
@@ -163,7 +164,7 @@ class TenantGate:
         path, method = scope["path"], scope["method"]
         for pattern in (_RESPONSE_PATH, _CONVERSATION_PATH):
             match = pattern.match(path)
-            if match is None:
+            if match is None or path in _READS_BODY:
                 continue
             if self.tenants.owner(match.group(1)) != who:
                 await self._error(send, scope, 404, f"No item with id '{match.group(1)}' found.")
@@ -171,7 +172,7 @@ class TenantGate:
             if method == "DELETE" and not match.group(2):
                 await self.app(scope, receive, _Audit(send, self.tenants, who, "delete", match.group(1)))
                 return
-        if path == "/v1/responses" and method == "POST":
+        if path in _READS_BODY and method == "POST":  # (a response id or conversation named in the body)
             body, receive = await self._body(receive)
             data = _object(body)
             previous = data.get("previous_response_id")
@@ -185,7 +186,7 @@ class TenantGate:
             model = data.get("model")
             profile = isinstance(model, str) and model in getattr(self.runtime, "agents", {})
             why = self.tenants.model_refusal(who, model, profile=profile) or self.tenants.refusal(
-                who, turn=True
+                who, turn=path != "/v1/responses/input_tokens"
             )
             if why:
                 await self._error(send, scope, 429 if why.startswith("quota reached") else 403, why)

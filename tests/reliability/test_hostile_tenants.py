@@ -97,6 +97,8 @@ def test_two_tenants_see_nothing_of_each_other(server: ApiServer, provider: Any)
             ("DELETE", f"/v1/responses/{rid}", None),
             ("POST", "/v1/responses", {"model": model(provider), "input": "x", "previous_response_id": rid}),
             ("POST", "/v1/responses", {"model": model(provider), "input": "x", "conversation": cid}),
+            ("POST", "/v1/responses/compact", {"model": model(provider), "previous_response_id": rid}),
+            ("POST", "/v1/responses/input_tokens", {"model": "m", "input": "x", "previous_response_id": rid}),
             ("GET", f"/v1/conversations/{cid}", None),
             ("POST", f"/v1/conversations/{cid}", {"metadata": {"k": "v"}}),
             ("GET", f"/v1/conversations/{cid}/items", None),
@@ -106,6 +108,10 @@ def test_two_tenants_see_nothing_of_each_other(server: ApiServer, provider: Any)
         for method, path, body in tries:
             answer = b.request(method, path, json=body)
             assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
+        counted = a.post(
+            "/v1/responses/input_tokens", json={"model": "m", "input": "x", "previous_response_id": rid}
+        )
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0  # (a's own: counted)
         stream = b.get(f"/events?session={sid}", headers={"Last-Event-ID": f"{sid}:1"})
         assert stream.status_code == 404
         # listings: b sees its own only; the admin sees both
