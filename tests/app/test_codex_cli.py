@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from runtime.provider.script import ToolCallSpec, Turn
@@ -108,6 +109,9 @@ def test_codex_exec_runs_a_tool_through_agentcell_and_resumes(
         second = run("resume", "--last", "Are you still there?")
         assert second.returncode == 0, second.stderr[-3000:]
         assert "Still here after the resume." in second.stdout, second.stdout + second.stderr[-3000:]
+        sessions = httpx.get(f"{served.url}/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        # Codex keeps its history itself (store: false): all three requests went on in one session
+        assert len(sessions["sessions"]) == 1, sessions
 
     requests = [r.body for r in provider.request_log if r.model == "codex-script"]
     assert len(requests) == 3
