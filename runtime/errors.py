@@ -38,7 +38,7 @@ Each keeps the built-in base it always had, so code that catches ``KeyError``, `
  │                                            capacity; the turn ends rate_limited (runtime.gateway)
  ├─ AddressRefused              OSError       a client's URL at an address the server does not connect
      │                                            to for clients (loopback, private, link-local...)
-     └─ the applications' errors (runtime.apps): HttpError, ApiError, InputError (ValueError)
+     └─ the applications' errors (runtime.apps): HttpError, ApiError, InputError and SealError (ValueError)
 
 A provider's failure is not an exception here: a turn that fails ends with ``TurnResult.status == "error"``
 and its ``error`` text (the gateway's ``ProviderError`` is a value, classified from whatever the provider
