@@ -196,11 +196,11 @@ HOSTED_TOOLS: Final = frozenset(
         "computer",
         "local_shell",
         "tool_search",
-        "mcp",
     }
 )
 """Tools the API's servers run themselves: declared by a client, they are not offered to the model (this
-server does not run them) and are named in the response's ``x-agentcell-tools-not-offered`` header."""
+server does not run them) and are named in the response's ``x-agentcell-tools-not-offered`` header. (A
+remote ``mcp`` tool is a 400: a client's MCP servers come through the server's policy, not a request.)"""
 
 
 class ClientTools:
