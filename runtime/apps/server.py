@@ -753,8 +753,8 @@ def create_app(
         served_app = DashboardFiles(_BearerAuth(_BodyLimit(app, limit), token, public=public))
     from runtime.apps.responses import RequestIds
 
-    served_app = RequestIds(served_app)
-    return served_app if drain is None else DrainGate(served_app, drain, _error_body)
+    stamped = RequestIds(served_app)  # (x-request-id on every /v1 answer)
+    return stamped if drain is None else DrainGate(stamped, drain, _error_body)
 
 
 class _BearerAuth:
