@@ -179,6 +179,26 @@ def test_quotas_are_errors_naming_them(server: ApiServer, tenants_file: Path, pr
         assert b.get("/usage").json()["tokens"] > 0
 
 
+def test_spend_per_day_is_a_quota(server: ApiServer, tenants_file: Path, provider: Any) -> None:
+    """A model whose prices litellm knows (gpt-4o-mini, answered here by the local provider): one turn
+    spends more than a millionth of a dollar, and the next is a 429 naming ``max_spend_per_day``."""
+    tenants_file.write_text(tenants_toml(A1, "max_spend_per_day = 0.000001\n"))
+    time.sleep(1.1)  # (the file is looked at once a second)
+    with client(server, A1) as a:
+        body = {"model": "openai/gpt-4o-mini", "api_base": provider.url, "api_key": "sk-local"}
+        sid = a.post("/sessions", json=body).json()["id"]
+        assert a.post(f"/sessions/{sid}/prompt", json={"text": "hi", "wait": True}).status_code == 200
+        deadline = time.monotonic() + 10
+        while a.get("/usage").json()["spend_usd"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.get("/usage").json()["spend_usd"] > 0.000001
+        over = a.post(f"/sessions/{sid}/prompt", json={"text": "more", "wait": True})
+        assert over.status_code == 429 and "max_spend_per_day" in over.json()["error"], over.text
+    with client(server, B) as b:  # the other tenant's day is its own
+        sid = new_session(b, provider).json()["id"]
+        assert b.post(f"/sessions/{sid}/prompt", json={"text": "hi", "wait": True}).status_code == 200
+
+
 def test_a_rotated_token_works_at_once_and_the_old_one_does_not(
     server: ApiServer, tenants_file: Path, provider: Any
 ) -> None:
