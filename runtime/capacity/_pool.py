@@ -288,6 +288,17 @@ class Pool:
 
     # -- what the provider said ----------------------------------------------------------------------
 
+    def answering(self, info: RateLimitInfo | None, now: float) -> None:
+        """An attempt's answer began (its first data, so not a refusal): the one-at-a-time wait of a pool with
+        nothing known ends now, not when that answer ends (a streamed turn can take minutes), and the limits
+        its headers report hold from now. The attempt's end is observed as before."""
+        if self.answered:
+            return
+        self.answered = True
+        if info is not None and self._reports(info):
+            self._learn(info)
+        self._rebuild(now)
+
     def observe(self, ticket: Ticket, info: RateLimitInfo | None, now: float) -> None:
         """An answer (not a refusal) to ``ticket``, with the limits its headers reported."""
         first = not self.answered

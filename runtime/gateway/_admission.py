@@ -251,6 +251,13 @@ class AdmissionControl:
             state.pool.observe(ticket, info, now)
         self._pump(state)
 
+    def answering(self, state: PoolState, info: RateLimitInfo | None) -> None:
+        """An attempt's answer began: a pool that let one call go at a time lets the queue go."""
+        if state.pool.answered:
+            return
+        state.pool.answering(info, self._clock())
+        self._pump(state)
+
     def refused(self, state: PoolState, ticket: Ticket, info: RateLimitInfo | None) -> float:
         """``ticket``'s attempt got a 429: the pool pauses; the seconds it pauses."""
         now = self._clock()

@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -101,6 +102,7 @@ class _Call:
         self.on_delta = _safe(on_delta) if on_delta is not None else None
         self.on_retry = on_retry
         self.on_stall = on_stall
+        self.on_answering: Callable[[], None] | None = None  # this attempt's first data (admission control)
         self.stall_after = stall_after
         self.attempts = 0
         self.refusals = 0  # 429s met while admission control paced the call (attempts that count for none)
@@ -138,7 +140,10 @@ class _Call:
         if loop is None:
             return
         self._last_activity = loop.time()
+        first = not self.answered
         self.responded = self.answered = True
+        if first and self.on_answering is not None:
+            self.on_answering()
         if self._stall_reported:
             self._stall_reported = False
             self._arm_stall()
@@ -399,6 +404,9 @@ class Gateway:
             call.attempts += 1
             call.headers = None
             call.watch(asyncio.get_running_loop())
+            if ticket is not None:  # its answer beginning ends a new pool's one-at-a-time wait
+                assert capacity is not None and pool is not None
+                call.on_answering = partial(_answering, call, capacity, pool)
             answered = False
             try:
                 message = await self._attempt(call, transport, route)
@@ -446,6 +454,7 @@ class Gateway:
                 continue
             finally:
                 call.unwatch()
+                call.on_answering = None
                 if ticket is not None:
                     assert capacity is not None and pool is not None
                     usage_out = None
@@ -581,6 +590,11 @@ def _safely3(fn: OnQueued, pool: str, position: int, estimate: float) -> None:
         _log.debug("gateway callback %r: its actor has stopped; the value is dropped", fn)
     except Exception:
         _log.exception("gateway callback %r raised", fn)
+
+
+def _answering(call: _Call, capacity: AdmissionControl, pool: PoolState) -> None:
+    """``call``'s attempt had its first data: tell its pool, with what the answer's headers say."""
+    capacity.answering(pool, parse_rate_limit_headers(call.headers, now=time.time()))
 
 
 def _headers_of(exc: BaseException) -> Mapping[str, str] | None:

@@ -84,6 +84,8 @@ def test_a_subscription_per_session_gets_every_delta_in_order_through_a_shards_s
         handles = {sid: cluster.prompt(sid, "stream to me") for sid in sids}
         for sid in sids:  # every session is mid-turn
             recorders[sid].wait_for(lambda evs: any(e.type == "text_delta" for e in evs), timeout=30)
+        ended = [sid for sid in doomed if handles[sid].done()]  # (else the kill cuts off fewer turns)
+        assert not ended, f"turns that ended before every session had begun streaming: {ended}"
         # The front is busy for a moment (it reads nothing) when the shard dies: what the shard sent or
         # wrote down before still reaches the subscribers.
         loop = cluster._fleet.loop

@@ -187,3 +187,20 @@ def test_a_turn_that_waits_past_its_deadline_ends_rate_limited(tmp_path: Path) -
         assert {e.code for e in errors} == {"rate_limited"} and all(e.retryable for e in errors)
         assert all(provider.url in e.message and "waited 0.6 s" in e.message for e in errors)
         assert provider.limiter.counts(KEY)[1] == 0  # the key refused nothing: the runtime waited instead
+
+
+def test_a_key_that_tells_no_limits_waits_for_the_first_answer_to_begin_not_to_end(tmp_path: Path) -> None:
+    """With nothing known about a key, the first call goes alone (its answer teaches the limits); the others
+    go as soon as that answer begins. Held until it ended, every other session waited a whole streamed turn
+    (minutes for a long answer; on a cluster a shard's first turns ran one after the other)."""
+    words = " ".join(f"w{n}" for n in range(50))
+    with LocalProvider(chunk_chars=5, chunk_delay=0.02) as provider:  # no limits, no headers: ~1 s a turn
+        provider.add_script("slow", [Turn(text=words)], loop=True)
+        with runtime(tmp_path) as rt:
+            sids = sessions(rt, provider, 3, model="openai/slow")
+            seen = Recorder()
+            rt.subscribe(sids, {"text_delta", "agent_end"}, callback=seen)
+            handles = [rt.prompt(sid, "stream") for sid in sids]
+            seen.wait_for(lambda evs: {e.session_id for e in evs if e.type == "text_delta"} == set(sids), 30)
+            assert not seen.of("agent_end"), "a session's first delta came only after another's turn ended"
+            assert [h.result(timeout=60).text for h in handles] == [words] * 3
