@@ -122,8 +122,12 @@ def build(bad_schema: bool = False) -> MCPServer:
         return "thawed"
 
     @server.tool()
-    def crash() -> str:
-        """Kill the server in the middle of the call."""
+    async def crash() -> str:
+        """Kill the server in the middle of the call (once a call sent beside it is running, or after a
+        second: under load the other call can reach the server after this one)."""
+        deadline = time.monotonic() + 1.0
+        while _running == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         os._exit(9)
 
     @server.tool()
