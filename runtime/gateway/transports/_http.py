@@ -103,12 +103,13 @@ class Endpoint:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "reader", "writer")
+    __slots__ = ("answered", "idle_since", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.idle_since = 0.0
+        self.answered = False  # a request on it was answered: it is a kept-alive connection
 
     def usable(self) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing()
@@ -317,30 +318,37 @@ class HTTPClient:
         if pool is None:
             pool = self._pools[endpoint.origin] = _Pool(self._limit)
         message = b"%scontent-length: %d\r\n%s\r\n%s" % (endpoint.head, len(body), extra_head, body)
-        conn = await self._acquire(pool, endpoint, timeout, loop)
-        watch = _Watch()
-        watch.start(loop, conn, timeout)
-        try:
-            conn.writer.write(message)
-            await conn.writer.drain()
-            head = await conn.reader.readuntil(b"\r\n\r\n")
-            status, reason, headers = _parse_head(head)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            watch.stop()
-            pool.release(conn, False, loop.time())
-            if watch.timed_out:
-                raise ReadTimeout(f"no answer from the provider within {timeout:g} s") from None
-            raise RemoteProtocolError(f"the server disconnected without an answer: {exc!r}") from None
-        except asyncio.LimitOverrunError:
-            watch.stop()
-            pool.release(conn, False, loop.time())
-            raise RemoteProtocolError("the answer's headers are over 64 KiB") from None
-        except BaseException:
-            watch.stop()
-            pool.release(conn, False, loop.time())
-            raise
-        watch.touch()
-        return Response(pool, conn, watch, status, reason, headers)
+        while True:
+            conn = await self._acquire(pool, endpoint, timeout, loop)
+            watch = _Watch()
+            watch.start(loop, conn, timeout)
+            try:
+                conn.writer.write(message)
+                await conn.writer.drain()
+                head = await conn.reader.readuntil(b"\r\n\r\n")
+                status, reason, headers = _parse_head(head)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                watch.stop()
+                pool.release(conn, False, loop.time())
+                if watch.timed_out:
+                    raise ReadTimeout(f"no answer from the provider within {timeout:g} s") from None
+                if conn.answered and not (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                    # A kept-alive connection the server closed as the request went out (llama.cpp's server
+                    # closes idle ones after a few seconds): not a word of an answer came, so the request
+                    # goes again on another connection, as HTTP clients do. A fresh one is not retried.
+                    continue
+                raise RemoteProtocolError(f"the server disconnected without an answer: {exc!r}") from None
+            except asyncio.LimitOverrunError:
+                watch.stop()
+                pool.release(conn, False, loop.time())
+                raise RemoteProtocolError("the answer's headers are over 64 KiB") from None
+            except BaseException:
+                watch.stop()
+                pool.release(conn, False, loop.time())
+                raise
+            conn.answered = True
+            watch.touch()
+            return Response(pool, conn, watch, status, reason, headers)
 
     async def _acquire(
         self, pool: _Pool, endpoint: Endpoint, timeout: float, loop: asyncio.AbstractEventLoop
