@@ -10,7 +10,8 @@ used.
 Each exported name is listed once, as an import below: the cheap ones (configuration, errors) are imported at
 once, the others under ``TYPE_CHECKING`` (what type checkers read; ``X as X`` marks each a re-export).
 ``__all__`` and the lazy look-up are read from those imports on first need (imports from private modules,
-``runtime._x``, are not exports).
+``runtime._x``, are not exports; a star import exports all its module lists: ``runtime.events``' events,
+each declared once there).
 """
 
 from __future__ import annotations
@@ -85,57 +86,7 @@ if TYPE_CHECKING:
     from runtime.context.estimate import (
         ContextStats as ContextStats,
     )
-    from runtime.events import (
-        EVENT_TYPES as EVENT_TYPES,
-        ActorRestarted as ActorRestarted,
-        AgentAbort as AgentAbort,
-        AgentEnd as AgentEnd,
-        AgentRecovered as AgentRecovered,
-        AgentStart as AgentStart,
-        ApprovalRequest as ApprovalRequest,
-        ApprovalResponse as ApprovalResponse,
-        Branched as Branched,
-        Calibration as Calibration,
-        CompactionEnd as CompactionEnd,
-        CompactionFailed as CompactionFailed,
-        CompactionSkipped as CompactionSkipped,
-        CompactionStart as CompactionStart,
-        ErrorOccurred as ErrorOccurred,
-        Event as Event,
-        LogRecovered as LogRecovered,
-        McpServerFailed as McpServerFailed,
-        McpServerStarted as McpServerStarted,
-        MessageAppended as MessageAppended,
-        MessageQueued as MessageQueued,
-        ModelChanged as ModelChanged,
-        PersistenceFailed as PersistenceFailed,
-        ProviderRetry as ProviderRetry,
-        ReasoningDelta as ReasoningDelta,
-        RequestAdmitted as RequestAdmitted,
-        RequestQueued as RequestQueued,
-        RequestStart as RequestStart,
-        SessionDead as SessionDead,
-        SessionHibernated as SessionHibernated,
-        SessionStarted as SessionStarted,
-        SessionStopped as SessionStopped,
-        StatusUpdate as StatusUpdate,
-        StreamReset as StreamReset,
-        StreamStalled as StreamStalled,
-        SubscriberLagged as SubscriberLagged,
-        TextDelta as TextDelta,
-        ToolCallDelta as ToolCallDelta,
-        ToolExecutionEnd as ToolExecutionEnd,
-        ToolExecutionStart as ToolExecutionStart,
-        ToolOutput as ToolOutput,
-        ToolOutputsCleared as ToolOutputsCleared,
-        ToolResultsArchived as ToolResultsArchived,
-        TurnEnd as TurnEnd,
-        UsageOverflow as UsageOverflow,
-        UsageUpdate as UsageUpdate,
-        WindowLearned as WindowLearned,
-        decode_event as decode_event,
-        encode_event as encode_event,
-    )
+    from runtime.events import *  # noqa: F403  (all it lists: each event is declared once, there)
     from runtime.handles import (
         CompactionResult as CompactionResult,
         Handle as Handle,
@@ -183,7 +134,11 @@ def _exports() -> dict[str, str]:
                 if not isinstance(stmt, ast.ImportFrom) or stmt.module is None:
                     continue
                 if stmt.module.startswith("runtime.") and not stmt.module.startswith("runtime._"):
-                    found.update((alias.name, stmt.module) for alias in stmt.names)
+                    if stmt.names[0].name == "*":  # all the module lists (runtime.events: its events)
+                        names = importlib.import_module(stmt.module).__all__
+                        found.update((name, stmt.module) for name in names)
+                    else:
+                        found.update((alias.name, stmt.module) for alias in stmt.names)
         _exported = found  # (whole: another thread sees it complete or not at all)
     return _exported
 

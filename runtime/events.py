@@ -3,72 +3,48 @@
 Every event carries ``type`` (the tag), ``session_id``, ``seq`` (monotonic per session, stamped by the
 bus when it is published) and ``ts`` (wall-clock seconds). Encode and decode with :func:`encode_event`
 and :func:`decode_event`, which reuse one encoder and one decoder.
+
+**An event is declared once**, as a subclass of :class:`Event` in this module::
+
+    class CacheBreak(Event, frozen=True, tag="cache_break"):
+        # its docstring: what happened, for whoever reads the stream
+        turn_id: str
+        tokens: int = 0  # a field added later comes with a default: old readers keep working
+
+The class is the event's type, its fields, its wire name (``tag``) and its documentation; what else the
+runtime must know of it is a class attribute with a default (:attr:`Event.opens_transcript`,
+:attr:`Event.fragment`). Everything else is derived from the declarations: :data:`EVENTS` (in order),
+:data:`EVENT_TYPES`, :data:`FRAGMENT_TYPES`, the :data:`AnyEvent` union the decoders read, this module's
+``__all__``, the names ``runtime`` exports (and the README's list of them), the transcript's rule, the
+dashboard's stream and the metrics' subscription (which counts the events it has a rule for:
+``runtime/observability/metrics.py``). A new event is then its declaration plus its behaviour (who
+publishes it, who reacts to it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 import msgspec
 
 from runtime.messages import Usage
 
-__all__ = [
+_API = [
+    "EVENTS",
     "EVENT_TYPES",
-    "ActorRestarted",
-    "AgentAbort",
-    "AgentEnd",
-    "AgentRecovered",
-    "AgentStart",
+    "FRAGMENT_TYPES",
     "AnyEvent",
-    "ApprovalRequest",
-    "ApprovalResponse",
-    "Branched",
-    "Calibration",
-    "CompactionEnd",
-    "CompactionFailed",
     "CompactionMode",
-    "CompactionSkipped",
-    "CompactionStart",
     "CompactionTrigger",
-    "ErrorOccurred",
     "Event",
-    "LogRecovered",
     "McpErrorKind",
-    "McpServerFailed",
-    "McpServerStarted",
-    "MessageAppended",
-    "MessageQueued",
-    "ModelChanged",
-    "PersistenceFailed",
-    "ProviderRetry",
-    "ReasoningDelta",
-    "RequestAdmitted",
-    "RequestQueued",
-    "RequestStart",
-    "SessionDead",
-    "SessionHibernated",
-    "SessionStarted",
-    "SessionStopped",
-    "StatusUpdate",
-    "StreamReset",
-    "StreamStalled",
-    "SubscriberLagged",
-    "TextDelta",
-    "ToolCallDelta",
-    "ToolExecutionEnd",
-    "ToolExecutionStart",
-    "ToolOutput",
-    "ToolOutputsCleared",
-    "ToolResultsArchived",
-    "TurnEnd",
-    "UsageOverflow",
-    "UsageUpdate",
-    "WindowLearned",
     "decode_event",
     "encode_event",
     "event_to_builtins",
 ]
+"""What this module defines besides the event classes (``__all__`` adds those, at the end)."""
+
+_declared: list[type[Event]] = []
 
 
 CompactionTrigger = Literal["threshold", "overflow", "manual", "usage_overflow"]
@@ -82,26 +58,49 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_de
     parent_session_id: str | None = None  # a sub-agent's event: the session that delegated to it ...
     parent_call_id: str | None = None  # ... and the tool call that did (design §3.10)
 
+    opens_transcript: ClassVar[bool] = True
+    """Whether this event, as a session's first worth keeping, opens its event transcript (design §2.3).
+    False for a session's comings and goings: a session that only starts and stops writes no transcript.
+    Once a session's transcript is open, every event of it is kept."""
+
+    fragment: ClassVar[bool] = False
+    """A piece of something streamed (text, reasoning, tool-call arguments, a tool's output), many a
+    second: whoever follows what happened rather than its text leaves these out (the dashboard's stream)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ == __name__:  # declared here: one of the events (see the module's docstring)
+            _declared.append(cls)
+
     @property
     def type(self) -> str:
         return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+    @classmethod
+    def wire_name(cls) -> str:
+        """The event's ``type`` on the wire (its tag)."""
+        return str(cls.__struct_config__.tag)
 
 
 # --- session lifecycle -------------------------------------------------------------------------------
 
 
 class SessionStarted(Event, frozen=True, tag="session_started"):
+    opens_transcript = False
+
     model: str
     context_window: int
     resumed: bool = False
 
 
 class SessionStopped(Event, frozen=True, tag="session_stopped"):
+    opens_transcript = False
+
     reason: str = "stopped"
 
 
 class SessionHibernated(Event, frozen=True, tag="session_hibernated"):
-    pass
+    opens_transcript = False
 
 
 class SessionDead(Event, frozen=True, tag="session_dead"):
@@ -154,16 +153,22 @@ class RequestAdmitted(Event, frozen=True, tag="request_admitted"):
 
 
 class TextDelta(Event, frozen=True, tag="text_delta"):
+    fragment = True
+
     turn_id: str
     delta: str
 
 
 class ReasoningDelta(Event, frozen=True, tag="reasoning_delta"):
+    fragment = True
+
     turn_id: str
     delta: str
 
 
 class ToolCallDelta(Event, frozen=True, tag="tool_call_delta"):
+    fragment = True
+
     turn_id: str
     index: int
     call_id: str | None
@@ -208,6 +213,8 @@ class ToolExecutionStart(Event, frozen=True, tag="tool_execution_start"):
 
 
 class ToolOutput(Event, frozen=True, tag="tool_output"):
+    fragment = True
+
     turn_id: str
     call_id: str
     chunk: str
@@ -435,55 +442,22 @@ class McpServerFailed(Event, frozen=True, tag="mcp_server_error"):
     retry_in: float | None = None
 
 
-AnyEvent = (
-    SessionStarted
-    | SessionStopped
-    | SessionHibernated
-    | SessionDead
-    | StatusUpdate
-    | ModelChanged
-    | Branched
-    | AgentStart
-    | RequestStart
-    | RequestQueued
-    | RequestAdmitted
-    | TextDelta
-    | ReasoningDelta
-    | ToolCallDelta
-    | StreamReset
-    | StreamStalled
-    | MessageAppended
-    | ToolExecutionStart
-    | ToolOutput
-    | ToolExecutionEnd
-    | ApprovalRequest
-    | ApprovalResponse
-    | TurnEnd
-    | AgentEnd
-    | MessageQueued
-    | AgentAbort
-    | AgentRecovered
-    | ProviderRetry
-    | ErrorOccurred
-    | UsageUpdate
-    | Calibration
-    | UsageOverflow
-    | WindowLearned
-    | CompactionStart
-    | CompactionEnd
-    | CompactionFailed
-    | CompactionSkipped
-    | ToolResultsArchived
-    | ToolOutputsCleared
-    | SubscriberLagged
-    | LogRecovered
-    | PersistenceFailed
-    | ActorRestarted
-    | McpServerStarted
-    | McpServerFailed
-)
+EVENTS: tuple[type[Event], ...] = tuple(_declared)
+"""Every event type, in the order declared above."""
 
-EVENT_TYPES: frozenset[str] = frozenset(str(cls.__struct_config__.tag) for cls in AnyEvent.__args__)
+EVENT_TYPES: frozenset[str] = frozenset(cls.wire_name() for cls in EVENTS)
+"""Every event's wire name."""
+
+FRAGMENT_TYPES: frozenset[str] = frozenset(cls.wire_name() for cls in EVENTS if cls.fragment)
+"""The wire names of the events that are pieces of something streamed (:attr:`Event.fragment`)."""
+
+if TYPE_CHECKING:
+    AnyEvent = Event  # (type checkers: any event is an Event)
+else:
+    AnyEvent = Union[EVENTS]  # noqa: UP007  (built from a tuple: the tagged union msgspec decodes)
+
+if not TYPE_CHECKING:  # (type checkers take every public name defined here for an export, as they should)
+    __all__ = sorted([*_API, *(cls.__name__ for cls in EVENTS)])
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AnyEvent)

@@ -176,7 +176,7 @@ class Stream:
         if not events or self.closed:
             return self.no
         self.no += 1
-        wire = Push(self.no, events, routes)  # type: ignore[arg-type]  # (any event: AnyEvent)
+        wire = Push(self.no, events, routes)
         body = _encoder.encode(wire)
         head = (len(body) + 1).to_bytes(4, "big") + bytes((PUSH,))  # (the turn channel's framing)
         batch = _Batch(self.no, head + body, events, routes)

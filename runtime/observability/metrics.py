@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from runtime import events as ev
 from runtime.errors import RuntimeStateError
@@ -60,29 +60,25 @@ __all__ = [
 
 log = logging.getLogger("agentcell.metrics")
 
-EVENT_TYPES = frozenset(
-    {
-        "agent_start",
-        "agent_end",
-        "agent_abort",
-        "request_start",
-        "turn_end",
-        "error",
-        "provider_retry",
-        "compaction_start",
-        "compaction_end",
-        "compaction_failed",
-        "compaction_skipped",
-        "tool_execution_end",
-        "session_stopped",
-    }
-)
-"""The event types the metrics are made from."""
-
 TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 CALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 _OVERFLOW_TRIGGERS = ("overflow", "usage_overflow")
+
+_Rule = TypeVar("_Rule", bound=Callable[..., None])
+_RULES: dict[type[ev.Event], Callable[[Any, Any], None]] = {}
+"""Each event type the metrics count -> its rule (a method of :class:`RuntimeMetrics`)."""
+
+
+def _counts(kind: type[ev.Event]) -> Callable[[_Rule], _Rule]:
+    """Declares a method of :class:`RuntimeMetrics` the rule for events of ``kind``: the metrics subscribe
+    to the types that have a rule (:data:`EVENT_TYPES`), so a new metric of an event is its rule alone."""
+
+    def register(rule: _Rule) -> _Rule:
+        _RULES[kind] = rule
+        return rule
+
+    return register
 
 
 OTHER = "other"
@@ -278,48 +274,79 @@ class RuntimeMetrics:
                 return
 
     def _count(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SubscriberLagged):  # (the subscription's own: sent whatever the filter)
+            self._lost += event.dropped
+            return
+        rule = _RULES.get(type(event))
+        if rule is not None:
+            rule(self, event)
+
+    @_counts(ev.RequestStart)
+    def _request_start(self, event: ev.RequestStart) -> None:
+        # a call still open was cut off without an event of its own (an agent crash mid-call)
+        self._end_request(event.session_id, event.ts, "cancelled")
+        self._requests[event.session_id] = (event.ts, event.model)
+
+    @_counts(ev.TurnEnd)
+    def _turn_end(self, event: ev.TurnEnd) -> None:
+        model = self._end_request(event.session_id, event.ts, "ok")
+        self._count_usage(model, event.usage)
+
+    @_counts(ev.ErrorOccurred)
+    def _error(self, event: ev.ErrorOccurred) -> None:
+        code = event.code
+        outcome = code.removeprefix("provider_") if code.startswith("provider_") else "error"
+        self._end_request(event.session_id, event.ts, "overflow" if "overflow" in code else outcome)
+
+    @_counts(ev.AgentAbort)
+    def _agent_abort(self, event: ev.AgentAbort) -> None:
+        self._end_request(event.session_id, event.ts, "cancelled")
+
+    @_counts(ev.AgentStart)
+    def _agent_start(self, event: ev.AgentStart) -> None:
+        self._turns[event.session_id] = event.ts
+
+    @_counts(ev.AgentEnd)
+    def _agent_end(self, event: ev.AgentEnd) -> None:
         sid = event.session_id
-        match event:
-            case ev.RequestStart(model=model):
-                # a call still open was cut off without an event of its own (an agent crash mid-call)
-                self._end_request(sid, event.ts, "cancelled")
-                self._requests[sid] = (event.ts, model)
-            case ev.TurnEnd(usage=usage):
-                model = self._end_request(sid, event.ts, "ok")
-                self._count_usage(model, usage)
-            case ev.ErrorOccurred(code=code):
-                outcome = code.removeprefix("provider_") if code.startswith("provider_") else "error"
-                self._end_request(sid, event.ts, "overflow" if "overflow" in code else outcome)
-            case ev.AgentAbort():
-                self._end_request(sid, event.ts, "cancelled")
-            case ev.AgentStart():
-                self._turns[sid] = event.ts
-            case ev.AgentEnd(status=status):
-                self._end_request(sid, event.ts, "cancelled" if status == "aborted" else "error")
-                started = self._turns.pop(sid, None)
-                self.turns.labels(status).inc()
-                if started is not None:
-                    self.turn_duration.observe(max(0.0, event.ts - started))
-            case ev.ProviderRetry():
-                self.provider_retries.inc()
-            case ev.CompactionStart(trigger=trigger) if trigger == "overflow":
-                self._end_request(sid, event.ts, "overflow")  # a call that overflowed: recovery starts
-            case ev.CompactionEnd(trigger=trigger):
-                self._compaction(trigger, "compacted")
-            case ev.CompactionFailed(trigger=trigger):
-                if trigger == "overflow":
-                    self._end_request(sid, event.ts, "overflow")
-                self._compaction(trigger or "unknown", "failed")
-            case ev.CompactionSkipped(trigger=trigger):
-                self._compaction(trigger or "unknown", "skipped")
-            case ev.ToolExecutionEnd(is_error=is_error, duration=duration):
-                self.tool_calls.labels("error" if is_error else "ok").inc()
-                self.tool_duration.observe(duration)
-            case ev.SessionStopped():
-                self._turns.pop(sid, None)
-                self._requests.pop(sid, None)
-            case ev.SubscriberLagged(dropped=dropped):
-                self._lost += dropped
+        self._end_request(sid, event.ts, "cancelled" if event.status == "aborted" else "error")
+        started = self._turns.pop(sid, None)
+        self.turns.labels(event.status).inc()
+        if started is not None:
+            self.turn_duration.observe(max(0.0, event.ts - started))
+
+    @_counts(ev.ProviderRetry)
+    def _provider_retry(self, event: ev.ProviderRetry) -> None:
+        self.provider_retries.inc()
+
+    @_counts(ev.CompactionStart)
+    def _compaction_start(self, event: ev.CompactionStart) -> None:
+        if event.trigger == "overflow":  # a call that overflowed: recovery starts
+            self._end_request(event.session_id, event.ts, "overflow")
+
+    @_counts(ev.CompactionEnd)
+    def _compaction_end(self, event: ev.CompactionEnd) -> None:
+        self._compaction(event.trigger, "compacted")
+
+    @_counts(ev.CompactionFailed)
+    def _compaction_failed(self, event: ev.CompactionFailed) -> None:
+        if event.trigger == "overflow":
+            self._end_request(event.session_id, event.ts, "overflow")
+        self._compaction(event.trigger or "unknown", "failed")
+
+    @_counts(ev.CompactionSkipped)
+    def _compaction_skipped(self, event: ev.CompactionSkipped) -> None:
+        self._compaction(event.trigger or "unknown", "skipped")
+
+    @_counts(ev.ToolExecutionEnd)
+    def _tool_execution_end(self, event: ev.ToolExecutionEnd) -> None:
+        self.tool_calls.labels("error" if event.is_error else "ok").inc()
+        self.tool_duration.observe(event.duration)
+
+    @_counts(ev.SessionStopped)
+    def _session_stopped(self, event: ev.SessionStopped) -> None:
+        self._turns.pop(event.session_id, None)
+        self._requests.pop(event.session_id, None)
 
     def _end_request(self, sid: str, ts: float, outcome: str) -> str:
         """Count the session's open provider call (if any) with ``outcome``; its model's label ('' if none)."""
@@ -349,6 +376,10 @@ class RuntimeMetrics:
         self.compactions.labels(trigger, result).inc()
         if trigger in _OVERFLOW_TRIGGERS:
             self.overflow_recoveries.labels(trigger, result).inc()
+
+
+EVENT_TYPES: frozenset[str] = frozenset(kind.wire_name() for kind in _RULES)
+"""The event types the metrics are made from: those with a rule."""
 
 
 class ServedMetrics:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from runtime.events import AnyEvent, Event, encode_event
+from runtime.events import EVENTS, AnyEvent, Event, encode_event
 from runtime.ids import InvalidSessionId
 from runtime.store.log import CorruptLogError, read_file, truncate_torn_tail
 from runtime.store.sessions import SessionDirectory
@@ -52,9 +52,10 @@ OnTranscriptError = Callable[[str, str, Exception], None]
 to it fails — once per run of failures: again only after a write to that transcript succeeded."""
 
 _decoder = msgspec.json.Decoder(AnyEvent)
-_IDLE_TYPES = frozenset({"session_started", "session_stopped", "session_hibernated"})
-"""Events not worth a transcript of their own: a session that only starts and stops gets none (its
-resumption, ``session_started`` with ``resumed``, is kept: it goes on numbering a transcript's events)."""
+_IDLE_TYPES = frozenset(cls.wire_name() for cls in EVENTS if not cls.opens_transcript)
+"""Events not worth a transcript of their own (``Event.opens_transcript``): a session that only starts and
+stops gets none (its resumption, ``session_started`` with ``resumed``, is kept: it goes on numbering a
+transcript's events)."""
 
 
 class TranscriptWriter:

@@ -26,10 +26,9 @@ from runtime.context.estimate import compaction_threshold
 
 __all__ = ["STREAM_TYPES", "SessionBoard"]
 
-DELTA_TYPES = frozenset({"text_delta", "reasoning_delta", "tool_call_delta", "tool_output"})
-"""Events too fine-grained for the board and the page's streams (a few per streamed token)."""
-STREAM_TYPES: tuple[str, ...] = tuple(sorted(ev.EVENT_TYPES - DELTA_TYPES))
-"""The event types the page subscribes to; the board folds the same ones."""
+STREAM_TYPES: tuple[str, ...] = tuple(sorted(ev.EVENT_TYPES - ev.FRAGMENT_TYPES))
+"""The event types the page subscribes to; the board folds the same ones. Not the fragments of what is
+streamed (``Event.fragment``: a few per streamed token), too fine-grained for the board and the page."""
 
 
 class _Row:
