@@ -34,7 +34,9 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
+
+from runtime.dialects import DIALECTS, generic
 
 __all__ = [
     "LITELLM_PATTERNS",
@@ -56,338 +58,43 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-# ---------------------------------------------------------------------------------------------------
-# Positive phrases, lower case, grouped by who says them. A message matching any of them (and no
-# negative) is an overflow.
 
-OPAL_PATTERNS: Final[tuple[str, ...]] = (
-    # The 17 substrings of Opal's overflow module (reference 002: lib/opal/agent/overflow.ex).
-    "context_length_exceeded",
-    "maximum context length",
-    "max_tokens",
-    "max_prompt_tokens",
-    "too many tokens",
-    "prompt is too long",
-    "prompt_tokens_exceeded",
-    "request too large",
-    "context window",
-    "token limit",
-    "exceeds the limit",
-    "input too long",
-    "exceeds the model's maximum",
-    "reduce the length",
-    "maximum number of tokens",
-    "content_too_large",
-    "string_above_max_length",
-)
+def _union(name: str) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(item for dialect in DIALECTS for item in getattr(dialect, name)))
+
+
+# Every table below is the union of the provider dialects' (one module per provider: runtime/dialects/).
+
+OVERFLOW_PATTERNS: Final[Mapping[str, tuple[str, ...]]] = {d.name: d.overflow_phrases for d in DIALECTS}
+"""Overflow phrases by provider (lower case; matched as substrings of the lower-cased error text)."""
+
+OPAL_PATTERNS: Final[tuple[str, ...]] = generic.OPAL.overflow_phrases
 """Opal's 17 substrings, kept verbatim so the union with them holds (design §6.1)."""
 
-LITELLM_PATTERNS: Final[tuple[str, ...]] = (
-    # What litellm's exception_mapping_utils maps to ContextWindowExceededError (generic and per provider).
-    "exceed context limit",
-    "this model's maximum context length is",
-    "string too long. expected a string with maximum length",
-    "model's maximum context limit",
-    "is longer than the model's context length",
-    "input tokens exceed the configured limit",
-    "`inputs` tokens + `max_new_tokens` must be",
-    "exceeds the available context size",
-    "exceeds the maximum number of tokens allowed",
-    "input is too long",
-    "prompt: length",
-    "expected maxlength:",
-    "too many input tokens",
-    "request payload size exceeds",
-    "length limit exceeded",
-    "prompt has too many tokens",
-    "input text length should not exceed",
-    "this is longer than the model's maximum context length",
-)
+LITELLM_PATTERNS: Final[tuple[str, ...]] = generic.LITELLM.overflow_phrases
 """litellm's own substring checks (``ExceptionCheckers.is_error_str_context_window_exceeded`` and the
 per-provider mappers), lower-cased."""
 
-OVERFLOW_PATTERNS: Final[Mapping[str, tuple[str, ...]]] = {
-    "opal": OPAL_PATTERNS,
-    "litellm": LITELLM_PATTERNS,
-    # "This model's maximum context length is 128000 tokens. However, your messages resulted in …" (old)
-    # "Your input exceeds the context window of this model. Please adjust your input and try again." (new)
-    "openai": (
-        "exceeds the context window",
-        "input exceeds the context window",
-        "reduce the length of the messages",
-    ),
-    # Azure OpenAI relays OpenAI's bodies; its own gateway says "tokens_limit_reached" for Foundry models.
-    "azure": ("tokens_limit_reached", "the input tokens exceeded the maximum"),
-    # "prompt is too long: 208310 tokens > 200000 maximum"; "input length and `max_tokens` exceed context
-    # limit: …"; 413 "request_too_large".
-    "anthropic": ("request_too_large", "exceed context limit"),
-    # "The input token count (1196265) exceeds the maximum number of tokens allowed (1048575)."
-    "gemini": ("input token count", "request payload size exceeds the limit"),
-    # "Unable to submit request because the input token count is 1052710 but model only supports up to
-    # 1048576. Reduce the input token count and try again. You can also use the CountTokens API …"
-    "vertex": ("but model only supports up to", "reduce the input token count"),
-    # "Input is too long for requested model."; Mantle: "prompt tokens (210000) exceed model maximum (200000)"
-    "bedrock": ("input is too long for requested model", "exceed model maximum"),
-    # "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length"
-    "mistral": ("too large for model with",),
-    # Groq sends OpenAI's code and "Please reduce the length of the messages or completion."
-    "groq": ("reduce the length of the messages or completion",),
-    # "too many tokens: total number of tokens in the prompt cannot exceed 4081 - received 5000."
-    # v2: "too many tokens: size limit exceeded by 1234 tokens."
-    "cohere": ("total number of tokens in the prompt cannot exceed", "size limit exceeded by"),
-    # DeepSeek uses OpenAI's wording ("This model's maximum context length is 65536 tokens. …").
-    "deepseek": ("this model's maximum context length",),
-    # "This model's maximum prompt length is 131072 but the request contains 150000 tokens."
-    "xai": ("maximum prompt length",),
-    # "This endpoint's maximum context length is 200000 tokens. However, you requested about …"
-    "openrouter": ("endpoint's maximum context length", "middle-out"),
-    # "the input length exceeds the context length"; the runner's "prompt too long; exceeded max context
-    # length by …"; since 2026-06 (no context shift): "the prompt is longer than the context length currently
-    # available to the model; shorten the prompt, …"; MLX: "input length (N tokens) exceeds the model's
-    # maximum context length (M tokens)" (server/routes.go, llm/llama_server.go, x/mlxrunner/pipeline.go)
-    "ollama": (
-        "exceeds the context length",
-        "exceeded max context length",
-        "prompt too long",
-        "longer than the context length",
-    ),
-    # tools/server: "input is larger than the max context size. skipping" (2024), then "input (N tokens) is
-    # larger than the max context size (M tokens). skipping", "the request exceeds the available context
-    # size, try increasing it" (2025), "request (N tokens) exceeds the available context size (M tokens), try
-    # increasing it"; mid-generation "Context size has been exceeded." Type exceed_context_size_error.
-    "llama.cpp": (
-        "exceed_context_size_error",
-        "available context size",
-        "context size has been exceeded",
-        "larger than the max context size",
-    ),
-    # ≤ 0.9: "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in
-    # the messages, 1000 in the completion). …"; the engine: "The decoder prompt (length 5000) is longer than
-    # the maximum model length of 4096. Make sure that `max_model_len` is …"; ≥ 0.10: "… However, your request
-    # has 40000 input tokens. Please reduce the length of the input messages." and, for prompt + max_tokens,
-    # "'max_tokens' or 'max_completion_tokens' is too large: X. This model's maximum context length is N
-    # tokens and your request has M input tokens (X > N - M)." (rule 3).
-    # The V1 engine's processor: "The prompt (total length 5000) is too long to fit into the model (context
-    # length 4096). Make sure that `max_model_len` is no smaller than the number of text tokens plus …"
-    "vllm": (
-        "reduce the length of the input",
-        "input tokens. please reduce",
-        "longer than the maximum model length",
-        "too long to fit into the model",
-    ),
-    # "The input (N tokens) is longer than the model's context length (M tokens)."; with max_new_tokens:
-    # "Requested token count exceeds the model's maximum context length of M tokens. You requested a total of
-    # T tokens: N tokens from the input messages and X tokens for the completion. …" (tokenizer_manager.py)
-    "sglang": ("is longer than the model's context length", "requested token count exceeds"),
-    # router/src/validation.rs: "Input validation error: `inputs` must have less than 4096 tokens. Given: 5000"
-    # (a 422), and "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: …" (litellm's, above)
-    "tgi": ("`inputs` must have less than",),
-    # "Trying to keep the first 5000 tokens when context the overflows. However, the model is loaded with
-    # context length of only 4096 tokens, which is not enough."
-    "lm studio": ("when context the overflows", "context length of only", "context overflow"),
-    # Others met in the wild: Moonshot/Kimi "exceeded model token limit" and "Input token length too long",
-    # MiniMax "context window exceeds limit", Copilot "model_max_prompt_tokens_exceeded", Fireworks "the
-    # prompt is too long", DashScope "range of input length should be", Poolside (through OpenRouter) "Input
-    # length N exceeds the maximum allowed input length of M tokens.", Z.ai "tokens in request more than max
-    # tokens allowed", LM Studio "… tokens to keep from the initial prompt is greater than the context
-    # length", a bare 413's reason phrase, and Anthropic's and Z.ai's model_context_window_exceeded.
-    "other": (
-        "input token count",
-        "greater than the context length",
-        "context window exceeds limit",
-        "exceeded model token limit",
-        "token length too long",
-        "token limit exceeded",
-        "model_max_prompt_tokens_exceeded",
-        "range of input length should be",
-        "exceeds the limit of",
-        "maximum allowed input length",
-        "exceeds the maximum input length",
-        "tokens in request more than max tokens allowed",
-        "request entity too large",
-        "model_context_window_exceeded",
-    ),
-}
-"""Overflow phrases by provider (lower case; matched as substrings of the lower-cased error text)."""
-
-OVERFLOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
-    re.compile(r"current length is \d+ while limit is \d+"),  # Cerebras (litellm checks this too)
-    re.compile(r"prompt tokens \(\d+\) exceed model maximum"),  # Bedrock Mantle
-    re.compile(r"requested \d+ tokens?,? (?:but|while) (?:the )?(?:model|context)\D{0,40}\d+"),
-    re.compile(
-        r"maximum input length is [^.\n]{0,40}tokens"
-    ),  # litellm: "maximum input length is" + "tokens"
-)
+OVERFLOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("overflow_regexes")
 """Overflow messages whose shape, not a fixed phrase, gives them away."""
 
-OVERFLOW_CODES: Final[frozenset[str]] = frozenset(
-    {
-        "context_length_exceeded",  # OpenAI, Azure, Groq, many OpenAI-compatible servers
-        "request_too_large",  # Anthropic 413
-        "exceed_context_size_error",  # llama.cpp
-        "model_max_prompt_tokens_exceeded",  # GitHub Copilot
-        "prompt_tokens_exceeded",
-        "content_too_large",
-        "tokens_limit_reached",  # Azure AI Foundry
-        "model_context_window_exceeded",  # Anthropic, Z.ai
-    }
-)
+OVERFLOW_CODES: Final[frozenset[str]] = frozenset(_union("overflow_codes"))
 """Error codes / types that mean overflow whatever the message says."""
 
-NEGATIVE_PHRASES: Final[tuple[str, ...]] = (
-    # rate limits and quotas: a request too large for a per-minute budget is not too large for the window
-    "tokens per min",
-    "tokens per day",
-    "requests per min",
-    "(tpm)",
-    "(rpm)",
-    "tokens per minute",
-    "per minute",
-    "quota",
-    "resource has been exhausted",
-    "resource_exhausted",
-    "service tier capacity exceeded",
-    "please wait before trying again",  # Bedrock ThrottlingException ("Too many tokens, please wait …")
-    "throttlingexception",
-    "throttled",
-    "overloaded",
-    # max_tokens (the *completion* budget) parameter validation
-    "max_tokens is too large",
-    "max_completion_tokens is too large",
-    "'max_tokens' or 'max_completion_tokens' is too large",
-    "max_tokens must be",
-    "`max_tokens` must be",
-    "max_tokens` must be less",
-    "maximum allowed number of output tokens",
-    "completion tokens, whereas you provided",
-    "valid range of max_tokens",
-    "range of max_tokens should be",  # DashScope: "Range of max_tokens should be [1, 8192]"
-    "invalid max_tokens",
-    "invalid 'max_tokens'",
-    "invalid 'max_completion_tokens'",
-    "invalid 'max_output_tokens'",
-    "maxoutputtokens value",
-    "unsupported parameter",
-    "unsupported value",
-    # authentication and permissions
-    "incorrect api key",
-    "invalid api key",
-    "invalid x-api-key",
-    "api key not valid",
-    "authentication",
-    "unauthorized",
-    "permission denied",
-    "permission_denied",
-    # content policy
-    "content management policy",
-    "content_policy",
-    "content policy",
-    "content filtering policy",
-    "safety system",
-    "responsibleaipolicyviolation",
-)
+NEGATIVE_PHRASES: Final[tuple[str, ...]] = _union("negative_phrases")
 """Phrases that veto the broad positive phrases (lower case)."""
 
-NEGATIVE_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
-    re.compile(r"rate[\s_-]*limit"),
-    # "Invalid 'user': string too long" is a parameter limit, not the prompt (litellm excludes it too);
-    # only message and input content count.
-    re.compile(r"invalid '(?!messages|input|prompt|contents)[^']*': string too long"),
-)
+NEGATIVE_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("negative_regexes")
 
-NEGATIVE_CODES: Final[frozenset[str]] = frozenset(
-    {
-        "rate_limit_exceeded",
-        "rate_limit_error",
-        "insufficient_quota",
-        "resource_exhausted",
-        "throttlingexception",
-        "invalid_api_key",
-        "authentication_error",
-        "permission_error",
-        "permission_denied",
-        "unauthenticated",
-        "content_filter",
-        "content_policy_violation",
-        "overloaded_error",
-        "unsupported_parameter",
-        "unsupported_value",
-    }
-)
+NEGATIVE_CODES: Final[frozenset[str]] = frozenset(_union("negative_codes"))
 
 NEGATIVE_STATUSES: Final[frozenset[int]] = frozenset({401, 402, 403, 429})
 """Authentication, payment, permission and rate-limit statuses are never an overflow."""
 
-_NUM = r"\d[\d,]*"
-_OUT = rf"(?P<output>{_NUM})"
-_WIN = rf"(?P<window>{_NUM})"
-OUTPUT_BUDGET_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
-    # vLLM ≥ 0.10 and NVIDIA NIM
-    re.compile(
-        rf"is too large: {_OUT}\. this model's maximum context length is {_WIN} tokens and your request has"
-    ),
-    # vLLM, newest wording
-    re.compile(rf"maximum context length is {_WIN} tokens\. however, you requested {_OUT} output tokens"),
-    # vLLM ≤ 0.9, DeepSeek, OpenAI's old wording
-    re.compile(
-        rf"maximum context length is {_WIN} tokens\. however, you requested {_NUM} tokens "
-        rf"\({_NUM} in the messages, {_OUT} in the completion\)"
-    ),
-    # OpenRouter
-    re.compile(
-        rf"maximum context length is {_WIN} tokens\. however, you requested about {_NUM} tokens "
-        rf"\({_NUM} of text input, {_OUT} in the output\)"
-    ),
-    # SGLang
-    re.compile(
-        rf"maximum context length of {_WIN} tokens\. you requested a total of {_NUM} tokens: "
-        rf"{_NUM} tokens from the input messages and {_OUT} tokens for the completion"
-    ),
-    # Anthropic
-    re.compile(rf"input length and `max_tokens` exceed context limit: {_NUM} \+ {_OUT} > {_WIN}"),
-    # TGI
-    re.compile(
-        rf"`inputs` tokens \+ `max_new_tokens` must be <= {_WIN}\. given: {_NUM} `inputs` tokens and {_OUT} `max_new_tokens`"
-    ),
-)
+OUTPUT_BUDGET_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("output_budget_regexes")
 """Messages that state both the window and the output the request asked for (rule 3)."""
 
-WINDOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = (
-    # llama.cpp: "request (1431 tokens) exceeds the available context size (1024 tokens)"; older "input (N
-    # tokens) is larger than the max context size (M tokens)"
-    re.compile(rf"(?:available|max) context size \({_WIN} tokens?\)"),
-    # vLLM V1: "The prompt (total length N) is too long to fit into the model (context length M)"
-    re.compile(rf"too long to fit into the model \(context length {_WIN}\)"),
-    # OpenAI (old), vLLM, DeepSeek, OpenRouter ("this endpoint's …"), NIM: "maximum context length is N tokens";
-    # SGLang "maximum context length of N tokens"; Ollama (MLX) "maximum context length (N tokens)"
-    re.compile(rf"maximum context length (?:is|of|\() ?{_WIN} tokens"),
-    # vLLM ≤ 0.9 engine: "is longer than the maximum model length of N"
-    re.compile(rf"longer than the maximum model length of {_WIN}"),
-    # Anthropic: "prompt is too long: 208310 tokens > 200000 maximum"
-    re.compile(rf"{_NUM} tokens? > {_WIN} maximum"),
-    # SGLang: "is longer than the model's context length (N tokens)"
-    re.compile(rf"model's context length \({_WIN} tokens?\)"),
-    # Mistral: "too large for model with 32768 maximum context length"
-    re.compile(rf"too large for model with {_WIN} maximum context length"),
-    # Gemini: "exceeds the maximum number of tokens allowed (1048575)"
-    re.compile(rf"maximum number of tokens allowed \({_WIN}\)"),
-    # Vertex: "but model only supports up to 1048576"
-    re.compile(rf"model only supports up to {_WIN}"),
-    # xAI: "maximum prompt length is 131072"
-    re.compile(rf"maximum prompt length is {_WIN}"),
-    # Bedrock Mantle: "exceed model maximum (200000)"; Cerebras: "current length is N while limit is M"
-    re.compile(rf"exceed model maximum \({_WIN}\)"),
-    re.compile(rf"current length is {_NUM} while limit is {_WIN}"),
-    # Cohere: "total number of tokens in the prompt cannot exceed 4081"
-    re.compile(rf"tokens in the prompt cannot exceed {_WIN}"),
-    # TGI: "`inputs` must have less than 4096 tokens"; "`inputs` tokens + `max_new_tokens` must be <= 4096"
-    re.compile(rf"`inputs` must have less than {_WIN} tokens"),
-    re.compile(rf"`max_new_tokens` must be <= {_WIN}"),
-    # LM Studio: "the model is loaded with context length of only 4096 tokens"
-    re.compile(rf"context length of only {_WIN} tokens"),
-    # Poolside: "exceeds the maximum allowed input length of N tokens"
-    re.compile(rf"maximum allowed input length of {_WIN} tokens"),
-)
+WINDOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("window_regexes")
 """Overflow messages that state the window (the first match wins; see :func:`stated_window`)."""
 
 # A stated window outside these bounds is a misreading, not a model.

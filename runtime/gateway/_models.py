@@ -7,20 +7,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from runtime.dialects import ErrorKind as ErrorKind
 from runtime.messages import Message, Usage
 
-ErrorKind = Literal[
-    "overflow",
-    "rate_limit",
-    "rate_limited",
-    "transient",
-    "auth",
-    "invalid_request",
-    "timeout",
-    "cancelled",
-    "content_policy",
-    "unknown",
-]
 RETRYABLE_KINDS: Final[frozenset[str]] = frozenset({"rate_limit", "transient", "timeout"})
 
 

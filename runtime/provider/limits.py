@@ -20,9 +20,11 @@ Pure bookkeeping, thread-safe (one lock); the clock is passed in.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
+
+from runtime.dialects import openai
+from runtime.dialects.openai import format_reset
 
 __all__ = ["Decision", "ProviderLimiter", "format_reset"]
 
@@ -70,16 +72,6 @@ class Decision:
     retry_after: float | None = None
     limit: str = ""
     """When refused: which limit (``requests``, ``tokens`` or ``concurrent``)."""
-
-
-def format_reset(seconds: float) -> str:
-    """A reset duration the way OpenAI writes it: ``120ms``, ``1.5s``, ``1m30s``."""
-    if seconds < 1.0:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    if seconds < 60.0:
-        return f"{seconds:.3g}s"
-    minutes, rest = divmod(seconds, 60.0)
-    return f"{int(minutes)}m{rest:.3g}s"
 
 
 class ProviderLimiter:
@@ -168,11 +160,13 @@ class ProviderLimiter:
             return {}
         out: dict[str, str] = {}
         if state.requests is not None and self.rpm is not None:
-            out["x-ratelimit-limit-requests"] = str(int(self.rpm))
-            out["x-ratelimit-remaining-requests"] = str(max(0, math.floor(state.requests.level)))
-            out["x-ratelimit-reset-requests"] = format_reset(state.requests.reset_in())
+            out.update(
+                openai.rate_limit_headers(
+                    "requests", self.rpm, state.requests.level, state.requests.reset_in()
+                )
+            )
         if state.tokens is not None and self.tpm is not None:
-            out["x-ratelimit-limit-tokens"] = str(int(self.tpm))
-            out["x-ratelimit-remaining-tokens"] = str(max(0, math.floor(state.tokens.level)))
-            out["x-ratelimit-reset-tokens"] = format_reset(state.tokens.reset_in())
+            out.update(
+                openai.rate_limit_headers("tokens", self.tpm, state.tokens.level, state.tokens.reset_in())
+            )
         return out

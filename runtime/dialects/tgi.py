@@ -1,0 +1,30 @@
+"""Hugging Face Text Generation Inference's dialect (the router's input validation, a 422)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse
+
+TGI: Final = Dialect(
+    name="tgi",
+    # router/src/validation.rs: "Input validation error: `inputs` must have less than 4096 tokens. Given: 5000"
+    # (a 422), and "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: …" (litellm's)
+    overflow_phrases=("`inputs` must have less than",),
+    output_budget_regexes=(
+        re.compile(
+            rf"`inputs` tokens \+ `max_new_tokens` must be <= {WIN}\. given: {NUM} `inputs` tokens and {OUT} `max_new_tokens`"
+        ),
+    ),
+    window_regexes=(
+        re.compile(rf"`inputs` must have less than {WIN} tokens"),
+        re.compile(rf"`max_new_tokens` must be <= {WIN}"),
+    ),
+)
+
+
+def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
+    """Hugging Face Text Generation Inference: a 422 from the router's input validation."""
+    message = f"Input validation error: `inputs` must have less than {window} tokens. Given: {prompt}"
+    return ErrorResponse(422, {"error": message, "error_type": "validation"})
