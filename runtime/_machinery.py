@@ -133,10 +133,21 @@ class Machinery:
             done.set()
 
         writer = self.services.writer
-        writer.append(self.services.directory.index.claim(), data, told, fsync=self.index.fsync)
+        index = self.services.directory.index
+        path = index.claim()
+        writer.append(path, data, told, fsync=self.index.fsync)
         done.wait()
         if failed[0] is not None:
             raise failed[0]
+        if index.worth_compacting():  # (its dead lines outnumber its standing ones: issue 47)
+            writer.call(path, self._compact_index)
+
+    def _compact_index(self, _path: str) -> None:
+        """Compact this runtime's index segment (on the log writer's thread, in order with its appends)."""
+        try:
+            self.services.directory.index.compact()
+        except Exception:  # the old segment stands whole: nothing is lost, the next removal tries again
+            log.exception("sessions index: compaction failed")
 
     def _reap(self) -> None:
         """Hibernate sessions idle for ``persistence.hibernate_after`` seconds."""
