@@ -576,7 +576,7 @@ class Agent(SessionActor):
             )
             return
         from runtime.capacity import Priority
-        from runtime.gateway import Admission, CompletionRequest
+        from runtime.gateway import Admission, CompletionRequest, cache_hints
 
         spec, cfg = self.spec, self.spec.config
         options = run.options
@@ -588,6 +588,8 @@ class Agent(SessionActor):
             messages.append(system(system_prompt))
         messages.extend(view)  # each result right after its call, duplicates dropped
         tools = spec.tools.schemas() if len(spec.tools) else []
+        if options.client_tools:
+            tools = [*tools, *options.client_tools]
         first = run.step == 0 or run.last_message is None
         admission = Admission(
             flow=self.session_id,
@@ -600,7 +602,7 @@ class Agent(SessionActor):
             admission=admission,
             model=self.model,
             messages=messages,
-            tools=[*tools, *options.client_tools] if options.client_tools else tools,
+            tools=tools,
             api_base=spec.api_base,
             api_key=spec.api_key,
             max_tokens=self._answer_cap(estimate),
@@ -608,6 +610,11 @@ class Agent(SessionActor):
             include_reasoning=cfg.agent.send_reasoning,
             mock_response=cfg.agent.mock_response,
             transport=cfg.gateway.transport,
+            cache=cache_hints(
+                self.model, messages, tools, self.counter, key=self.session_id, ttl=cfg.gateway.cache_ttl
+            )
+            if cfg.gateway.prompt_cache
+            else None,
         )
         run.step += 1
         run.estimated_tokens = estimate

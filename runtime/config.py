@@ -259,6 +259,10 @@ class GatewayConfig(_Section, frozen=True, forbid_unknown_fields=True):
     # "litellm" or "openai_compat" force one (calls only litellm can make still go to litellm).
     transport: Literal["auto", "litellm", "openai_compat"] = "auto"
     max_connections: PosInt = 1_000  # the native transport's open connections per endpoint
+    # 4.7: cache hints on every request (cache_control breakpoints, prompt_cache_key); "1h" asks Anthropic
+    # to keep written prefixes an hour (writes cost 2x instead of 1.25x)
+    prompt_cache: bool = True
+    cache_ttl: Literal["5m", "1h"] = "5m"
 
 
 class CapacityConfig(_Section, frozen=True, forbid_unknown_fields=True):

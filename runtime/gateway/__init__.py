@@ -28,6 +28,7 @@ Layout, one concern a module::
 """
 
 from runtime.gateway._admission import WAIT_BUCKETS, AdmissionControl, PoolSnapshot, QueueTimeout
+from runtime.gateway._caching import cache_hints, cache_style
 from runtime.gateway._convert import accepts_reasoning, to_provider_messages
 from runtime.gateway._errors import classify_error, clean_error_message, retry_after_seconds
 from runtime.gateway._gateway import CallHandle, Gateway, complete_sync
@@ -35,6 +36,7 @@ from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import (
     RETRYABLE_KINDS,
     Admission,
+    CacheHints,
     CompletionRequest,
     CompletionResult,
     Delta,
@@ -57,6 +59,7 @@ __all__ = [
     "WAIT_BUCKETS",
     "Admission",
     "AdmissionControl",
+    "CacheHints",
     "CallHandle",
     "CompletionRequest",
     "CompletionResult",
@@ -78,6 +81,8 @@ __all__ = [
     "accepts_reasoning",
     "backoff_delay",
     "build_call_kwargs",
+    "cache_hints",
+    "cache_style",
     "classify_error",
     "clean_error_message",
     "complete_sync",

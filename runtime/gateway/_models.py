@@ -25,6 +25,29 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     wait_budget: float | None = None
 
 
+CacheTTL = Literal["5m", "1h"]
+
+
+class CacheHints(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a request's cacheable prefixes end (design §4.7), in no provider's dialect.
+
+    The runtime places them (:func:`runtime.context.caching.place_breakpoints`); each transport renders
+    them in its provider's terms: ``cache_control`` for the providers that cache only where a request marks
+    it (Anthropic, also on Bedrock and Vertex), ``prompt_cache_key`` for OpenAI-style automatic caching.
+    """
+
+    breakpoints: tuple[int, ...] = ()
+    """Positions in ``request.messages`` (the list as given, ascending): a cached prefix ends with that
+    message (rendered on its last content block). With ``tools``, at most 4 in all."""
+    tools: bool = False
+    """A breakpoint on the last tool definition (when there is no system message to mark)."""
+    key: str | None = None
+    """``prompt_cache_key`` for OpenAI-style providers (the session id: requests that share it share a
+    cache machine)."""
+    ttl: CacheTTL = "5m"
+    """How long a written prefix lives (Anthropic: 5 minutes, or 1 hour at twice the write price)."""
+
+
 TransportMode = Literal["auto", "litellm", "openai_compat"]
 """Which transport serves a call: ``auto`` (the native one where it does what litellm does), or one forced."""
 
@@ -51,6 +74,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     mock_response: str | None = None
     transport: TransportMode = "auto"
     admission: Admission | None = None
+    cache: CacheHints | None = None
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "None"

@@ -186,8 +186,10 @@ class ToolRegistry:
         return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
-        """Every tool in OpenAI's ``function`` format, for the provider request."""
-        return [t.schema() for t in self._tools.values()]
+        """Every tool in OpenAI's ``function`` format, for the provider request, in the order of their names:
+        the same tools make the same bytes whatever order they were registered in (MCP servers connect in
+        any order), so a request's cached prefix survives a restart (design §4.7)."""
+        return [self._tools[name].schema() for name in sorted(self._tools)]
 
 
 # ---------------------------------------------------------------------------------------------------

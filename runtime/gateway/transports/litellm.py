@@ -15,6 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+from runtime.gateway._caching import cache_key, tools_with_cache
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest, ErrorKind
@@ -92,7 +93,7 @@ def build_call_kwargs(request: CompletionRequest) -> dict[str, Any]:
     if request.stream:
         kwargs["stream_options"] = {"include_usage": True}
     if request.tools:
-        kwargs["tools"] = list(request.tools)
+        kwargs["tools"] = tools_with_cache(request)
         if all(tool.get("type", "function") == "function" for tool in request.tools):
             # litellm checks every call with tools for its MCP gateway, importing the optional `mcp` package
             # (ModuleNotFoundError without it). Plain function tools never need that path: skip it.
@@ -103,6 +104,7 @@ def build_call_kwargs(request: CompletionRequest) -> dict[str, Any]:
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "mock_response": request.mock_response,
+        "prompt_cache_key": cache_key(request),
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     kwargs.update(request.extra)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import msgspec
 
 from runtime.errors import TransportError
+from runtime.gateway._caching import cache_key, tools_with_cache
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest, Delta, ErrorKind
@@ -186,11 +187,13 @@ def request_body(request: CompletionRequest, route: Route) -> bytes:
     elif dialect.stream_false:
         body["stream"] = False
     if request.tools:
-        body["tools"] = list(request.tools)
+        body["tools"] = tools_with_cache(request)
     if request.max_tokens is not None and route.max_tokens_param is not None:
         body[route.max_tokens_param] = request.max_tokens
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    if (key := cache_key(request)) is not None:
+        body["prompt_cache_key"] = key
     if dialect.body:
         body.update(dialect.body)
     return _encode(body)
