@@ -204,3 +204,50 @@ def rate_limit_headers(name: str, limit: float, remaining: float, reset: float, 
         f"{PREFIX}{name}-remaining": str(max(0, int(remaining))),
         f"{PREFIX}{name}-reset": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+# -- prompt caching -------------------------------------------------------------------------------------------
+# Anthropic caches only a prefix that ends at a block marked ``cache_control: {"type": "ephemeral"}`` (with
+# ``"ttl": "1h"`` for an hour; 5 minutes otherwise, refreshed by every read). The prefix runs tools, then
+# system, then messages. At most 4 marked blocks per request; a prefix shorter than the model's minimum is
+# not cached (the request still succeeds). A lookup checks each breakpoint and up to 20 blocks before it.
+# Usage then reports ``cache_read_input_tokens`` (read), ``cache_creation_input_tokens`` (written) and
+# ``input_tokens`` (the rest, after the last breakpoint); writes are billed at 1.25x the input price (2x for
+# 1-hour entries), reads at 0.1x.
+
+MAX_BREAKPOINTS: Final = 4
+LOOKBACK_BLOCKS: Final = 20
+TTL_SECONDS: Final[Mapping[str, float]] = {"5m": 300.0, "1h": 3600.0}
+CACHE_READ: Final = 0.1
+"""What a token read from the cache costs, relative to an input token."""
+CACHE_WRITE: Final[Mapping[str, float]] = {"5m": 1.25, "1h": 2.0}
+"""What a token written to the cache costs, relative to an input token, by TTL."""
+
+_MIN_TOKENS: Final = (
+    # (a piece of the model's name, the minimum cacheable prompt); the first that matches wins
+    ("opus-4-6", 4_096),
+    ("opus-4-5", 4_096),
+    ("haiku-4-5", 4_096),
+    ("sonnet-4-6", 2_048),
+    ("haiku-3", 2_048),
+    ("3-haiku", 2_048),
+    ("3-5-haiku", 2_048),
+)
+DEFAULT_MIN_TOKENS: Final = 1_024
+
+
+def min_cacheable_tokens(model: str) -> int:
+    """The shortest prefix Anthropic caches for ``model`` (Opus 4.5/4.6 and Haiku 4.5: 4,096; Sonnet 4.6,
+    Haiku 3 and 3.5: 2,048; other Claude models: 1,024)."""
+    name = model.lower().replace(".", "-")
+    for piece, tokens in _MIN_TOKENS:
+        if piece in name:
+            return tokens
+    return DEFAULT_MIN_TOKENS
+
+
+def too_many_breakpoints(found: int) -> ErrorResponse:
+    """The 400 for a request with more than :data:`MAX_BREAKPOINTS` ``cache_control`` blocks."""
+    return bad_request(
+        f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
+    )

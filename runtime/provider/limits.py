@@ -72,6 +72,9 @@ class Decision:
     retry_after: float | None = None
     limit: str = ""
     """When refused: which limit (``requests``, ``tokens`` or ``concurrent``)."""
+    levels: tuple[tuple[str, float, float, float], ...] = ()
+    """Each limit as ``(name, per minute, remaining, seconds until full)``, for a dialect to write its own
+    headers from (the Messages endpoint's ``anthropic-ratelimit-*``)."""
 
 
 class ProviderLimiter:
@@ -133,14 +136,16 @@ class ProviderLimiter:
             if waits:
                 state.refused += 1
                 wait, limit = max(waits)
-                return Decision(False, self._headers(state), retry_after=wait, limit=limit)
+                return Decision(
+                    False, self._headers(state), retry_after=wait, limit=limit, levels=self._levels(state)
+                )
             if state.requests is not None:
                 state.requests.level -= 1.0
             if state.tokens is not None:
                 state.tokens.level -= float(tokens)
             state.running += 1
             state.admitted += 1
-            return Decision(True, self._headers(state))
+            return Decision(True, self._headers(state), levels=self._levels(state))
 
     def release(self, key: str) -> None:
         """An admitted request's answer ended (its concurrent slot is free)."""
@@ -154,6 +159,14 @@ class ProviderLimiter:
         with self._lock:
             state = self._keys.get(key)
             return (state.admitted, state.refused) if state is not None else (0, 0)
+
+    def _levels(self, state: _Key) -> tuple[tuple[str, float, float, float], ...]:
+        levels: list[tuple[str, float, float, float]] = []
+        if state.requests is not None and self.rpm is not None:
+            levels.append(("requests", self.rpm, state.requests.level, state.requests.reset_in()))
+        if state.tokens is not None and self.tpm is not None:
+            levels.append(("tokens", self.tpm, state.tokens.level, state.tokens.reset_in()))
+        return tuple(levels)
 
     def _headers(self, state: _Key) -> dict[str, str]:
         if not self.headers:

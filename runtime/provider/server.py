@@ -34,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.provider import errors, policy
+from runtime.provider.anthropic_api import MessagesEndpoint
 from runtime.provider.limits import Decision, ProviderLimiter
 from runtime.provider.script import Fault, FaultKind, ToolCallSpec, Turn
 from runtime.provider.usage import PromptCount, TokenCounter
@@ -144,10 +145,16 @@ class LocalProvider:
         self._hanging = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.cache_min_tokens: int | None = None
+        """The shortest prefix the Messages endpoint caches (None: the model's minimum, as Anthropic has it)."""
+        self.messages = MessagesEndpoint(self)
+        """``POST /v1/messages``: Anthropic's Messages API (:mod:`runtime.provider.anthropic_api`)."""
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
                 Route("/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/messages", self.messages.handle, methods=["POST"]),
+                Route("/messages", self.messages.handle, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
@@ -327,21 +334,7 @@ class LocalProvider:
             )
 
         def log(status: int, outcome: str, count: PromptCount | None = None, source: str = "-") -> None:
-            self._log.append(
-                LoggedRequest(
-                    model=model,
-                    body=body,
-                    stream=stream,
-                    prompt_tokens=count.prompt_tokens if count else 0,
-                    cached_tokens=count.cached_tokens if count else 0,
-                    status=status,
-                    outcome=outcome,
-                    source=source,
-                    authorized=authorized,
-                    received_at=received,
-                    headers={k: v for k, v in request.headers.items() if k != "authorization"},
-                )
-            )
+            self._record(request, body, model, stream, count, status, outcome, source, authorized, received)
 
         if not authorized:
             log(401, "auth")
@@ -383,9 +376,8 @@ class LocalProvider:
         log: Callable[..., None],
         limit_headers: dict[str, str],
     ) -> Response:
-        with self._lock:
-            fault = self._faults.popleft() if self._faults else None
-        window = self._windows.get(model, self.context_window)
+        fault = self._take_fault()
+        window = self._window_of(model)
         if fault is None and count.prompt_tokens > window:
             completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
             error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, int(completion))
@@ -418,10 +410,53 @@ class LocalProvider:
         return StreamingResponse(self._paced(frames), media_type="text/event-stream", headers=headers)
 
     def _authorized(self, request: Request) -> bool:
+        """The request carries the key (``authorization: Bearer``, or Anthropic's ``x-api-key`` on the
+        Messages endpoint), or the provider takes any."""
         if self._api_key is None:
+            return True
+        if request.url.path.endswith("/messages") and request.headers.get("x-api-key") == self._api_key:
             return True
         header = request.headers.get("authorization", "")
         return header == f"Bearer {self._api_key}"
+
+    def _bearer_of(self, request: Request) -> str:
+        return _bearer(request)
+
+    def _take_fault(self) -> Fault | None:
+        with self._lock:
+            return self._faults.popleft() if self._faults else None
+
+    def _window_of(self, model: str) -> int:
+        return self._windows.get(model, self.context_window)
+
+    def _record(
+        self,
+        request: Request,
+        body: dict[str, Any],
+        model: str,
+        stream: bool,
+        count: PromptCount | None,
+        status: int,
+        outcome: str,
+        source: str,
+        authorized: bool,
+        received: float,
+    ) -> None:
+        self._log.append(
+            LoggedRequest(
+                model=model,
+                body=body,
+                stream=stream,
+                prompt_tokens=count.prompt_tokens if count else 0,
+                cached_tokens=count.cached_tokens if count else 0,
+                status=status,
+                outcome=outcome,
+                source=source,
+                authorized=authorized,
+                received_at=received,
+                headers={k: v for k, v in request.headers.items() if k not in ("authorization", "x-api-key")},
+            )
+        )
 
     def _next_turn(
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -525,7 +560,7 @@ class LocalProvider:
         await self._hang(request)
 
     async def _keep_alive_after(
-        self, request: Request, frames: Iterator[bytes], count: int
+        self, request: Request, frames: Iterator[bytes], count: int, keepalive: bytes = b": keep-alive\n\n"
     ) -> AsyncIterator[bytes]:
         for i, frame in enumerate(frames):
             if i >= count:
@@ -534,7 +569,7 @@ class LocalProvider:
         self._hanging += 1
         try:
             while not self._stopping.is_set() and not await request.is_disconnected():
-                yield b": keep-alive\n\n"
+                yield keepalive
                 await asyncio.sleep(0.1)
         finally:
             self._hanging -= 1
