@@ -11,8 +11,6 @@ from pykka import Actor, ActorDeadError, ActorRef
 from runtime.config import AgentProfile, Config, McpServerConfig
 
 if TYPE_CHECKING:
-    from actors.agent import Agent, Handover
-    from actors.compactor import Compactor
     from actors.overflow_detector import OverflowDetector
     from actors.session_store import SessionStore
     from actors.usage_tracker import UsageTracker
@@ -80,9 +78,11 @@ class SessionRefs:
     store_ref: ActorRef[SessionStore] | None = None
     usage_ref: ActorRef[UsageTracker] | None = None
     overflow_ref: ActorRef[OverflowDetector] | None = None
-    compactor_ref: ActorRef[Compactor] | None = None
-    agent_ref: ActorRef[Agent] | None = None
-    handover: Handover | None = None  # a crashed agent's run, for its successor to take up
+    # The compactor's and the agent's refs are ActorRef[Any]: the agent and the compactor are built from this
+    # module (it is below them: imports go one way), so it names neither class.
+    compactor_ref: ActorRef[Any] | None = None  # an actors.compactor.Compactor
+    agent_ref: ActorRef[Any] | None = None  # an actors.agent.Agent
+    handover: Any = None  # an actors.agent.Handover: a crashed agent's run, for its successor to take up
     learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
 
     @property
@@ -98,11 +98,11 @@ class SessionRefs:
         return _running(self.overflow_ref, "overflow detector")
 
     @property
-    def compactor(self) -> ActorRef[Compactor]:
+    def compactor(self) -> ActorRef[Any]:
         return _running(self.compactor_ref, "compactor")
 
     @property
-    def agent(self) -> ActorRef[Agent]:
+    def agent(self) -> ActorRef[Any]:
         return _running(self.agent_ref, "agent")
 
     def running(self) -> list[ActorRef[Any]]:

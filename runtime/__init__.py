@@ -76,7 +76,7 @@ from runtime.errors import (  # noqa: E402
 )
 from runtime.ids import validate_session_id as validate_session_id  # noqa: E402
 
-__version__ = "0.1.0"
+from runtime._version import __version__ as __version__  # noqa: E402
 
 # The names imported on first use (PEP 562); type checkers read them here.
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ if TYPE_CHECKING:
         Handle as Handle,
         PromptHandle as PromptHandle,
         TurnResult as TurnResult,
+        UsageReport as UsageReport,
     )
     from runtime.host import (
         Runtime as Runtime,
@@ -106,9 +107,6 @@ if TYPE_CHECKING:
     )
     from runtime.store.sessions import (
         SessionInfo as SessionInfo,
-    )
-    from runtime.subagents import (
-        UsageReport as UsageReport,
     )
     from runtime.tools import (
         Tool as Tool,

@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from msgspec.structs import replace
@@ -25,7 +25,7 @@ from actors.protocol import SetModel
 from actors.session import ParkedSession, Session, header_for
 from actors.wiring import SessionSpec
 from runtime import events as ev
-from runtime.config import Config
+from runtime.config import AgentProfile, Config
 from runtime.errors import SessionNotFound
 from runtime.ids import validate_session_id
 from runtime.models import ModelInfo, model_info, validate_model_name
@@ -39,7 +39,24 @@ from runtime.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
     from runtime._machinery import Machinery
-    from runtime.host import Runtime, ToolsArg
+    from runtime.api import ToolsArg
+    from runtime.subagents import Delegations
+
+    class _Runtime(Protocol):
+        """What hosting reads of the :class:`~runtime.host.Runtime` it serves (when it uses them)."""
+
+        @property
+        def config(self) -> Config: ...
+
+        @property
+        def approval(self) -> Callable[[str, Any], bool | str] | None: ...
+
+        @property
+        def agents(self) -> dict[str, AgentProfile]: ...
+
+        @property
+        def delegations(self) -> Delegations: ...
+
 
 __all__ = ["Hosting", "workspace_of"]
 
@@ -51,7 +68,7 @@ class Hosting:
 
     _machinery: Machinery  # the running machinery (set by attach())
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: _Runtime) -> None:
         self._rt = runtime
         self._lock = threading.Lock()
         # replaced by each start(); a plain session never used is a ParkedSession until its first use

@@ -17,11 +17,10 @@ if TYPE_CHECKING:
     from runtime.bus import Subscription
     from runtime.context.estimate import ContextStats
     from runtime.gateway import PoolSnapshot
-    from runtime.handles import CompactionResult, Handle, PromptHandle
+    from runtime.handles import CompactionResult, Handle, PromptHandle, UsageReport
     from runtime.messages import Message, Usage
     from runtime.observability.metrics import RuntimeMetrics
     from runtime.store.sessions import SessionInfo
-    from runtime.subagents import UsageReport
 
 __all__ = ["RuntimeAPI", "ToolsArg"]
 
@@ -271,7 +270,7 @@ class RuntimeAPI(Protocol):
         self, session_id: str, timeout: float = 30.0, *, include_children: bool = False
     ) -> Usage | UsageReport:
         """Session totals (input, output, reasoning, cache read/write, cost). With ``include_children``,
-        a :class:`~runtime.subagents.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
+        a :class:`~runtime.handles.UsageReport`: the session's own, each sub-agent's (theirs rolled up),
         and the total."""
         ...
 

@@ -51,10 +51,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runtime.store.sessions import LockOwner
+from typing import Protocol
 
 __all__ = [
     "AddressRefused",
@@ -114,13 +111,23 @@ class SessionNotFound(SessionError, KeyError):
         return str(self.args[0]) if self.args else "session not found"
 
 
+class _LockHolder(Protocol):
+    """Who holds a session lock (the store's ``LockOwner``, read from the lock file)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def host(self) -> str: ...
+
+
 class SessionLockedError(SessionError, RuntimeError):
     """The session is open in another runtime (or another store of this one).
 
     ``owner_pid`` and ``owner_host`` name the holder when its lock file says who it is.
     """
 
-    def __init__(self, message: str, owner: LockOwner | None = None) -> None:
+    def __init__(self, message: str, owner: _LockHolder | None = None) -> None:
         super().__init__(message)
         self.owner_pid = owner.pid if owner else None
         self.owner_host = owner.host if owner else None

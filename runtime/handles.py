@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from runtime.messages import Message, ToolCallPart, Usage
 
-__all__ = ["CompactionResult", "Handle", "PromptHandle", "TurnResult", "TurnStatus"]
+__all__ = ["CompactionResult", "Handle", "PromptHandle", "TurnResult", "TurnStatus", "UsageReport"]
 
 
 T = TypeVar("T")
@@ -99,3 +99,19 @@ class CompactionResult(msgspec.Struct, frozen=True, kw_only=True):
     tokens_after: int = 0
     summary_chars: int = 0
     fallback: bool = False
+
+
+class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's usage with its sub-agents': ``own`` (its own calls), ``children`` (each sub-agent's
+    total, its own sub-agents rolled in) and ``total`` (all of it)."""
+
+    own: Usage
+    children: dict[str, Usage]
+    total: Usage
+
+    @classmethod
+    def of(cls, own: Usage, children: Mapping[str, Usage]) -> UsageReport:
+        total = own
+        for usage in children.values():
+            total = total + usage
+        return cls(own=own, children=dict(children), total=total)

@@ -45,14 +45,14 @@ from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
 from runtime.errors import RuntimeStopped, SessionNotFound
 from runtime.gateway import PoolSnapshot
-from runtime.handles import CompactionResult, Handle, PromptHandle
+from runtime.handles import CompactionResult, Handle, PromptHandle, UsageReport
 from runtime.ids import validate_session_id
 from runtime.messages import Message, Usage, new_id, user
 from runtime.models import validate_model_name
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.store.history import HistoryPages, page_bounds
 from runtime.store.sessions import SessionInfo
-from runtime.subagents import Delegations, UsageReport, parse_profiles
+from runtime.subagents import Delegations, parse_profiles
 from runtime.tools.mcp import parse_servers
 
 __all__ = ["Runtime", "RuntimeStopped", "SessionNotFound", "ToolsArg", "check_sendable"]

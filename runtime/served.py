@@ -11,19 +11,15 @@ runtime answers them itself (each shard answers for its own sessions with a :cla
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
 from runtime.events import Event
 
 if TYPE_CHECKING:
-    from runtime.cluster import ClusterRuntime
     from runtime.host import Runtime
     from runtime.store.entries import Header
-
-    AnyRuntime: TypeAlias = Runtime | ClusterRuntime
-    """What a front serves: a local runtime or a cluster runtime (the same public API)."""
 
 __all__ = ["LocalServed", "Served", "SessionSummary", "served"]
 

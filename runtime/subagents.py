@@ -22,16 +22,32 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
 from runtime.config import AgentProfile, Config, ConfigError
-from runtime.messages import Usage
+from runtime.handles import UsageReport as UsageReport  # (the report usage() gives; its home before)
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
-    from runtime.host import Runtime
+    from actors.session import Session
+    from runtime.api import RuntimeAPI
+    from runtime.bus import EventBus
+
+    class _Runtime(RuntimeAPI, Protocol):
+        """What the delegations use of the :class:`~runtime.host.Runtime` that owns them."""
+
+        @property
+        def config(self) -> Config: ...
+
+        @property
+        def bus(self) -> EventBus: ...
+
+        def _session(self, session_id: str) -> Session: ...
+
+        def start_session(self, *args: Any, **kwargs: Any) -> str: ...  # (and its private _parent=)
+
 
 __all__ = ["DELEGATION_TOOL", "AgentProfile", "Delegations", "UsageReport", "parse_profiles"]
 
@@ -54,22 +70,6 @@ def parse_profiles(raw: Mapping[str, AgentProfile | Mapping[str, Any]] | None) -
     return profiles
 
 
-class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
-    """A session's usage with its sub-agents': ``own`` (its own calls), ``children`` (each sub-agent's
-    total, its own sub-agents rolled in) and ``total`` (all of it)."""
-
-    own: Usage
-    children: dict[str, Usage]
-    total: Usage
-
-    @classmethod
-    def of(cls, own: Usage, children: Mapping[str, Usage]) -> UsageReport:
-        total = own
-        for usage in children.values():
-            total = total + usage
-        return cls(own=own, children=dict(children), total=total)
-
-
 def _description(profiles: Mapping[str, AgentProfile]) -> str:
     lines = [
         "Delegate a self-contained task to a sub-agent: it works in its own context (reading, searching, "
@@ -84,7 +84,7 @@ def _description(profiles: Mapping[str, AgentProfile]) -> str:
 class Delegations:
     """The runtime's book of delegations: which children each session has, how many run, and the limits."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: _Runtime) -> None:
         self._rt = runtime
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}  # parent -> children running now

@@ -11,9 +11,9 @@ import pykka
 from pykka import ActorDeadError, ActorRef
 
 from runtime.actor._dispatcher import Dispatcher, default_dispatcher
+from runtime.actor._exit import ActorExit, ExitReason
 from runtime.actor._future import PooledFuture, fail_future
 from runtime.actor._mailbox import Mailbox
-from runtime.actor._monitor import ActorExit, ExitReason
 from runtime.actor._pykka import PYKKA_MESSAGES, Envelope
 from runtime.actor._stop_flag import StopFlag
 

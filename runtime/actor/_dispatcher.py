@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pykka import ActorDeadError, ActorRef
 
@@ -21,8 +21,18 @@ from runtime.config import RuntimeConfig
 from runtime.errors import DispatcherClosed
 
 if TYPE_CHECKING:
-    from runtime.actor._actor import PooledActor
+    from pykka import ActorRef
+
     from runtime.actor._mailbox import Mailbox
+
+    class PooledActor(Protocol):
+        """What a dispatcher sees of the actors it runs (``_actor.PooledActor``, the module above it)."""
+
+        actor_urn: str
+
+        @property
+        def actor_ref(self) -> ActorRef[Any]: ...
+
 
 __all__ = ["Dispatcher", "default_dispatcher", "set_default_dispatcher"]
 

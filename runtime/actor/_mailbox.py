@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
 from pykka import ActorDeadError
@@ -14,10 +14,33 @@ from runtime.actor._future import fail_future
 from runtime.actor._pykka import ActorStop, Envelope
 
 if TYPE_CHECKING:
-    from runtime.actor._actor import PooledActor
-    from runtime.actor._dispatcher import Dispatcher
-    from runtime.actor._monitor import ActorExit, Monitor
+    from runtime.actor._exit import ActorExit, ExitReason
     from runtime.actor._stop_flag import StopFlag
+
+    # What a mailbox sees of the modules above it (imports go one way: _actor -> _dispatcher -> _mailbox):
+
+    class PooledActor(Protocol):
+        """Its actor (``_actor.PooledActor``)."""
+
+        actor_stopped: threading.Event
+        _pooled_exit_reason: ExitReason | None
+
+        def on_start(self) -> None: ...
+        def _pooled_start(self) -> None: ...
+        def _pooled_handle(self, envelope: Envelope[Any]) -> None: ...
+        def _pooled_teardown(self) -> None: ...
+        def _pooled_exit_notice(self) -> ActorExit: ...
+
+    class Dispatcher(Protocol):
+        """The dispatcher that runs it (``_dispatcher.Dispatcher``)."""
+
+        _run_queue: queue.SimpleQueue[Mailbox | None]
+
+    class Monitor(Protocol):
+        """A registration that wants its actor's exit (``_monitor.Monitor``)."""
+
+        def _deliver(self, exit_notice: ActorExit) -> None: ...
+
 
 logger = logging.getLogger("agentcell.actor")
 
@@ -89,7 +112,7 @@ class Mailbox:
         if actor is None:
             return False
         # An actor without an on_start and without mail has nothing to run yet: leave it idle.
-        trivial = type(actor).on_start is pykka.Actor.on_start
+        trivial = type(actor).on_start is pykka.Actor.on_start  # type: ignore[comparison-overlap]  # (a Protocol)
         with self._lock:
             if self._state == _CLOSED:
                 return False

@@ -4,35 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-import msgspec
 from pykka import ActorDeadError, ActorRef
 
+from runtime.actor._exit import ActorExit as ActorExit
+from runtime.actor._exit import ExitReason as ExitReason
 from runtime.actor._mailbox import Mailbox
 
 __all__ = ["ActorExit", "ExitReason", "Monitor", "kill", "monitor"]
 
 logger = logging.getLogger("agentcell.actor")
-
-ExitReason = Literal["normal", "failure", "killed"]
-
-
-class ActorExit(msgspec.Struct, frozen=True):
-    """What a monitor receives when a pooled actor ends.
-
-    ``reason`` is ``"normal"`` (it was stopped), ``"failure"`` (an exception escaped a handler or a hook;
-    ``exception`` says which) or ``"killed"`` (:func:`kill`).
-    """
-
-    ref: ActorRef[Any]
-    reason: ExitReason
-    exception: BaseException | None = None
-
-    @property
-    def abnormal(self) -> bool:
-        """True unless the actor stopped normally (what a ``transient`` restart policy looks at)."""
-        return self.reason != "normal"
 
 
 class Monitor:

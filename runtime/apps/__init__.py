@@ -12,7 +12,14 @@ They use only the runtime's public API (and :mod:`runtime.served` for the server
 imports them.
 """
 
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from runtime.cluster import ClusterRuntime
+    from runtime.host import Runtime
+
+    AnyRuntime: TypeAlias = Runtime | ClusterRuntime
+    """What a front serves: a local runtime or a cluster runtime (the same public API)."""
 
 __all__ = ["LOCAL_API_KEY", "LOCAL_MODEL"]
 

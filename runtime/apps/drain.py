@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 if TYPE_CHECKING:
+    from runtime.apps import AnyRuntime
     from runtime.events import Event
-    from runtime.served import AnyRuntime
 
 __all__ = ["RETRY_AFTER", "Drain", "DrainGate"]
 

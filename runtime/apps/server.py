@@ -87,7 +87,7 @@ from runtime.store.log import CorruptLogError
 from runtime.tools.mcp.servers import parse_servers, restored
 
 if TYPE_CHECKING:
-    from runtime.served import AnyRuntime
+    from runtime.apps import AnyRuntime
 
 log = logging.getLogger("agentcell.server")
 

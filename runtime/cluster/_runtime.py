@@ -64,10 +64,10 @@ from runtime.store.history import page_bounds
 
 if TYPE_CHECKING:
     from runtime.gateway import PoolSnapshot
+    from runtime.handles import UsageReport
     from runtime.messages import Usage
     from runtime.observability.metrics import RuntimeMetrics
     from runtime.store.sessions import SessionInfo
-    from runtime.subagents import UsageReport
 
 log = logging.getLogger("agentcell.cluster")
 

@@ -32,6 +32,7 @@ from runtime.gateway._caching import cache_hints, cache_style
 from runtime.gateway._convert import accepts_reasoning, to_provider_messages
 from runtime.gateway._errors import classify_error, clean_error_message, retry_after_seconds
 from runtime.gateway._gateway import CallHandle, Gateway, complete_sync
+from runtime.gateway._litellm import load_litellm
 from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import (
     RETRYABLE_KINDS,
@@ -50,7 +51,7 @@ from runtime.gateway._routing import DIALECTS, Dialect, Route
 from runtime.gateway._stream import StreamAssembler, message_from_response, stop_reason
 from runtime.gateway._usage import normalize_usage
 from runtime.gateway._windows import Discovered, ServerTokenizer, WindowBook, endpoint_of
-from runtime.gateway.transports.litellm import build_call_kwargs, load_litellm
+from runtime.gateway.transports.litellm import build_call_kwargs
 
 __all__ = [
     "DIALECTS",

@@ -30,6 +30,7 @@ import pykka
 from runtime.capacity import RateLimitInfo, Ticket, parse_rate_limit_headers
 from runtime.config import RetryConfig
 from runtime.gateway._admission import AdmissionControl, OnQueued, PoolState, QueueTimeout
+from runtime.gateway._litellm import load_litellm
 from runtime.gateway._loop import IoLoop
 from runtime.gateway._models import (
     Admission,
@@ -43,7 +44,7 @@ from runtime.gateway._retry import backoff_delay
 from runtime.gateway._routing import Route, Router
 from runtime.gateway._windows import WindowBook
 from runtime.gateway.transports.base import Transport
-from runtime.gateway.transports.litellm import LitellmTransport, load_litellm
+from runtime.gateway.transports.litellm import LitellmTransport
 from runtime.gateway.transports.openai_compat import OpenAICompatTransport
 from runtime.messages import Message, Usage
 

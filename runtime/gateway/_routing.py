@@ -193,7 +193,7 @@ def _has_images(request: CompletionRequest) -> bool:
 
 def resolve(model: str, api_base: str | None, mode: TransportMode) -> _Resolved:
     """Resolve ``model`` with litellm's provider resolution: the native route (or None) and litellm's."""
-    from runtime.gateway.transports.litellm import load_litellm
+    from runtime.gateway._litellm import load_litellm
 
     litellm = load_litellm()
     fallback = Route(

@@ -92,7 +92,7 @@ class Tracing:
     @classmethod
     def for_provider(cls, provider: trace.TracerProvider | None, *, record_content: bool = False) -> Tracing:
         """Spans on ``provider``'s tracer (None: the global provider, resolved when spans start)."""
-        from runtime import __version__
+        from runtime._version import __version__
 
         if provider is None:
             tracer = trace.get_tracer(INSTRUMENTATION, __version__)

@@ -2,8 +2,9 @@
 for what it holds.
 
 The item's ``encrypted_content`` seals the compacted session's point (owner, session, leaf) with the server's
-key; a stateless client's chain of digests starts from its owner and that token (:func:`seed`), so the
-next input, which starts with the compacted window, finds the thread left here.
+key (``door.compacted_point`` opens it); a stateless client's chain of digests starts from its owner and that
+token (``threads.seed``), so the next input, which starts with the compacted window, finds the thread left
+here.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import msgspec
 from runtime.apps.responses import items as it
 from runtime.apps.responses.api import ApiError, CreateResponse, ResponseRecord, usage_object
 from runtime.apps.responses.records import new_response_id
-from runtime.apps.responses.sealing import Sealer
-from runtime.apps.responses.threads import Thread, chain
+from runtime.apps.responses.threads import Thread, chain, seed
 from runtime.messages import Usage
 
 if TYPE_CHECKING:
@@ -97,26 +97,3 @@ async def compact(door: FrontDoor, body: CreateResponse, owner: str) -> dict[str
         "output": output,
         "usage": record.usage,
     }
-
-
-def seed(owner: str, compaction: str | None) -> str:
-    """What a stateless chain starts from: the owner (and the compaction its input starts with)."""
-    if compaction is None:
-        return owner
-    return f"{owner}\0{compaction}"
-
-
-def compacted_point(owner: str, token: str, sealer: Sealer) -> tuple[str, str]:
-    """The session and point a ``compaction`` item names (the owner's only)."""
-    try:
-        point = msgspec.json.decode(sealer.open_bytes(token, b"compaction"))
-        if point["o"] != owner:
-            raise ValueError("another client's")
-        return str(point["s"]), str(point["l"])
-    except (ValueError, KeyError, TypeError, msgspec.DecodeError):
-        raise ApiError(
-            400,
-            "input: a compaction item this server did not give you",
-            param="input",
-            code="invalid_value",
-        ) from None

@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from actors.protocol import TurnOptions
 from runtime import events as ev
 from runtime.apps.responses import items as it
@@ -34,11 +36,10 @@ from runtime.apps.responses.api import (
     unsupported,
     usage_object,
 )
-from runtime.apps.responses.compaction import compacted_point, seed
 from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
 from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.stream import StreamTranslator
-from runtime.apps.responses.threads import Thread, Threads, chain, extend
+from runtime.apps.responses.threads import Thread, Threads, chain, extend, seed
 from runtime.handles import TurnResult
 from runtime.messages import Message
 from runtime.served import served
@@ -674,7 +675,7 @@ def _unnamed(item: dict[str, Any]) -> dict[str, Any]:
 
 def _has_provider(model: str) -> bool:
     """Whether litellm's provider resolution places ``model`` (``gpt-4o`` yes, ``two`` no)."""
-    from runtime.gateway.transports.litellm import load_litellm
+    from runtime.gateway import load_litellm
 
     try:
         load_litellm().get_llm_provider(model)
@@ -707,3 +708,20 @@ def _profile_tools(tools: Any, runtime: Any) -> Any:
 
     available = {t.name: t for t in builtin_registry(shell=runtime.config.agent.shell_enabled).tools()}
     return [available[name] for name in tools if name in available]
+
+
+def compacted_point(owner: str, token: str, sealer: Sealer) -> tuple[str, str]:
+    """The session and point a ``compaction`` item names (the owner's only; ``compaction.compact`` seals
+    them)."""
+    try:
+        point = msgspec.json.decode(sealer.open_bytes(token, b"compaction"))
+        if point["o"] != owner:
+            raise ValueError("another client's")
+        return str(point["s"]), str(point["l"])
+    except (ValueError, KeyError, TypeError, msgspec.DecodeError):
+        raise ApiError(
+            400,
+            "input: a compaction item this server did not give you",
+            param="input",
+            code="invalid_value",
+        ) from None

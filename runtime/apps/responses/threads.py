@@ -148,3 +148,10 @@ def extend(digest: bytes, messages: Sequence[Message]) -> bytes:
     for message in messages:
         digest = hashlib.sha256(digest + fingerprint(message)).digest()
     return digest
+
+
+def seed(owner: str, compaction: str | None) -> str:
+    """What a stateless chain starts from: the owner (and the compaction its input starts with)."""
+    if compaction is None:
+        return owner
+    return f"{owner}\0{compaction}"

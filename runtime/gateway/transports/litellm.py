@@ -1,23 +1,22 @@
 """The litellm transport: ``litellm.acompletion``, for every provider litellm knows.
 
 litellm and the OpenAI client are told not to retry on their own (the gateway does). litellm is imported
-lazily (it costs seconds), off the loop thread (:func:`load_litellm`).
+lazily (it costs seconds), off the loop thread (``load_litellm``, in ``runtime.gateway._litellm``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import importlib
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runtime.gateway._caching import cache_key, tools_with_cache
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
+from runtime.gateway._litellm import litellm_loaded
+from runtime.gateway._litellm import load_litellm as load_litellm  # (its home before: tests import it here)
 from runtime.gateway._models import CompletionRequest, ErrorKind
 from runtime.gateway._stream import StreamAssembler, message_from_response
 from runtime.gateway._usage import field
@@ -28,56 +27,6 @@ if TYPE_CHECKING:
     from runtime.messages import Message
 
 _log = logging.getLogger("agentcell.gateway")
-
-_FIRST_CALL_MODULES: Final = (
-    # What litellm's first OpenAI-compatible call imports lazily (~500 modules, seconds): imported here, off
-    # the loop thread, so that the first call does not stall every other coroutine of the I/O loop.
-    "openai.resources",
-    "litellm.proxy._types",
-    "litellm.llms.litellm_proxy.chat.transformation",
-    "litellm.llms.openai_like.dynamic_config",
-    "litellm.llms.openai.chat.gpt_audio_transformation",
-    "litellm._service_logger",
-    "anyio._backends._asyncio",
-    "litellm.litellm_core_utils.default_encoding",
-    "litellm.llms.vertex_ai.vertex_ai_partner_models.anthropic.transformation",
-    "litellm.proxy.openai_files_endpoints.common_utils",
-    "litellm.types.litellm_core_utils.streaming_chunk_builder_utils",
-)
-_litellm_lock = threading.Lock()
-_litellm_module: Any = None
-
-
-def load_litellm() -> Any:
-    """Import and configure litellm once: quiet, no telemetry, no retries of its own, and its import's
-    objects kept out of the cycle collector's full passes (``gc.freeze()``)."""
-    global _litellm_module
-    if _litellm_module is not None:
-        return _litellm_module
-    with _litellm_lock:
-        if _litellm_module is None:
-            import litellm
-
-            litellm.suppress_debug_info = True
-            litellm.set_verbose = False  # type: ignore[attr-defined]  # litellm does not re-export it
-            if hasattr(litellm, "telemetry"):
-                litellm.telemetry = False
-            logging.getLogger("LiteLLM").setLevel(logging.WARNING)
-            for module in _FIRST_CALL_MODULES:
-                with contextlib.suppress(ImportError):
-                    importlib.import_module(module)
-            # litellm's import leaves ~360,000 objects that live as long as the process. The cycle collector
-            # would walk them all in every full collection (~0.25 s on a small machine, while every session
-            # waits); frozen, they are left out. Garbage from the import is collected first.
-            gc.collect()
-            gc.freeze()
-            _litellm_module = litellm
-    return _litellm_module
-
-
-def litellm_loaded() -> Any:
-    """litellm if :func:`load_litellm` has run, else None (never imports)."""
-    return _litellm_module
 
 
 def build_call_kwargs(request: CompletionRequest) -> dict[str, Any]:
@@ -117,7 +66,7 @@ class LitellmTransport(Transport):
     name: ClassVar[str] = "litellm"
 
     async def attempt(self, call: Attempt, route: Route) -> Message:
-        litellm = _litellm_module
+        litellm = litellm_loaded()
         if litellm is None:
             litellm = await asyncio.get_running_loop().run_in_executor(None, load_litellm)
         request = call.request
@@ -171,7 +120,7 @@ async def close_loop_clients(loop: asyncio.AbstractEventLoop) -> None:
     per-loop counter after it; litellm's own ``update_cache_key_with_event_loop``, called on ``loop``,
     gives it in either case.
     """
-    cache = getattr(_litellm_module, "in_memory_llm_clients_cache", None)
+    cache = getattr(litellm_loaded(), "in_memory_llm_clients_cache", None)
     entries = getattr(cache, "cache_dict", None)
     if not isinstance(entries, dict):
         return
