@@ -29,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 from starlette.requests import Request
@@ -42,7 +42,52 @@ from runtime.provider.script import Fault, Turn
 from runtime.provider.usage import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, PromptCount, TokenCounter
 
 if TYPE_CHECKING:
-    from runtime.provider.server import LocalProvider
+    from runtime.provider.limits import ProviderLimiter
+
+    class LocalProvider(Protocol):
+        """What the endpoint uses of its :class:`~runtime.provider.server.LocalProvider` (which builds it: the
+        server module imports this one, not the other way round)."""
+
+        limiter: ProviderLimiter
+        latency: float
+        chunk_chars: int
+        chunk_delay: float
+        cache_min_tokens: int | None
+        _counter: TokenCounter
+
+        def _authorized(self, request: Request) -> bool: ...
+        def _bearer_of(self, request: Request) -> str: ...
+        def _take_fault(self) -> Fault | None: ...
+        def _window_of(self, model: str) -> int: ...
+        def _record(
+            self,
+            request: Request,
+            body: dict[str, Any],
+            model: str,
+            stream: bool,
+            count: PromptCount | None,
+            status: int,
+            outcome: str,
+            source: str,
+            authorized: bool,
+            received: float,
+        ) -> None: ...
+        def _next_turn(
+            self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        ) -> tuple[Turn, str, ErrorResponse | None]: ...
+        def _paced(self, frames: Iterator[bytes]) -> AsyncIterator[bytes]: ...
+        async def _hang(self, request: Request) -> None: ...
+        def _stall_after(
+            self, request: Request, frames: Iterator[bytes], count: int
+        ) -> AsyncIterator[bytes]: ...
+        def _keep_alive_after(
+            self, request: Request, frames: Iterator[bytes], count: int, keepalive: bytes = ...
+        ) -> AsyncIterator[bytes]: ...
+        def _cut_after(
+            self, request: Request, frames: Iterator[bytes], count: int
+        ) -> AsyncIterator[bytes]: ...
+        def _reset_connection(self, request: Request) -> None: ...
+
 
 _json = msgspec.json.Encoder()
 _canonical = msgspec.json.Encoder(order="deterministic").encode
