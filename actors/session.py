@@ -34,7 +34,7 @@ from actors.protocol import (
     Prompt,
     SetModel,
 )
-from actors.session_store import SessionStore
+from actors.session_store import SessionStore, wait_lock_released
 from actors.usage_tracker import UsageTracker
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
@@ -333,6 +333,9 @@ class Session:
             self.services.awake.discard(self)
         if supervisor is not None:
             supervisor.stop(timeout=timeout)
+            # Its store lets go of the session's lock from the writer thread, after its last writes: wait
+            # for that, so that another process may open the session as soon as this returns.
+            wait_lock_released(str(self.services.directory.lock_path(self.session_id)), timeout)
         if self.mcp is not None:
             self.mcp.stop()
 

@@ -89,7 +89,7 @@ class _LockHolders:
     """
 
     def __init__(self) -> None:
-        self._guard = threading.Lock()
+        self._guard = threading.Condition(threading.Lock())
         self._refs: dict[str, pykka.ActorRef[SessionStore]] = {}
 
     def add(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
@@ -100,6 +100,13 @@ class _LockHolders:
         with self._guard:
             if self._refs.get(key) is ref:
                 del self._refs[key]
+                self._guard.notify_all()
+
+    def wait_released(self, key: str, timeout: float) -> bool:
+        """Wait until no store of this process holds the lock ``key`` (a stopped store lets go of it from
+        the writer thread once its last writes are done); False if one still does after ``timeout``."""
+        with self._guard:
+            return self._guard.wait_for(lambda: key not in self._refs, timeout)
 
     def alive(self, key: str) -> bool:
         with self._guard:
@@ -108,6 +115,12 @@ class _LockHolders:
 
 
 _holders = _LockHolders()
+
+
+def wait_lock_released(lock_path: str, timeout: float) -> bool:
+    """Wait until this process's stores have let go of the session lock at ``lock_path``: after that,
+    another process may open the session (a stop returns before the writer has released it)."""
+    return _holders.wait_released(lock_path, timeout)
 
 
 # -- the messages it sends itself (its protocol is in actors.protocol) ------------------------------------

@@ -151,6 +151,27 @@ def test_a_session_is_written_by_one_runtime_at_a_time(
             second.resume_session(sid)
 
 
+def test_once_stop_session_returns_another_process_may_open_the_session(
+    sessions_dir: Path, provider: Any, script: Any
+) -> None:
+    """A stopped store lets go of its lock from the writer thread, after its last writes; ``stop_session``
+    waits for that, so a session moved to another process (a Ray shard) opens there at once."""
+    import threading
+
+    from runtime.store.sessions import SessionDirectory
+
+    model = script(Turn(text="x"))
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session("moving", model=model, api_base=provider.url, api_key="sk-local")
+        assert rt.prompt(sid, "hi").result(timeout=30).status == "ok"
+        busy = threading.Event()  # the writer thread is busy with other sessions' writes for a moment
+        rt.services.writer.call(sessions_dir / "elsewhere", lambda _path: busy.wait(10))
+        threading.Timer(0.5, busy.set).start()
+        rt.stop_session(sid)
+        # what another process does to open it: take its lock
+        SessionDirectory(sessions_dir).lock(sid).release()
+
+
 def test_the_api_from_asyncio(sessions_dir: Path, provider: Any, script: Any) -> None:
     # (the provider takes 50 ms: a warm process may finish a turn in under the ticker's 5 ms)
     model = script(Turn(text="async answer", latency=0.05))
