@@ -98,11 +98,19 @@ def _ask_each(rt: Any, sid: str, facts: Sequence[Fact], timeout: float) -> list[
 
 
 def run(
-    api_base: str, model: str, api_key: str | None, facts_count: int, filler: int, seed: int, timeout: float
+    api_base: str,
+    model: str,
+    api_key: str | None,
+    facts_count: int,
+    filler: int,
+    seed: int,
+    timeout: float,
+    max_output_tokens: int | None = None,
 ) -> dict[str, Any]:
     from runtime import Runtime
 
     facts = make_facts(facts_count, seed)
+    answers = {} if max_output_tokens is None else {"agent.max_output_tokens": max_output_tokens}
     with tempfile.TemporaryDirectory() as tmp, Runtime(sessions_dir=Path(tmp) / "sessions") as rt:
         started = time.monotonic()
         # the ceiling: every fact in the context, no compaction
@@ -111,13 +119,15 @@ def run(
             api_base=api_base,
             api_key=api_key,
             system_prompt=SYSTEM,
-            config={"compaction.auto": False},
+            config={"compaction.auto": False, **answers},
         )
         for fact in facts:
             rt.prompt(base, fact.statement).result(timeout=timeout)
         baseline = _ask_each(rt, base, facts, timeout)
 
-        sid = rt.start_session(model=model, api_base=api_base, api_key=api_key, system_prompt=SYSTEM)
+        sid = rt.start_session(
+            model=model, api_base=api_base, api_key=api_key, system_prompt=SYSTEM, config=answers or None
+        )
         fillers = iter(FILLER * (1 + filler * len(facts) // len(FILLER)))
         turns_failed = 0
         for fact in facts:
@@ -165,6 +175,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--filler", type=int, default=1, help="ordinary turns after each fact")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per turn")
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="cap each answer (not the summary): a small model rambles to the end of its window otherwise",
+    )
     args = parser.parse_args(argv)
     if args.api_base is None and not args.llama:
         parser.error("give --api-base (and --model), or --llama")
@@ -178,7 +194,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         server = start_llama_server(binary, gguf, Path(tempfile.mkdtemp()), ctx_size=args.ctx_size, slots=1)
     try:
         api_base = server.url if server is not None else args.api_base
-        result = run(api_base, args.model, args.api_key, args.facts, args.filler, args.seed, args.timeout)
+        result = run(
+            api_base,
+            args.model,
+            args.api_key,
+            args.facts,
+            args.filler,
+            args.seed,
+            args.timeout,
+            args.max_output_tokens,
+        )
     finally:
         if server is not None:
             server.stop()
@@ -191,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         {
             "api_base": result["api_base"] if server is None else "llama.cpp + SmolLM2 (--llama)",
             "filler_turns_per_fact": args.filler,
+            "max_output_tokens": args.max_output_tokens,
             "seed": args.seed,
             "turns_failed": result["turns_failed"],
             "summary_chars": result["summary_chars"],

@@ -172,7 +172,8 @@ class SessionIndex:
         """Append ``data`` (whole lines) to this process's segment and fsync it, on the caller's thread.
 
         For processes without a log writer (``agentcell sessions delete``); a runtime appends through its
-        writer, in order with the headers it queued. The claim is released again if it was taken here.
+        writer, in order with the headers it queued. The claim is released again if it was taken here,
+        after compacting the segment if its dead lines outnumber its live ones.
         """
         taken = self._claimed is None
         path = self.claim()
@@ -185,6 +186,12 @@ class SessionIndex:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if taken:
+                try:
+                    if self.worth_compacting():
+                        self.compact()
+                except Exception:  # the segment stands whole: nothing is lost, a later append tries again
+                    log.exception("sessions index %s: compaction failed", path)
         finally:
             if taken:
                 self.release()

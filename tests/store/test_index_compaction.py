@@ -140,6 +140,19 @@ def test_a_runtime_compacts_its_segment_as_sessions_are_deleted(
     assert SessionIndex(tmp_path).ids() == ["kept"]
 
 
+def test_a_process_without_a_runtime_compacts_the_segment_it_deletes_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentcell sessions delete`` (no log writer): each deletion appends a removal to a segment it
+    claims for the moment; the segment is compacted there once its dead lines outnumber its live ones."""
+    monkeypatch.setattr(index_module, "COMPACT_MIN_DEAD", 10)
+    add(SessionIndex(tmp_path), "kept", *(f"gone-{i}" for i in range(40)))
+    for i in range(40):
+        remove(SessionIndex(tmp_path), f"gone-{i}")  # a process of its own each time
+    assert len(segment_lines(tmp_path, 0)) <= 2 * 10 + 1  # 81 lines without compaction
+    assert SessionIndex(tmp_path).ids() == ["kept"]
+
+
 READER = textwrap.dedent(
     """
     import json, os, sys, time
