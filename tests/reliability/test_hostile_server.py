@@ -222,7 +222,7 @@ def test_last_event_id_is_capped_and_keeps_only_real_covered_sessions(
 
 def test_a_stream_of_all_sessions_keeps_its_cursor_bounded() -> None:
     """An all-sessions stream's event ids name at most 256 sessions (the most recently active)."""
-    from runtime.apps.server import _advance
+    from runtime.apps.server.sse import advance as _advance
 
     cursor: dict[str, int] = {}
     for i in range(1_000):

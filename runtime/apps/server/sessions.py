@@ -1,0 +1,257 @@
+"""The session routes of ``agentcell serve``: ``/sessions`` and ``/sessions/{id}/...`` (design §7.2).
+
+A stored session that the server does not host yet is resumed on first use, under the server's policy
+(:meth:`~runtime.apps.server.policy.ServerPolicy.check_stored`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from runtime.apps.server.bodies import (
+    BranchBody,
+    CompactBody,
+    CreateSession,
+    HttpError,
+    ModelBody,
+    PromptBody,
+    ResumeBody,
+    decode,
+    int_param,
+)
+from runtime.apps.server.policy import ServerPolicy
+from runtime.errors import SessionNotFound
+from runtime.ids import validate_session_id
+from runtime.served import served
+from runtime.tools.mcp.servers import parse_servers
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from runtime.apps import AnyRuntime
+
+__all__ = ["Endpoint", "EnsureHosted", "session_routes"]
+
+Endpoint = Callable[[Callable[["Request"], Awaitable[Any]]], Callable[["Request"], Awaitable["Response"]]]
+"""Makes a route's endpoint of a handler: its result as JSON, its errors as ``{"error": ...}`` answers."""
+EnsureHosted = Callable[[str], Awaitable[str]]
+"""The session id, hosted by the runtime (a stored session is resumed under the policy); else 404."""
+
+
+def session_routes(
+    runtime: AnyRuntime, policy: ServerPolicy, endpoint: Endpoint
+) -> tuple[list[Route], EnsureHosted]:
+    """The routes of ``runtime``'s sessions, and the function that hosts a session on first use."""
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    resuming = asyncio.Lock()  # one resume at a time: two first requests must not both resume a session
+
+    async def hosted(request: Request) -> str:
+        """The path's session id, hosted by this runtime (a stored one is resumed); else 404."""
+        return await ensure_hosted(validate_session_id(request.path_params["session_id"]))
+
+    async def ensure_hosted(session_id: str) -> str:
+        """``session_id``, hosted by this runtime (a stored one is resumed under the policy); else 404."""
+        if _is_hosted(runtime, session_id):
+            return session_id
+        async with resuming:
+            if _is_hosted(runtime, session_id):
+                return session_id
+            if not await asyncio.to_thread(_is_stored, runtime, session_id):
+                raise SessionNotFound(f"no session {session_id!r}")
+            api_base, api_key = policy.endpoint(None, None)
+            workspace = await asyncio.to_thread(
+                policy.check_stored, runtime, session_id, None, api_base=api_base, api_key=api_key
+            )
+            await asyncio.to_thread(
+                runtime.resume_session, session_id, workspace=workspace, api_base=api_base, api_key=api_key
+            )
+        return session_id
+
+    async def create_session(request: Request) -> Response:
+        body: CreateSession = decode(await request.body(), CreateSession)
+        if body.session_id is not None:
+            validate_session_id(body.session_id)
+            if _is_hosted(runtime, body.session_id) or _is_stored(runtime, body.session_id):
+                raise HttpError(409, f"session {body.session_id!r} already exists")
+        api_base, api_key = policy.endpoint(body.api_base, body.api_key)
+        policy.check_api_base(api_base, api_key)
+        await asyncio.to_thread(policy.check_endpoint, body.api_base)  # (a client's, not the local one)
+        policy.check_config(runtime.config.for_session(body.config), runtime.config)
+        mcp_servers = await asyncio.to_thread(
+            policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
+        )
+        for profile in (body.agents or {}).values():  # a child runs under the same policy as its parent
+            policy.check_config(
+                runtime.config.for_session({**(body.config or {}), **profile.config}), runtime.config
+            )
+        new = await asyncio.to_thread(
+            runtime.start_session,
+            body.session_id,
+            model=body.model,
+            system_prompt=body.system_prompt,
+            tools=_tools(body.tools, runtime),
+            workspace=policy.workspace(body.workspace),
+            config=body.config,
+            api_base=api_base,
+            api_key=api_key,
+            agents=body.agents,
+            mcp_servers=mcp_servers,
+        )
+        session = await asyncio.to_thread(served(runtime).session_summary, new)
+        payload = {"id": new, "model": session.model, "context_window": session.context_window}
+        return JSONResponse(payload, status_code=201)
+
+    async def list_sessions(request: Request) -> Any:
+        hosted_ids = set(runtime.hosted_sessions())
+        infos = await asyncio.to_thread(runtime.list_sessions)
+        return {"sessions": [{**msgspec.to_builtins(i), "hosted": i.id in hosted_ids} for i in infos]}
+
+    async def get_session(request: Request) -> Any:
+        session_id = await hosted(request)
+        usage = await asyncio.to_thread(runtime.usage, session_id)
+        session = await asyncio.to_thread(served(runtime).session_summary, session_id)
+        return {
+            "id": session_id,
+            "model": session.model,
+            "context_window": session.context_window,
+            "running": session.running,
+            "usage": msgspec.to_builtins(usage),
+        }
+
+    async def delete_session(request: Request) -> Any:
+        session_id = validate_session_id(request.path_params["session_id"])
+        await asyncio.to_thread(runtime.delete_session, session_id)
+        return {"deleted": session_id}
+
+    async def resume(request: Request) -> Any:
+        session_id = validate_session_id(request.path_params["session_id"])
+        body: ResumeBody = decode(await request.body(), ResumeBody)
+        if _is_hosted(runtime, session_id):
+            raise HttpError(409, f"session {session_id!r} is already running")
+        mcp_servers = await asyncio.to_thread(
+            policy.check_mcp, parse_servers(body.mcp_servers), runtime.config
+        )
+        api_base, api_key = policy.endpoint(body.api_base, body.api_key)
+        workspace = await asyncio.to_thread(
+            policy.check_stored,
+            runtime,
+            session_id,
+            body.workspace,
+            api_base=api_base,
+            api_key=api_key,
+        )
+        await asyncio.to_thread(
+            runtime.resume_session,
+            session_id,
+            tools=_tools(body.tools, runtime),
+            workspace=workspace,
+            api_key=api_key,
+            api_base=api_base,
+            repair=body.repair,
+            mcp_servers=mcp_servers,
+        )
+        session = await asyncio.to_thread(served(runtime).session_summary, session_id)
+        return {"id": session_id, "model": session.model, "context_window": session.context_window}
+
+    async def prompt(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: PromptBody = decode(await request.body(), PromptBody)
+        handle = runtime.prompt(session_id, body.text, images=body.images, steer=body.steer)
+        if not body.wait:
+            return JSONResponse({"prompt_id": handle.id}, status_code=202)
+        return msgspec.to_builtins(await handle)
+
+    async def abort(request: Request) -> Any:
+        session_id = validate_session_id(request.path_params["session_id"])
+        if not _is_hosted(runtime, session_id):  # a session this server does not host runs no turn
+            if not await asyncio.to_thread(_is_stored, runtime, session_id):
+                raise SessionNotFound(f"no session {session_id!r}")
+            return {"aborted": False}
+        return {"aborted": await runtime.abort(session_id)}
+
+    async def compact(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: CompactBody = decode(await request.body(), CompactBody)
+        handle = runtime.compact(
+            session_id, keep_recent_tokens=body.keep_recent_tokens, instructions=body.instructions
+        )
+        return msgspec.to_builtins(await handle)
+
+    async def context(request: Request) -> Any:
+        stats = await asyncio.to_thread(runtime.context_stats, await hosted(request))
+        return msgspec.to_builtins(stats)
+
+    async def messages(request: Request) -> Any:
+        session_id = await hosted(request)
+        view = request.query_params.get("view", "user")
+        if view not in ("user", "model"):
+            raise HttpError(400, "view must be 'user' or 'model'")
+        offset, limit = int_param(request, "offset", 0) or 0, int_param(request, "limit", None)
+
+        def read() -> tuple[list[Any], int]:
+            found = runtime.messages(session_id, view=view, offset=offset, limit=limit)
+            total = (
+                len(found) if limit is None and offset == 0 else runtime.message_count(session_id, view=view)
+            )
+            return found, total
+
+        found, total = await asyncio.to_thread(read)
+        return {"messages": [msgspec.to_builtins(m) for m in found], "total": total}
+
+    async def branch(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: BranchBody = decode(await request.body(), BranchBody)
+        await asyncio.to_thread(runtime.branch, session_id, body.leaf_id)
+        return {"leaf_id": body.leaf_id}
+
+    async def set_model(request: Request) -> Any:
+        session_id = await hosted(request)
+        body: ModelBody = decode(await request.body(), ModelBody)
+        window = await asyncio.to_thread(runtime.set_model, session_id, body.model)
+        return {"model": body.model, "context_window": window}
+
+    routes = [
+        Route("/sessions", endpoint(create_session), methods=["POST"]),
+        Route("/sessions", endpoint(list_sessions), methods=["GET"]),
+        Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"]),
+        Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"]),
+        Route("/sessions/{session_id}/resume", endpoint(resume), methods=["POST"]),
+        Route("/sessions/{session_id}/prompt", endpoint(prompt), methods=["POST"]),
+        Route("/sessions/{session_id}/abort", endpoint(abort), methods=["POST"]),
+        Route("/sessions/{session_id}/compact", endpoint(compact), methods=["POST"]),
+        Route("/sessions/{session_id}/context", endpoint(context), methods=["GET"]),
+        Route("/sessions/{session_id}/messages", endpoint(messages), methods=["GET"]),
+        Route("/sessions/{session_id}/branch", endpoint(branch), methods=["POST"]),
+        Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
+    ]
+    return routes, ensure_hosted
+
+
+def _is_hosted(runtime: AnyRuntime, session_id: str) -> bool:
+    """O(1), unlike ``session_id in runtime.hosted_sessions()`` (a list of every hosted id)."""
+    return served(runtime).is_hosted(session_id)
+
+
+def _is_stored(runtime: AnyRuntime, session_id: str) -> bool:
+    return served(runtime).is_stored(session_id)
+
+
+def _tools(tools: str | list[str] | None, runtime: AnyRuntime) -> Any:
+    """``"builtin"``, None, or a list of built-in tool names (a subset)."""
+    if tools is None or tools == "builtin":
+        return tools
+    from runtime.tools.builtin import builtin_registry
+
+    available = {t.name: t for t in builtin_registry(shell=runtime.config.agent.shell_enabled).tools()}
+    unknown = [name for name in tools if name not in available]
+    if unknown:
+        raise HttpError(400, f"unknown tools {unknown}; available: {sorted(available)}")
+    return [available[name] for name in tools]
