@@ -17,8 +17,9 @@ import pytest
 from runtime.apps.server import ApiServer
 from runtime.config import AgentProfile, Config
 from runtime.provider.script import Fault, ToolCallSpec, Turn
+from tests.app.support import sent
 
-TOKEN = "clients-token"
+TOKEN = "clients-token"  # the bearer token of the server (conftest.py's server fixture reads it)
 
 EXEC = {
     "type": "function",
@@ -54,25 +55,6 @@ def rt(sessions_dir: Path, gateway_transport: str) -> Iterator[Any]:
     }
     with Runtime(config, sessions_dir=sessions_dir, agents=profiles) as r:
         yield r
-
-
-@pytest.fixture
-def server(rt: Any, provider: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
-    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
-    with ApiServer(rt, TOKEN) as s:
-        yield s
-
-
-@pytest.fixture
-def client(server: ApiServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=60) as c:
-        yield c
-
-
-def sent(provider: Any, model: str) -> list[list[dict[str, Any]]]:
-    name = model.removeprefix("openai/")
-    return [list(r.body["messages"]) for r in provider.request_log if r.model == name]
 
 
 def codex_body(model: str, input: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -28,12 +28,6 @@ def server(rt: Any, provider: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         yield s
 
 
-@pytest.fixture
-def client(server: ApiServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=60) as c:
-        yield c
-
-
 def error_of(raised: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]:
     body = raised.value.body
     assert isinstance(body, dict) and set(body) >= {"message", "type", "param", "code"}, body

@@ -3,16 +3,15 @@ against ``agentcell serve`` with the local provider behind it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from runtime.apps.server import ApiServer
 from runtime.provider.script import ToolCallSpec, Turn
+from tests.app.support import sent
 
-TOKEN = "responses-token"
+TOKEN = "responses-token"  # the bearer token of the server (conftest.py's server fixture reads it)
 
 WEATHER_TOOL = {
     "type": "function",
@@ -20,27 +19,6 @@ WEATHER_TOOL = {
     "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-
-
-@pytest.fixture
-def server(rt: Any, provider: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
-    # the server's own provider settings: models named openai/... go to the local provider
-    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
-    with ApiServer(rt, TOKEN) as s:
-        yield s
-
-
-@pytest.fixture
-def client(server: ApiServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=60) as c:
-        yield c
-
-
-def sent(provider: Any, model: str) -> list[list[dict[str, Any]]]:
-    """The messages of every request the provider got for ``model``."""
-    name = model.removeprefix("openai/")
-    return [list(r.body["messages"]) for r in provider.request_log if r.model == name]
 
 
 def test_store_false_keeps_nothing(client: openai.OpenAI, rt: Any, script: Any) -> None:
