@@ -66,3 +66,47 @@ def test_unknown_event_type_is_rejected() -> None:
 
 def test_event_types_lists_every_tag() -> None:
     assert {"compaction_start", "compaction_end", "usage_update", "subscriber_lagged"} <= ev.EVENT_TYPES
+
+
+def test_each_event_is_declared_once_and_the_lists_come_from_the_declarations() -> None:
+    import runtime
+
+    declared = [
+        obj
+        for obj in vars(ev).values()
+        if isinstance(obj, type) and issubclass(obj, ev.Event) and obj is not ev.Event
+    ]
+    assert list(ev.EVENTS) == declared  # every Event subclass of the module, in the order declared
+    assert ev.AnyEvent.__args__ == ev.EVENTS  # type: ignore[attr-defined]  # what the decoders read
+    names = [cls.wire_name() for cls in ev.EVENTS]
+    assert len(set(names)) == len(names) and set(names) == ev.EVENT_TYPES
+    classes = {cls.__name__ for cls in ev.EVENTS}
+    assert classes <= set(ev.__all__) and classes <= set(runtime.__all__)
+    assert all(getattr(runtime, name) is getattr(ev, name) for name in classes)
+
+
+def test_the_transcript_dashboard_and_metrics_read_the_declarations() -> None:
+    from runtime.apps.dashboard import STREAM_TYPES
+    from runtime.observability import metrics
+    from runtime.store import transcript
+
+    idle = {"session_started", "session_stopped", "session_hibernated"}
+    assert {cls.wire_name() for cls in ev.EVENTS if not cls.opens_transcript} == idle
+    assert idle == transcript._IDLE_TYPES
+    assert {"text_delta", "reasoning_delta", "tool_call_delta", "tool_output"} == ev.FRAGMENT_TYPES
+    assert tuple(sorted(ev.EVENT_TYPES - ev.FRAGMENT_TYPES)) == STREAM_TYPES
+    assert {
+        "agent_start",
+        "agent_end",
+        "agent_abort",
+        "request_start",
+        "turn_end",
+        "error",
+        "provider_retry",
+        "compaction_start",
+        "compaction_end",
+        "compaction_failed",
+        "compaction_skipped",
+        "tool_execution_end",
+        "session_stopped",
+    } == metrics.EVENT_TYPES
