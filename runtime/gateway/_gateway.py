@@ -43,6 +43,7 @@ from runtime.gateway._models import (
 from runtime.gateway._retry import backoff_delay
 from runtime.gateway._routing import Route, Router
 from runtime.gateway._windows import WindowBook
+from runtime.gateway.transports.anthropic import AnthropicTransport
 from runtime.gateway.transports.base import Transport
 from runtime.gateway.transports.litellm import LitellmTransport
 from runtime.gateway.transports.openai_compat import OpenAICompatTransport
@@ -226,6 +227,7 @@ class Gateway:
         transports: list[Transport] = [
             LitellmTransport(),
             OpenAICompatTransport(max_connections=max_connections),
+            AnthropicTransport(max_connections=max_connections),
         ]
         self._transports: dict[str, Transport] = {t.name: t for t in transports}
         self.windows = WindowBook()  # the windows of endpoints litellm does not know (design §4.5)

@@ -5,7 +5,9 @@ litellm would send. A model is resolved once (per model name, ``api_base`` and t
 litellm's own provider resolution (``litellm.get_llm_provider``), and the answer is cached:
 
 - ``gateway.transport = "litellm"``: every call goes through litellm.
-- ``"auto"`` (the default): the native transport for the providers of :data:`DIALECTS` -- ``openai/``
+- ``"auto"`` (the default): the native Anthropic transport for ``anthropic/`` models (Anthropic's Messages
+  API, :mod:`runtime.gateway.transports.anthropic`); the native chat-completions transport for the providers
+  of :data:`DIALECTS` -- ``openai/``
   models (with or without ``api_base``: vLLM, Ollama's OpenAI API, llama.cpp's server, LM Studio, the local
   provider...) and the OpenAI-compatible providers whose requests litellm shapes in a way written down here
   (and checked against litellm's own requests by the tests); litellm for every other provider.
@@ -30,6 +32,7 @@ from typing import Any, Final
 
 import msgspec
 
+from runtime.gateway._anthropic_body import declined
 from runtime.gateway._cost import Prices, prices_for
 from runtime.gateway._models import CompletionRequest, TransportMode
 from runtime.messages import ImagePart, Message
@@ -38,6 +41,8 @@ _log = logging.getLogger("agentcell.gateway")
 
 LITELLM: Final = "litellm"
 OPENAI_COMPAT: Final = "openai_compat"
+ANTHROPIC: Final = "anthropic"
+ANTHROPIC_VERSION: Final = "2023-06-01"
 
 
 class Dialect(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,6 +114,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
     None when only litellm's mapping can send it."""
     temperature: bool = True
     """Whether a ``temperature`` goes as it is (else only litellm's mapping can send it)."""
+    default_max_tokens: int = 4_096
+    """The ``max_tokens`` a request without one is sent with (Anthropic requires it: litellm's default for
+    the model)."""
     prices: Prices | None = None
 
     def __repr__(self) -> str:
@@ -174,6 +182,8 @@ def _choose(resolved: _Resolved, request: CompletionRequest) -> Route:
         return msgspec.structs.replace(
             resolved.fallback, reason="temperature: litellm maps it for this model"
         )
+    if native.transport == ANTHROPIC and (why := declined(request)) is not None:
+        return msgspec.structs.replace(resolved.fallback, reason=why)
     if not native.dialect.images and _has_images(request):
         return msgspec.structs.replace(
             resolved.fallback, reason="images: litellm reshapes them for this provider"
@@ -214,6 +224,8 @@ def resolve(model: str, api_base: str | None, mode: TransportMode) -> _Resolved:
 
     if mode == LITELLM:
         return litellm_only("the litellm transport was asked for")
+    if provider == "anthropic" and mode == "auto":
+        return _anthropic(litellm, upstream, api_base, fallback)
     dialect = DIALECTS.get(provider)
     if dialect is None:
         if mode != OPENAI_COMPAT or not _speaks_chat_completions(litellm, provider):
@@ -259,6 +271,48 @@ def resolve(model: str, api_base: str | None, mode: TransportMode) -> _Resolved:
         max_tokens_param=max_tokens_param,
         temperature=temperature,
         prices=prices_for(litellm, upstream, provider) or fallback.prices,
+    )
+    return _Resolved(native, fallback)
+
+
+def _anthropic(litellm: Any, model: str, api_base: str | None, fallback: Route) -> _Resolved:
+    """The native route of an ``anthropic/`` model: Anthropic's Messages API where litellm would send it."""
+    from litellm.litellm_core_utils.url_utils import ensure_api_route
+
+    base = (
+        api_base
+        or litellm.api_base
+        or os.environ.get("ANTHROPIC_API_BASE")
+        or os.environ.get("ANTHROPIC_BASE_URL")
+        or "https://api.anthropic.com/v1/messages"
+    )
+    if os.environ.get("LITELLM_ANTHROPIC_DISABLE_URL_SUFFIX", "").lower() not in ("1", "true"):
+        base = ensure_api_route(base, "v1/messages")
+    if not base.startswith(("http://", "https://")):
+        return _Resolved(None, msgspec.structs.replace(fallback, reason=f"{base}: not an http(s) endpoint"))
+    proxy = _proxy_for(base)
+    if proxy:
+        reason = f"a proxy is configured for {proxy}: litellm's HTTP client goes through it"
+        return _Resolved(None, msgspec.structs.replace(fallback, reason=reason))
+    api_key = litellm.anthropic_key or litellm.api_key or os.environ.get("ANTHROPIC_API_KEY")
+    max_tokens_param, temperature = _parameters(litellm, model, "anthropic")
+    try:
+        default_max_tokens = int(litellm.AnthropicConfig.get_config(model=model)["max_tokens"])
+    except Exception:  # litellm's own fallback, whatever its config says
+        default_max_tokens = int(litellm.AnthropicConfig.get_max_tokens_for_model(model))
+    native = Route(
+        transport=ANTHROPIC,
+        provider="anthropic",
+        reason="auto: Anthropic's Messages API",
+        model=model,
+        url=base,
+        base_url=base,
+        api_key=api_key or None,
+        headers={"anthropic-version": ANTHROPIC_VERSION},
+        max_tokens_param=max_tokens_param,
+        temperature=temperature,
+        default_max_tokens=default_max_tokens,
+        prices=prices_for(litellm, model, "anthropic") or fallback.prices,
     )
     return _Resolved(native, fallback)
 

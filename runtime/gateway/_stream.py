@@ -30,6 +30,7 @@ _STOP_REASONS: Final[dict[str, StopReason]] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",  # Anthropic: the output ran into the end of the window
     "content_filter": "content_filter",
+    "refusal": "content_filter",  # Anthropic: the model declined
 }
 
 

@@ -179,6 +179,11 @@ class LocalProvider:
         return f"http://{self.host}:{self._port}/v1"
 
     @property
+    def base_url(self) -> str:
+        """The server's root, ``http://127.0.0.1:PORT``: Anthropic's base URL (its clients add ``/v1/messages``)."""
+        return f"http://{self.host}:{self._port}"
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

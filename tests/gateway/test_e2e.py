@@ -3,7 +3,9 @@ overflow recovery, compaction and abort over ``litellm`` and the native ``openai
 
 The rest of the agent suite runs on whichever ``--gateway-transport`` pytest is given (``auto``, the
 default, sends the local provider's ``openai/`` models natively); this file runs a representative set on
-both, side by side, and checks that each call went where it was sent (``request_start.transport``, usage).
+each, side by side, and checks that each call went where it was sent (``request_start.transport``, usage).
+``anthropic`` runs the sessions on ``anthropic/`` models against the local provider's Messages API (the native
+Anthropic transport, which ``auto`` picks for them).
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ import pytest
 from runtime.provider.script import Fault, ToolCallSpec, Turn
 from tests.conftest import Recorder
 
-TRANSPORTS = ("litellm", "openai_compat")
+TRANSPORTS = ("litellm", "openai_compat", "anthropic")
 _names = itertools.count(1)
+_DIALECT = {"prefix": "openai"}
 
 
 @pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest) -> str:
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
     name: str = request.param
-    return name
+    _DIALECT["prefix"] = "anthropic" if name == "anthropic" else "openai"
+    yield name
+    _DIALECT["prefix"] = "openai"
+
+
+def base(provider: Any) -> str:
+    """The provider's base URL in the dialect of the test's transport."""
+    return str(provider.base_url if _DIALECT["prefix"] == "anthropic" else provider.url)
 
 
 @pytest.fixture
@@ -35,7 +45,11 @@ def rt_on(sessions_dir: Path, transport: str) -> Iterator[Any]:
     from runtime.config import Config
 
     config = Config().with_overrides(
-        {"retry.base_delay": 0.01, "retry.max_delay": 0.05, "gateway.transport": transport}
+        {
+            "retry.base_delay": 0.01,
+            "retry.max_delay": 0.05,
+            "gateway.transport": "auto" if transport == "anthropic" else transport,
+        }
     )
     with Runtime(config, sessions_dir=sessions_dir) as r:
         yield r
@@ -52,13 +66,13 @@ def events(rt_on: Any) -> Iterator[Recorder]:
 def scripted(provider: Any, *turns: Turn, loop: bool = False) -> str:
     name = f"e2e-{next(_names)}"
     provider.add_script(name, list(turns), loop=loop)
-    return f"openai/{name}"
+    return f"{_DIALECT['prefix']}/{name}"
 
 
 def start(rt: Any, provider: Any, model: str, workspace: Path | None = None, **kw: Any) -> str:
     if workspace is not None:
         kw.update(tools="builtin", workspace=workspace)
-    return str(rt.start_session(model=model, api_base=provider.url, api_key="sk-local", **kw))
+    return str(rt.start_session(model=model, api_base=base(provider), api_key="sk-local", **kw))
 
 
 def went_over(recorder: Recorder, sid: str, transport: str) -> None:
@@ -134,11 +148,12 @@ def test_overflow_compacts_and_retries_once(rt_on: Any, events: Recorder, transp
     with LocalProvider(context_window=3_000, overflow_format=fmt) as tight:
         name = f"overflow-{next(_names)}"
         tight.add_script(name, [Turn(text="Noted. " + " ".join(f"fact{i}" for i in range(120)))], loop=True)
-        model = f"openai/{name}"
+        model = f"{_DIALECT['prefix']}/{name}"
+        summarizer = f"{_DIALECT['prefix']}/summarizer"
         config = {
-            "models.context_windows": {model: 8_000, "openai/summarizer": 3_000},
+            "models.context_windows": {model: 8_000, summarizer: 3_000},
             "compaction.reserve_tokens": 500,
-            "compaction.summarizer_model": "openai/summarizer",
+            "compaction.summarizer_model": summarizer,
         }
         sid = start(rt_on, tight, model, config=config)
         for i in range(30):
@@ -179,7 +194,7 @@ def test_abort_mid_stream(rt_on: Any, events: Recorder, provider: Any, transport
 def test_a_session_picks_its_own_transport(
     rt_on: Any, events: Recorder, provider: Any, transport: str
 ) -> None:
-    other = "litellm" if transport == "openai_compat" else "openai_compat"
+    other = "litellm" if transport in ("openai_compat", "anthropic") else "openai_compat"
     model = scripted(provider, Turn(text="mine"), loop=True)
     own = start(rt_on, provider, model, config={"gateway.transport": other})
     default = start(rt_on, provider, model)

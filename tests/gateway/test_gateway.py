@@ -1,7 +1,8 @@
 """The gateway against the local provider over real HTTP on 127.0.0.1 (design §3.2, 3.3, 3.7).
 
-Every test that makes calls runs on both transports (``litellm`` and the native ``openai_compat``): the
-same deltas, messages, usage, error kinds, retries, cancellation and stall reports from each.
+Every test that makes calls runs on each transport (``litellm`` and the native ``openai_compat`` over chat
+completions, and the native ``anthropic`` over the local provider's Messages API, as ``anthropic/`` models go):
+the same deltas, messages, usage, error kinds, retries, cancellation and stall reports from each.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 import tiktoken
 
@@ -41,7 +43,7 @@ ENC = tiktoken.get_encoding("o200k_base")
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")  # litellm's own
 
 FAST_RETRY = RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05, jitter=0.25)
-TRANSPORTS = ("litellm", "openai_compat")
+TRANSPORTS = ("litellm", "openai_compat", "anthropic")
 
 
 def tokens(text: str) -> int:
@@ -106,6 +108,15 @@ def _reset(provider: LocalProvider) -> None:
 
 
 def request(provider: LocalProvider, model: str, messages: list[Any], **kw: Any) -> CompletionRequest:
+    if _FORCED["transport"] == "anthropic":  # an anthropic/ model: the Messages API, natively under auto
+        kw.setdefault("transport", "auto")
+        return CompletionRequest(
+            model=f"anthropic/{model}",
+            messages=messages,
+            api_base=provider.base_url,
+            api_key="sk-local",
+            **kw,
+        )
     kw.setdefault("transport", _FORCED["transport"])
     return CompletionRequest(
         model=f"openai/{model}", messages=messages, api_base=provider.url, api_key="sk-local", **kw
@@ -159,20 +170,24 @@ def test_streamed_text_arrives_as_deltas_and_as_the_final_message(
     assert len([d for d in rec.deltas if d.kind == "text"]) > 1
     assert "".join(d.text for d in rec.deltas if d.kind == "text") == text
     assert result.attempts == 1
-    assert provider.request_log[-1].body["stream_options"] == {"include_usage": True}
+    body = provider.request_log[-1].body
+    if transport == "anthropic":  # the Messages API streams its usage unasked
+        assert body["stream"] is True and "stream_options" not in body
+    else:
+        assert body["stream_options"] == {"include_usage": True}
 
 
 def test_usage_is_exact_and_normalized(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     provider.add_script("usage", [Turn(text="Fine, thanks.", reasoning="Be polite.")])
     history = [m.system("You are helpful."), m.user("How are you?")]
     result = sync_call(gateway, request(provider, "usage", history), timeout=10)
-    expected_prompt = (
-        3
-        + (3 + tokens("system") + tokens("You are helpful."))
-        + (3 + tokens("user") + tokens("How are you?"))
-    )
+    system = 3 + tokens("system") + tokens("You are helpful.")
+    if transport == "anthropic":  # a system prompt is a block of text, not a message with its framing
+        system = tokens("You are helpful.")
+    expected_prompt = 3 + system + (3 + tokens("user") + tokens("How are you?"))
     assert result.usage.input_tokens == expected_prompt
-    assert result.usage.reasoning_tokens == tokens("Be polite.")
+    # Anthropic counts thinking in the output tokens and reports no reasoning tokens apart
+    assert result.usage.reasoning_tokens == (0 if transport == "anthropic" else tokens("Be polite."))
     assert result.usage.output_tokens == tokens("Fine, thanks.") + tokens("Be polite.")
     assert result.message is not None and result.message.usage == result.usage
     assert result.usage.cost is None, "litellm has no price for a local model"
@@ -188,7 +203,10 @@ def test_a_repeated_prefix_reports_cache_reads(
     assert first.message is not None
     history += [first.message, m.user("two")]
     second = sync_call(gateway, request(provider, "cached", history), timeout=10)
-    assert second.usage.cache_read_tokens == first.usage.input_tokens - 3
+    if transport == "anthropic":  # Anthropic caches only up to a cache_control breakpoint: none here
+        assert second.usage.cache_read_tokens == 0
+    else:
+        assert second.usage.cache_read_tokens == first.usage.input_tokens - 3
     assert second.usage.input_tokens > first.usage.input_tokens
 
 
@@ -256,10 +274,17 @@ def test_reasoning_is_stored_with_its_signature_and_sent_back(
     )
     sent = provider.request_log[-1].messages[1]
     assert sent["role"] == "assistant"
-    assert sent["reasoning_content"] == "Six times seven."
-    assert sent["thinking_blocks"] == [
-        {"type": "thinking", "thinking": "Six times seven.", "signature": "sig-abc"}
-    ]
+    if transport == "anthropic":  # the signed thinking block, first in the assistant's content
+        assert sent["content"][0] == {
+            "type": "thinking",
+            "thinking": "Six times seven.",
+            "signature": "sig-abc",
+        }
+    else:
+        assert sent["reasoning_content"] == "Six times seven."
+        assert sent["thinking_blocks"] == [
+            {"type": "thinking", "thinking": "Six times seven.", "signature": "sig-abc"}
+        ]
 
     provider.add_script("thinker", [Turn(text="ok")])
     no_reasoning = request(
@@ -267,6 +292,7 @@ def test_reasoning_is_stored_with_its_signature_and_sent_back(
     )
     sync_call(gateway, no_reasoning, timeout=10)
     assert "reasoning_content" not in provider.request_log[-1].messages[1]
+    assert "thinking" not in str(provider.request_log[-1].messages[1])
 
 
 def test_hidden_messages_are_not_sent_and_dicts_pass_through(
@@ -276,6 +302,13 @@ def test_hidden_messages_are_not_sent_and_dicts_pass_through(
     hidden = m.user("archived output", agent_visible=False)
     raw = {"role": "user", "content": "raw dict message"}
     sync_call(gateway, request(provider, "mixed", [m.system("sys"), hidden, raw]), timeout=10)
+    if transport == "anthropic":
+        body = provider.request_log[-1].body
+        assert body["system"] == [{"type": "text", "text": "sys"}]
+        assert body["messages"] == [
+            {"role": "user", "content": [{"type": "text", "text": "raw dict message"}]}
+        ]
+        return
     assert provider.request_log[-1].messages == [{"role": "system", "content": "sys"}, raw]
 
 
@@ -308,10 +341,15 @@ def test_rate_limit_is_retried_after_the_servers_retry_after(
     assert result.message is not None and result.message.text == "finally"
     assert time.monotonic() - started >= 0.3
     assert result.attempts == 2
+    # Anthropic's retry-after is whole seconds: 0.3 s is sent as 1
+    wait = 1.0 if transport == "anthropic" else 0.3
     assert [(r.attempt, r.max_attempts, r.delay, r.status_code, r.kind) for r in rec.retries] == [
-        (1, 3, 0.3, 429, "rate_limit")
+        (1, 3, wait, 429, "rate_limit")
     ]
-    assert "Rate limit reached" in rec.retries[0].error
+    wording = (
+        "would exceed your organization's rate limit" if transport == "anthropic" else "Rate limit reached"
+    )
+    assert wording in rec.retries[0].error
 
 
 def test_server_errors_and_overload_are_retried_then_succeed(
@@ -325,7 +363,7 @@ def test_server_errors_and_overload_are_retried_then_succeed(
     result = rec.result()
     assert result.message is not None and result.message.text == "made it"
     assert result.attempts == 3
-    assert [r.status_code for r in rec.retries] == [500, 503]
+    assert [r.status_code for r in rec.retries] == [500, 529 if transport == "anthropic" else 503]
     assert all(r.kind == "transient" and 0 < r.delay <= FAST_RETRY.max_delay for r in rec.retries)
 
 
@@ -383,7 +421,7 @@ def test_a_reset_connection_is_retried(
     rec.start(gateway, request(provider, "reset", [m.user("hi")]))
     result = rec.result()
     assert result.message is not None and result.message.text == "second time lucky"
-    if after_chunks == 0 and transport == "openai_compat" and not rec.retries:
+    if after_chunks == 0 and transport in ("openai_compat", "anthropic") and not rec.retries:
         # a reset before a word of the answer, on a kept-alive connection: the native transport sent the
         # request again on a new connection itself, as HTTP clients do (tests/gateway/test_http_client.py)
         return
@@ -516,7 +554,8 @@ def test_a_stalled_stream_is_reported_once_per_stall(
     # Frames: role, text, finish, usage, [DONE], 0.3 s apart: 4 gaps, each six times stall_after. Reporting
     # every 0.05 s of silence would give ~20 stalls; once per stall gives one per gap (and maybe one more
     # while the request itself is sent).
-    assert 3 <= len(rec.stalls) <= 5, rec.stalls
+    # Anthropic's events: message_start, ping, block start, delta, block stop, message_delta, message_stop.
+    assert 3 <= len(rec.stalls) <= (7 if transport == "anthropic" else 5), rec.stalls
     assert all(s >= 0.05 for s in rec.stalls)
 
 
@@ -586,6 +625,13 @@ def test_policy_replies_work_through_the_gateway(
         ("read_file", {"path": "docs/guide.md"})
     ]
     sent = provider.request_log[-1].body
+    if transport == "anthropic":
+        function = tools[0]["function"]
+        assert sent["tools"] == [
+            {"name": "read_file", "input_schema": function["parameters"], "type": "custom"}
+        ]
+        assert set(sent) <= {"model", "messages", "tools", "stream", "max_tokens"}, "no internal flags leak"
+        return
     assert sent["tools"] == tools
     assert set(sent) <= {"model", "messages", "tools", "stream", "stream_options"}, "no internal flags leak"
 
@@ -604,9 +650,7 @@ def test_mock_response_needs_no_network_and_goes_to_litellm(mode: Any, gateway: 
 
 def test_the_api_key_never_shows(transport: str, provider: LocalProvider, gateway: Gateway) -> None:
     secret = "sk-secret-never-shown-9f8e"
-    req = CompletionRequest(
-        model="openai/x", messages=[m.user("hi")], api_base=provider.url, api_key=secret, transport=transport
-    )
+    req = msgspec.structs.replace(request(provider, "x", [m.user("hi")]), api_key=secret)
     assert secret not in repr(req) and secret not in str(req)
     provider.inject_fault("auth")
     result = sync_call(gateway, req, timeout=10)
@@ -641,7 +685,8 @@ def test_an_error_event_mid_stream_is_transient_and_retried(
     result = rec.result()
     assert result.message is not None and result.message.text == "whole at last"
     assert [r.kind for r in rec.retries] == ["transient"]
-    assert "The server had an error" in rec.retries[0].error
+    # OpenAI's server error; Anthropic's mid-stream error event is an overloaded_error
+    assert ("Overloaded" if transport == "anthropic" else "The server had an error") in rec.retries[0].error
 
 
 def test_an_error_event_on_every_attempt_ends_as_a_transient_error(
@@ -684,15 +729,11 @@ def test_the_api_key_comes_from_the_environment_as_litellm_reads_it(
     transport: str, monkeypatch: pytest.MonkeyPatch, io: IoLoop
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-from-env")
     with LocalProvider(api_key="sk-from-env") as keyed:
         keyed.add_script("env", [Turn(text="authorized")])
         gateway = Gateway(io, FAST_RETRY)  # a new gateway resolves its routes anew
-        req = CompletionRequest(
-            model="openai/env",
-            messages=[m.user("hi")],
-            api_base=keyed.url,
-            transport=transport,  # type: ignore[arg-type]
-        )
+        req = msgspec.structs.replace(request(keyed, "env", [m.user("hi")]), api_key=None)
         result = sync_call(gateway, req)
         assert result.message is not None and result.message.text == "authorized"
         assert "sk-from-env" not in repr(gateway.route(req))

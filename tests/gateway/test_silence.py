@@ -19,7 +19,9 @@ from runtime.config import Config, RetryConfig
 from runtime.gateway import CompletionRequest, CompletionResult, Gateway, IoLoop, RetryInfo, complete_sync
 from runtime.provider import LocalProvider, Turn
 
-TRANSPORTS = ("litellm", "openai_compat")
+TRANSPORTS = ("litellm", "openai_compat", "anthropic")
+"""``anthropic``: an ``anthropic/`` model over the local provider's Messages API (natively, under ``auto``),
+whose keep-alives are ``ping`` events rather than SSE comments."""
 SILENCE = 0.4
 
 
@@ -52,12 +54,13 @@ def gateway(io: IoLoop, **limits: float) -> Gateway:
 
 def request(provider: LocalProvider, model: str, transport: str) -> CompletionRequest:
     # request_timeout stays long: only the silence limits may end these attempts early.
+    anthropic = transport == "anthropic"
     return CompletionRequest(
-        model=f"openai/{model}",
+        model=f"anthropic/{model}" if anthropic else f"openai/{model}",
         messages=[m.user("hi")],
-        api_base=provider.url,
+        api_base=provider.base_url if anthropic else provider.url,
         api_key="sk-local",
-        transport=transport,
+        transport="auto" if anthropic else transport,  # type: ignore[arg-type]
         timeout=60,
     )
 

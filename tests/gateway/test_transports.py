@@ -164,8 +164,8 @@ def test_auto_routes_openai_compatible_endpoints_natively_and_the_rest_to_litell
     assert openai.prices is not None, "gpt-4o-mini's prices come from litellm's map"
     groq = gateway.route(req("groq/llama-3.1-8b-instant"))
     assert (groq.transport, groq.url) == ("openai_compat", "https://api.groq.com/openai/v1/chat/completions")
+    assert gateway.route(req("anthropic/claude-sonnet-4-5")).transport == "anthropic", "its Messages API"
     for model in (
-        "anthropic/claude-sonnet-4-5",
         "gemini/gemini-2.5-pro",
         "bedrock/anthropic.claude-3",
         "azure/gpt-4o",

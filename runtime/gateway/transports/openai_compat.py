@@ -159,7 +159,7 @@ class OpenAICompatTransport(Transport):
             call.response_started()
             call.received_headers(response.headers)
             if response.status >= 400:
-                raise await _error_of(response)
+                raise await error_of(response)
             if not request.stream:
                 return _whole(await response.read(), request, route)
             return await _streamed(response, call, route)
@@ -304,7 +304,8 @@ def _whole(data: bytes, request: CompletionRequest, route: Route) -> Message:
     )
 
 
-async def _error_of(response: Response) -> ProviderHTTPError:
+async def error_of(response: Response) -> ProviderHTTPError:
+    """An error response read (bounded) into a :class:`ProviderHTTPError` with the provider's own words."""
     raw = await response.read(MAX_ERROR_BODY)
     text = raw[:MAX_ERROR_BODY].decode("utf-8", "replace")
     try:
