@@ -35,7 +35,7 @@ from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from runtime.gateway import CallHandle, CompletionResult, RetryInfo
+    from runtime.gateway import CacheHints, CallHandle, CompletionResult, RetryInfo
 
 log = logging.getLogger("agentcell.compactor")
 
@@ -309,6 +309,7 @@ class Compactor(SessionActor):
             room=comp.summary_room(
                 effective_limit(self.context_window, self.cfg), self.estimate.fixed_tokens
             ),
+            cached_prefix=self.estimate.fixed_tokens if self._rides_the_cache() else None,
         )
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
@@ -333,21 +334,76 @@ class Compactor(SessionActor):
             return
         job.number = self._next_artifact_number()
         inputs = "\n\n".join(
-            f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}" for r in plan.requests
+            f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}"
+            if not r.prefix
+            else f"=== {r.kind} ===\n--- the session's system prompt, tools and {r.prefix} messages, as sent ---\n"
+            f"--- prompt ---\n{r.prompt}"
+            for r in plan.requests
         )
         self._write_artifact(0, inputs, job)
         for index, req in enumerate(plan.requests):
-            self._summarize(job, index, self.summarizer_model, req.system, req.prompt, req.max_tokens)
+            if req.prefix:
+                self._summarize_cached(job, index, plan.summarized[: req.prefix], req.prompt, req.max_tokens)
+            else:
+                self._summarize(job, index, self.summarizer_model, req.system, req.prompt, req.max_tokens)
+
+    def _rides_the_cache(self) -> bool:
+        """Whether summaries send the conversation itself (design §5.4): the summarizer is the session's
+        own model, and cache hints are on."""
+        return self.summarizer_model == self.model and self.spec.config.gateway.prompt_cache
+
+    def _summarize_cached(
+        self, job: _Job, index: int, summarized: Sequence[Message], prompt: str, max_tokens: int
+    ) -> None:
+        """A summary of ``summarized`` asked the way the session asks its own model: its system prompt,
+        tools and messages as the agent sends them (the prefix the provider cached), then ``prompt``."""
+        from runtime.gateway import cache_hints
+        from runtime.messages import system as system_message
+        from runtime.messages import user
+
+        spec = self.spec
+        messages = [system_message(spec.system_prompt)] if spec.system_prompt else []
+        messages += [m for m in summarized if m.agent_visible]
+        messages.append(user(prompt))
+        tools = spec.tools.schemas() if len(spec.tools) else []
+        gateway = spec.config.gateway
+        hints = cache_hints(
+            self.model, messages, tools, self.counter, key=self.session_id, ttl=gateway.cache_ttl
+        )
+        self._summarize(
+            job,
+            index,
+            self.model,
+            "",
+            prompt,
+            max_tokens,
+            messages=messages,
+            tools=tools,
+            cache=hints,
+            include_reasoning=spec.config.agent.send_reasoning,
+        )
 
     def _summarize(
-        self, job: _Job, index: int, model: str, system: str, prompt: str, max_tokens: int
+        self,
+        job: _Job,
+        index: int,
+        model: str,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        *,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        cache: CacheHints | None = None,
+        include_reasoning: bool = False,
     ) -> None:
         from runtime.capacity import Priority
         from runtime.gateway import Admission, CompletionRequest
         from runtime.messages import system as system_message
         from runtime.messages import user
 
-        messages = [system_message(system), user(prompt)]
+        if messages is None:
+            messages = [system_message(system), user(prompt)]
         # A compaction a turn waits for goes before the turns' own calls; a manual one is background work.
         manual = getattr(job.request, "trigger", None) == "manual"
         admission = Admission(
@@ -361,14 +417,15 @@ class Compactor(SessionActor):
             admission=admission,
             model=model,
             messages=messages,
-            tools=[],
+            tools=tools or [],
             api_base=self.spec.api_base,
             api_key=self.spec.api_key,
             max_tokens=max_tokens,
             timeout=self.cfg.summarizer_timeout,
             stream=False,
-            include_reasoning=False,
+            include_reasoning=include_reasoning,
             transport=self.spec.config.gateway.transport,
+            cache=cache,
         )
         me = self.actor_ref
 
@@ -613,6 +670,8 @@ class Compactor(SessionActor):
                 input_chars=cfg.tool_summary_input_chars,
                 output_chars=cfg.tool_summary_output_chars,
                 heuristic_chars=cfg.heuristic_summary_chars,
+                min_freed=self._archive_min_freed(),
+                count=self.counter.count_message,
             )
         if plan is None:
             self._clear_tool_outputs(job, job.view)
@@ -626,6 +685,13 @@ class Compactor(SessionActor):
         job.answers = [None]
         job.outstanding = 1
         self._summarize(job, 0, self.summarizer_model, request.system, request.prompt, request.max_tokens)
+
+    def _archive_min_freed(self) -> int:
+        """The fewest tokens an archive must free (design §4.7, 5.9): ``archive_min_freed_tokens``, by
+        default a quarter of the window while cache hints are on (a cached prefix is worth keeping), else 0."""
+        if self.cfg.archive_min_freed_tokens is not None:
+            return self.cfg.archive_min_freed_tokens
+        return self.context_window // 4 if self.spec.config.gateway.prompt_cache else 0
 
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None

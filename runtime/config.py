@@ -99,6 +99,9 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     fallback: bool = True  # 5.5 (hard_reset never falls back)
     min_reduction: Fraction = 0.10  # 5.6
     tool_call_cutoff: PosInt = 10  # 5.9
+    # 5.9, 4.7: an archive must free this many tokens (None: a quarter of the window while gateway.prompt_cache
+    # is on, else 0): it rewrites the conversation from its oldest archived step, breaking the cached prefix
+    archive_min_freed_tokens: NonNegInt | None = None
     tool_summary_strategy: Literal["llm", "heuristic", "off"] = "llm"  # 5.9
     tool_summary_input_chars: PosInt = 12_000  # 5.9
     tool_summary_output_chars: PosInt = 1_200  # 5.9

@@ -20,6 +20,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from runtime.dialects import anthropic
 from runtime.messages import KIND_COMPACTION_SUMMARY, Message
 
 __all__ = [
@@ -34,32 +35,14 @@ __all__ = [
     "request_shape",
 ]
 
-MAX_BREAKPOINTS: Final = 4
+MAX_BREAKPOINTS: Final = anthropic.MAX_BREAKPOINTS
 """Anthropic's limit of ``cache_control`` breakpoints per request."""
-
-_MINIMUMS: Final = (
-    # (a fragment of the model's name, the fewest tokens a cached prefix may have), first match wins.
-    ("opus-4-5", 4_096),
-    ("opus-4.5", 4_096),
-    ("haiku-4-5", 4_096),
-    ("haiku-4.5", 4_096),
-    ("3-5-haiku", 2_048),
-    ("3.5-haiku", 2_048),
-    ("haiku-3", 2_048),
-    ("3-haiku", 2_048),
-)
-DEFAULT_MIN_CACHEABLE: Final = 1_024
-"""Anthropic's minimum for its other models, and OpenAI's for automatic caching."""
 
 
 def min_cacheable_tokens(model: str) -> int:
-    """The shortest prefix ``model``'s provider caches, in tokens (Anthropic's published minimums: 4,096 for
-    Opus 4.5 and Haiku 4.5, 2,048 for Haiku 3 and 3.5, 1,024 for the others; OpenAI's is 1,024 too)."""
-    name = model.lower()
-    for fragment, tokens in _MINIMUMS:
-        if fragment in name:
-            return tokens
-    return DEFAULT_MIN_CACHEABLE
+    """The shortest prefix ``model``'s provider caches, in tokens: Anthropic's minimums
+    (:func:`runtime.dialects.anthropic.min_cacheable_tokens`), which are also OpenAI's 1,024 elsewhere."""
+    return anthropic.min_cacheable_tokens(model)
 
 
 class Breakpoints(msgspec.Struct, frozen=True):

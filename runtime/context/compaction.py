@@ -29,6 +29,7 @@ from runtime.context.prompts import (
     SPLIT_TURN_HEADING,
     SUMMARIZER_SYSTEM,
     TranscriptPiece,
+    cached_summary_prompt,
     clip_head_tail,
     join_pieces,
     render_message,
@@ -116,9 +117,12 @@ class CutPoint(msgspec.Struct, frozen=True):
 
 
 class SummaryRequest(msgspec.Struct, frozen=True):
-    """One isolated summarizer call (no tools): send ``system`` and ``prompt``, allow ``max_tokens``.
+    """One summarizer call: send ``system`` and ``prompt``, allow ``max_tokens``.
 
-    ``omitted`` counts the oldest messages left out so the call fits the summarizer's window.
+    ``omitted`` counts the oldest messages left out so the call fits the summarizer's window. With
+    ``prefix`` (a call that rides the conversation's cache, design §5.4), the call sends the session's own
+    system prompt and tools, the first ``prefix`` summarized messages as they are, and ``prompt`` as the
+    final user message; ``system`` is then empty.
     """
 
     kind: RequestKind
@@ -126,6 +130,7 @@ class SummaryRequest(msgspec.Struct, frozen=True):
     prompt: str
     max_tokens: int
     omitted: int = 0
+    prefix: int = 0
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
@@ -431,6 +436,7 @@ def plan_compaction(
     count_text: CountText | None = None,
     keep_from: int | None = None,
     room: int | None = None,
+    cached_prefix: int | None = None,
 ) -> CompactionPlan | NothingToCompact:
     """Plan a compaction of ``messages`` (see the module docstring for the three steps).
 
@@ -446,7 +452,10 @@ def plan_compaction(
     (a ``hard_reset`` then summarizes everything before it). ``room`` (see :func:`summary_room`) bounds the
     summary: what the kept messages leave of it, at least :data:`MIN_SUMMARY_TOKENS`, caps the summarizer's
     ``max_tokens``, and :func:`finish_compaction` clips a longer answer to it, so a compaction never makes
-    the next request too large to send.
+    the next request too large to send. ``cached_prefix`` (the tokens of the session's system prompt and
+    tools) says the summarizer is the session's own model: each request then sends the conversation itself
+    and a final instruction (:func:`cached_summary_prompt`), so the provider reads it from its cache, where
+    it fits the summarizer's window; a request that does not fit is a transcript as without it.
     """
     mode = mode or config.mode
     msgs = list(messages)
@@ -493,9 +502,13 @@ def plan_compaction(
         if new_history:
             kind: RequestKind = "update" if previous else "history"
             previous_text = summary_body(previous.text) if previous else None
-            requests += builder.build(kind, new_history, previous_text)
+            requests += builder.cached(kind, history, cached_prefix) or builder.build(
+                kind, new_history, previous_text
+            )
         if prefix:
-            requests += builder.build("turn_prefix", prefix, None)
+            requests += builder.cached("turn_prefix", history + prefix, cached_prefix) or builder.build(
+                "turn_prefix", prefix, None
+            )
     return CompactionPlan(
         mode=mode,
         trigger=trigger,
@@ -556,6 +569,20 @@ class _RequestBuilder:
         if summary_tokens is not None:
             self.max_tokens = min(self.max_tokens, summary_tokens)
         self._label_tokens: dict[str, int] = {}
+
+    def cached(self, kind: RequestKind, msgs: list[Message], fixed: int | None) -> list[SummaryRequest]:
+        """One request that sends ``msgs`` as they are, after the session's system prompt and tools
+        (``fixed`` tokens), with the final instruction; empty without ``fixed`` or when it does not fit."""
+        if fixed is None:
+            return []
+        max_tokens = max(1, self.max_tokens // 2) if kind == "turn_prefix" else self.max_tokens
+        prompt = cached_summary_prompt(kind, instructions=self.instructions)
+        if self.window is not None:
+            margin = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
+            size = fixed + sum(self.count(m) for m in msgs if m.agent_visible) + self.measure(prompt)
+            if size + max_tokens + margin > self.window:
+                return []
+        return [SummaryRequest(kind, "", prompt, max_tokens, prefix=len(msgs))]
 
     def build(self, kind: RequestKind, msgs: list[Message], previous: str | None) -> list[SummaryRequest]:
         """One request for ``msgs`` (as a list, empty when even an empty transcript cannot fit)."""

@@ -19,10 +19,12 @@ __all__ = [
     "SUMMARIZER_SYSTEM",
     "SUMMARY_FORMAT",
     "SUMMARY_PREFIX",
+    "SUMMARY_REQUEST_TAG",
     "TOOL_SUMMARIZER_SYSTEM",
     "TOOL_SUMMARY_PREFIX",
     "TURN_PREFIX_FORMAT",
     "TranscriptPiece",
+    "cached_summary_prompt",
     "clip_head_tail",
     "join_pieces",
     "render_message",
@@ -220,6 +222,41 @@ def summary_request_prompt(
         f"do not continue the conversation):\n\n{fmt}"
     )
     return "\n\n".join(sections)
+
+
+SUMMARY_REQUEST_TAG: Final = "summary-request"
+"""The tag around the final instruction of a summarizer call that rides the conversation's cache."""
+
+_CACHED_STOP: Final = """Stop here: the conversation above is paused, and this message is from the agent runtime, not from the user. Do not answer the user, do not continue the work and do not call tools: your only task now is a summary."""
+
+_CACHED_TASKS: Final = {
+    "history": """Summarize the conversation above so that the work can continue from the summary alone: it replaces these messages in the assistant's context.""",
+    "update": """The conversation above begins with a summary of its earlier part ("[Previous conversation summary]"). Produce ONE updated summary that merges what followed it into that summary: keep everything from it that still matters, add the new goals, decisions, progress and context, move finished items from In Progress to Done, and drop only what is obsolete.""",
+    "turn_prefix": """The messages after the newest user request above are the BEGINNING of a turn that is still in progress; the rest of the turn is kept verbatim after your summary. Summarize only this turn so far, so the kept part can be understood: the user's request, what was tried, and the intermediate results and findings the later messages rely on.""",
+}
+
+_CACHED_RULES: Final = """Rules:
+- Answer with the summary only, as text: no tool calls, no commentary before or after it.
+- Use exactly the section headings of the format below. Write "(none)" under a heading with nothing to report.
+- Keep exact file paths, function names, identifiers, commands and error messages.
+- Be concise: information over prose.
+- Do not list the files read or modified: those lists are appended to your summary automatically."""
+
+
+def cached_summary_prompt(kind: str, *, instructions: str | None = None) -> str:
+    """The final instruction of a summarizer call that sends the conversation itself (its system prompt,
+    tools and messages, the prefix the provider has cached) instead of a transcript (design §5.4).
+
+    ``kind`` is ``history``, ``update`` (the conversation starts with the previous summary) or
+    ``turn_prefix`` (summarize the turn in progress since the newest user request).
+    """
+    fmt = TURN_PREFIX_FORMAT if kind == "turn_prefix" else SUMMARY_FORMAT
+    sections = [_CACHED_STOP, _CACHED_TASKS.get(kind, _CACHED_TASKS["history"]), _CACHED_RULES]
+    if instructions and instructions.strip():
+        sections.append(_FOCUS.format(instructions=instructions.strip()))
+    sections.append(f"Now write the summary, in this format (and nothing else):\n\n{fmt}")
+    body = "\n\n".join(sections)
+    return f"<{SUMMARY_REQUEST_TAG}>\n{body}\n</{SUMMARY_REQUEST_TAG}>"
 
 
 def summary_message_text(body: str, files: str = "", current_request: str = "") -> str:

@@ -101,13 +101,17 @@ def plan_tool_archive(
     input_chars: int = _DEFAULTS.tool_summary_input_chars,
     output_chars: int = _DEFAULTS.tool_summary_output_chars,
     heuristic_chars: int = _DEFAULTS.heuristic_summary_chars,
+    min_freed: int = 0,
+    count: CountTokens | None = None,
 ) -> ArchivePlan | None:
     """Plan archiving when the agent-visible tool results exceed ``cutoff``.
 
     Whole tool steps are archived, oldest first, until at most ``cutoff`` results remain visible (so a
     step with several results may archive one or two more than the excess); ``None`` when nothing needs
-    archiving, nothing can be (only the newest step is over), or the strategy is ``off``. The defaults are
-    :class:`CompactionConfig`'s.
+    archiving, nothing can be (only the newest step is over), the strategy is ``off``, or the steps would
+    free fewer than ``min_freed`` tokens (as ``count`` counts them): an archive rewrites the conversation
+    from its oldest step on, so where the provider caches the prefix it must free enough to be worth the
+    cache it breaks (design §4.7). The defaults are :class:`CompactionConfig`'s.
     """
     if strategy == "off":
         return None
@@ -126,6 +130,8 @@ def plan_tool_archive(
         archived += step_results
         results += step_results
     if not results:
+        return None
+    if min_freed > 0 and count is not None and sum(count(m) for m in archived) < min_freed:
         return None
     retired = [m for m in messages if m.kind == KIND_TOOL_SUMMARY and m.agent_visible]
     previous = "\n".join(_tool_summary_body(m) for m in retired)

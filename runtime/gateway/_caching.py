@@ -74,21 +74,41 @@ def cache_control(hints: CacheHints) -> dict[str, str]:
 
 
 def marked(message: dict[str, Any], control: dict[str, str]) -> dict[str, Any]:
-    """``message`` (OpenAI format) with a ``cache_control`` breakpoint on its last content block, where
-    litellm's Anthropic, Bedrock and Vertex converters read it (and litellm puts it for OpenRouter): on
-    its last tool call, else on its last content part (a string content becomes one text part)."""
+    """``message`` (OpenAI format) with a ``cache_control`` breakpoint on its last block, where litellm's
+    Anthropic, Bedrock and Vertex converters read it: on its last tool call; on a tool result, the message's
+    own (it becomes the ``tool_result`` block's); else on its last content part (a string content becomes
+    one text part)."""
     out = dict(message)
     calls = out.get("tool_calls")
     if out.get("role") == "assistant" and calls:
         out["tool_calls"] = [*calls[:-1], {**calls[-1], "cache_control": control}]
         return out
     content = out.get("content")
-    if isinstance(content, str) and content:
-        out["content"] = [{"type": "text", "text": content, "cache_control": control}]
-    elif isinstance(content, list) and content:
-        out["content"] = [*content[:-1], {**content[-1], "cache_control": control}]
-    else:  # nothing to mark inside (an empty result): the message's own, which litellm reads for a tool's
+    if out.get("role") == "tool" or not content:
         out["cache_control"] = control
+    elif isinstance(content, str):
+        out["content"] = [{"type": "text", "text": content, "cache_control": control}]
+    elif isinstance(content, list):
+        out["content"] = [*content[:-1], {**content[-1], "cache_control": control}]
+    return out
+
+
+def in_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each message-level ``cache_control`` moved onto the message's last content part,
+    as litellm sends them to OpenRouter (which reads breakpoints only inside content)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        control = message.get("cache_control")
+        if control is None:
+            out.append(message)
+            continue
+        moved = {k: v for k, v in message.items() if k != "cache_control"}
+        content = moved.get("content")
+        if isinstance(content, str):
+            moved["content"] = [{"type": "text", "text": content, "cache_control": control}]
+        elif isinstance(content, list) and content:
+            moved["content"] = [*content[:-1], {**content[-1], "cache_control": control}]
+        out.append(moved)
     return out
 
 

@@ -673,7 +673,7 @@ class MessagesEndpoint:
         delay = provider.latency if turn.latency is None else turn.latency
         if delay > 0:
             await asyncio.sleep(delay)
-        log(200, "ok", PromptCount(prompt_tokens, use.read), source)
+        log(200, "ok", PromptCount(prompt_tokens, use.read, use.write), source)
         output, _ = provider._counter.completion(
             turn.text, turn.reasoning, [(spec.name, spec.arguments) for spec in turn.tool_calls]
         )

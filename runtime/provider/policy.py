@@ -3,9 +3,10 @@
 It is deterministic and stateless: the reply depends only on the request. Good enough for the demo:
 
 - a **summarization request** (the system prompt or the last user message asks to summarize a
-  ``<conversation>``) gets a structured summary in the requested format (by default design §5.4's headings:
-  Goal / Constraints & Preferences / Progress / Key Decisions / Next Steps / Critical Context), derived
-  from the transcript;
+  ``<conversation>``, or the last user message is a ``<summary-request>`` about the conversation before it)
+  gets a structured summary in the requested format (by default design §5.4's headings: Goal / Constraints &
+  Preferences / Progress / Key Decisions / Next Steps / Critical Context), derived from the transcript (or
+  from the messages themselves, rendered as one);
 - an **agent turn** whose user message mentions files gets tool calls, one step per request: list a
   directory when asked, read the files mentioned (in parallel), edit or write the first one when asked
   (``replace "old" with "new"`` becomes an exact ``edit_file``), then a short answer summarizing what
@@ -82,7 +83,59 @@ def respond(messages: Chat, tools: Sequence[dict[str, Any]] | None = None) -> Tu
     user_text = text_of(last_user.get("content")) if last_user else ""
     if _is_summary_request(system_text, user_text):
         return Turn(text=summarize_request(user_text))
+    if is_cached_summary_request(messages):
+        return Turn(text=summarize_request(transcript_request(messages)))
     return _agent_turn(messages, tools or [])
+
+
+_SUMMARY_REQUEST: Final = "<summary-request>"
+_SUMMARY_PREFIX: Final = "[Previous conversation summary]"
+
+
+def is_cached_summary_request(messages: Chat) -> bool:
+    """Whether the request asks for a summary of its own conversation: its last message is a user message
+    holding a ``<summary-request>`` (design §5.4: a summary that rides the conversation's cache)."""
+    return (
+        bool(messages)
+        and messages[-1].get("role") == "user"
+        and (text_of(messages[-1].get("content")).lstrip().startswith(_SUMMARY_REQUEST))
+    )
+
+
+def transcript_request(messages: Chat) -> str:
+    """A request for a summary of its own conversation, as the transcript prompt it amounts to: the
+    messages before the instruction as ``<conversation>`` blocks (a previous summary at their start as
+    ``<previous-summary>``; for the beginning of a turn, only the turn since its newest user request) and
+    the instruction's format after them."""
+    instruction = text_of(messages[-1].get("content"))
+    body = [m for m in messages[:-1] if m.get("role") != "system"]
+    previous = ""
+    if body and body[0].get("role") == "user" and text_of(body[0].get("content")).startswith(_SUMMARY_PREFIX):
+        previous, body = text_of(body[0].get("content"))[len(_SUMMARY_PREFIX) :].strip(), body[1:]
+    if "## Original Request" in instruction:  # the beginning of a turn: from its newest request on
+        start = max((i for i, m in enumerate(body) if m.get("role") == "user"), default=0)
+        body = body[start:]
+    names = {
+        str(call.get("id")): str((call.get("function") or {}).get("name") or "?")
+        for m in body
+        for call in m.get("tool_calls") or ()
+        if isinstance(call, dict)
+    }
+    blocks: list[str] = []
+    for m in body:
+        role, text = m.get("role"), text_of(m.get("content"))
+        if role == "tool":
+            blocks.append(f"[Tool result {names.get(str(m.get('tool_call_id')), '?')}]:\n{text}")
+            continue
+        label = "User" if role == "user" else "Assistant"
+        if text:
+            blocks.append(f"[{label}]:\n{text}")
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") or {} if isinstance(call, dict) else {}
+            blocks.append(f"[{label} tool call]: {fn.get('name')}({fn.get('arguments')})")
+    conversation = "\n\n".join(blocks)
+    prior = f"<previous-summary>\n{previous}\n</previous-summary>\n\n" if previous else ""
+    return f"{prior}<conversation>\n{conversation}\n</conversation>\n\n{instruction}"
 
 
 def text_of(content: Any) -> str:

@@ -66,6 +66,8 @@ class LoggedRequest(msgspec.Struct, frozen=True, kw_only=True):
     received_at: float
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """The request's headers, ``authorization`` left out."""
+    cache_write_tokens: int = 0
+    """Tokens of the prompt written to the cache (Anthropic's Messages API)."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -454,6 +456,7 @@ class LocalProvider:
                 stream=stream,
                 prompt_tokens=count.prompt_tokens if count else 0,
                 cached_tokens=count.cached_tokens if count else 0,
+                cache_write_tokens=count.cache_write_tokens if count else 0,
                 status=status,
                 outcome=outcome,
                 source=source,

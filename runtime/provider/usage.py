@@ -38,6 +38,8 @@ class PromptCount(msgspec.Struct, frozen=True):
 
     prompt_tokens: int
     cached_tokens: int
+    cache_write_tokens: int = 0
+    """Tokens written to the cache (Anthropic's Messages API; automatic caching writes nothing billed)."""
 
 
 class TokenCounter:

@@ -348,6 +348,34 @@ def test_split_turn_makes_two_requests_and_joins_the_summaries() -> None:
     assert result.messages[1:] == plan.kept and plan.kept[0].role == "assistant"
 
 
+def test_the_sessions_own_model_summarizes_the_conversation_itself_to_ride_its_cache() -> None:
+    """With ``cached_prefix`` (the summarizer is the session's model), a request sends the summarized
+    messages as they are (the prefix the provider cached), then one instruction; no transcript."""
+    msgs = turn("fix the parser", 2) + turn("now the lexer", 2)
+    plan = plan_of(msgs, 700, cached_prefix=500)
+    [request] = plan.requests
+    assert request.kind == "history" and request.prefix == len(plan.summarized) and request.system == ""
+    assert request.prompt.startswith("<summary-request>") and "<conversation>" not in request.prompt
+    assert "fix the parser" not in request.prompt  # the conversation goes as messages, not as text
+    assert "Do not answer the user" in request.prompt and "do not call tools" in request.prompt
+    assert "## Goal" in request.prompt and request.max_tokens == CONFIG.summary_max_output_tokens
+    # with a previous summary: one updated summary; a split turn: both parts ride the same prefix
+    updated = plan_of([previous_summary(), *msgs], 700, cached_prefix=500).requests[0]
+    assert updated.kind == "update" and "begins with a summary" in updated.prompt
+    split = plan_of(turn("old", 1) + turn("long", 10), 800, cached_prefix=500)
+    history, prefix = split.requests
+    assert (history.prefix, prefix.prefix) == (len(split.history), len(split.summarized))
+    assert "BEGINNING of a turn" in prefix.prompt and prefix.max_tokens == history.max_tokens // 2
+
+
+def test_a_conversation_too_big_for_the_summarizers_window_goes_as_a_transcript() -> None:
+    msgs = turn("fix the parser", 2, size=3_000) + turn("now the lexer", 2)
+    small = plan_of(msgs, 700, cached_prefix=500, summarizer_window=8_000)
+    assert small.requests[0].prefix == 0 and "<conversation>" in small.requests[0].prompt
+    roomy = plan_of(msgs, 700, cached_prefix=500, summarizer_window=64_000)
+    assert roomy.requests[0].prefix == len(roomy.summarized)
+
+
 def test_split_turn_without_a_summarizer_falls_back_for_each_part() -> None:
     msgs = turn("old", 1) + turn("long", 10)
     plan = plan_of(msgs, 800)

@@ -268,7 +268,11 @@ def test_old_tool_results_are_archived_with_a_summary(
     read = ToolCallSpec(name="read_file", arguments='{"path": "notes.txt"}')
     provider.add_script(name, [Turn(tool_calls=(read,)) for _ in range(5)] + [Turn(text="read it all")])
     model = f"openai/{name}"
-    config = {"compaction.tool_call_cutoff": 2, "compaction.tool_summary_strategy": "heuristic"}
+    config = {
+        "compaction.tool_call_cutoff": 2,
+        "compaction.tool_summary_strategy": "heuristic",
+        "compaction.archive_min_freed_tokens": 0,  # archive however little it frees (design §4.7)
+    }
     sid = session(model, config=config)
     assert rt.prompt(sid, "read notes five times").result(timeout=30).status == "ok"
     recorder.wait_type("agent_end")
@@ -354,6 +358,7 @@ def test_old_tool_results_are_archived_with_a_summary_the_summarizer_wrote(
     config = {
         "compaction.tool_call_cutoff": 2,
         "compaction.tool_summary_strategy": "llm",
+        "compaction.archive_min_freed_tokens": 0,
         "compaction.tool_summary_output_chars": 300,
         "compaction.summarizer_model": f"openai/{summarizer}",
     }
@@ -397,6 +402,7 @@ def test_a_failed_tool_summarizer_falls_back_to_the_heuristic_summary(
     config = {
         "compaction.tool_call_cutoff": 2,
         "compaction.tool_summary_strategy": "llm",
+        "compaction.archive_min_freed_tokens": 0,
         "compaction.summarizer_model": f"openai/{summarizer}",
     }
     sid = session(f"openai/{name}", config=config)

@@ -54,6 +54,20 @@ def test_nothing_to_archive_at_or_below_the_cutoff_or_when_off() -> None:
     assert plan_tool_archive(tool_steps(30), cutoff=10, strategy="off") is None
 
 
+def test_an_archive_waits_until_it_frees_what_breaking_the_cache_costs() -> None:
+    """Where the provider caches, an archive (which rewrites the conversation from its oldest step on) must
+    free at least ``min_freed`` tokens: over the cutoff by a step or two is not enough, many steps are."""
+    from runtime.tokens import TokenCounter
+
+    count = TokenCounter("openai/gpt-4o").count_message
+    few, many = tool_steps(13), tool_steps(30)
+    assert plan_tool_archive(few, cutoff=10, strategy="heuristic") is not None
+    assert plan_tool_archive(few, cutoff=10, strategy="heuristic", min_freed=1_000, count=count) is None
+    plan = plan_tool_archive(many, cutoff=10, strategy="heuristic", min_freed=1_000, count=count)
+    assert plan is not None and plan.results == 20
+    assert sum(count(msg) for msg in plan.archived) >= 1_000
+
+
 def test_oldest_steps_are_archived_down_to_the_cutoff() -> None:
     history = tool_steps(13)
     plan = plan_tool_archive(history, cutoff=10, strategy="heuristic")

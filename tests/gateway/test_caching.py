@@ -124,7 +124,7 @@ def test_anthropic_style_models_get_cache_control_on_the_marked_blocks_and_no_ke
         kwargs = build_call_kwargs(request)
         assert "prompt_cache_key" not in kwargs
         # the system prompt, the previous step's result and the last result
-        assert marks_in(kwargs) == [(0, "part"), (5, "part"), (7, "part")], model
+        assert marks_in(kwargs) == [(0, "part"), (5, "message"), (7, "message")], model
         assert kwargs["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
     hour = CompletionRequest(
         model="anthropic/claude-sonnet-4-5",
@@ -157,7 +157,7 @@ def test_a_marked_assistant_tool_call_and_the_tools() -> None:
         cache=CacheHints(breakpoints=(1, 2), tools=True),
     )
     kwargs = build_call_kwargs(request)
-    assert marks_in(kwargs) == [(1, "tool_call"), (2, "part")]
+    assert marks_in(kwargs) == [(1, "tool_call"), (2, "message")]
     assert "cache_control" in kwargs["tools"][-1] and "cache_control" not in kwargs["tools"][0]
 
 

@@ -76,7 +76,8 @@ def _text(content: Any) -> str:
 def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Turn:
     """The workload model: the next step of the current turn's plan, or its answer."""
     system = "\n".join(_text(m.get("content")) for m in messages if m.get("role") == "system")
-    if "summariz" in system.lower():  # a summarizer call: the provider's own summarizer answers
+    if "summariz" in system.lower() or policy.is_cached_summary_request(messages):
+        # a summarizer call (a transcript, or the conversation itself): the provider's own summarizer answers
         return policy.respond(messages, tools)
     start, plan = _current_request(messages)
     if plan is None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import msgspec
 
 from runtime.errors import TransportError
-from runtime.gateway._caching import cache_key, tools_with_cache
+from runtime.gateway._caching import cache_key, in_content, tools_with_cache
 from runtime.gateway._convert import to_provider_messages
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import CompletionRequest, Delta, ErrorKind
@@ -180,6 +180,8 @@ def request_body(request: CompletionRequest, route: Route) -> bytes:
     )
     if strip:
         messages = [_without(m, strip) if m.get("role") == "assistant" else m for m in messages]
+    if request.cache is not None and route.provider == "openrouter":
+        messages = in_content(messages)  # where litellm puts OpenRouter's breakpoints
     body: dict[str, Any] = {"model": route.model, "messages": messages}
     if request.stream:
         body["stream"] = True

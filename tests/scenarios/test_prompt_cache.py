@@ -1,0 +1,147 @@
+"""Prompt caching through the public API (design §4.7, §5.4): a long tool-heavy session against the local
+provider in both dialects, checked against what each provider's caching rules allow.
+
+- OpenAI's chat completions (automatic caching: ``cached_tokens`` is the longest prefix an earlier request
+  sent): every request that extends the previous one reads all of it from the cache, and a compaction's
+  summary request, which sends the conversation itself, is read from the cache.
+- Anthropic's Messages API (only a prefix ending at a ``cache_control`` breakpoint is cached): never more
+  than 4 breakpoints, none on a prefix shorter than the model's minimum, and the session reads most of its
+  input from the cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from runtime import Runtime
+from runtime.config import Config
+from runtime.context.caching import min_cacheable_tokens
+from runtime.gateway._cost import prices_from_info
+from runtime.gateway._litellm import load_litellm
+from runtime.provider import LocalProvider, policy
+from runtime.provider.usage import REPLY_PRIMING
+from tests.scenarios.workload import blob, prompt_text, respond
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+WINDOW = 32_000
+TURNS = 14
+SYSTEM_PROMPT = "You are a methodical assistant. Use the blob tool exactly as each request says. " * 10
+
+
+def plan(turn: int) -> list[list[int]]:
+    """Two or three steps of one to three tool results of 400-6,000 characters (the benchmark's plan)."""
+    sizes = (400, 1_200, 2_500, 4_000, 6_000)
+    steps = [[sizes[(turn + k) % 5], sizes[(turn * 3 + k) % 5]][: 1 + (turn + k) % 2] for k in range(2)]
+    if turn % 3 == 0:
+        steps.append([sizes[(turn * 7) % 5], 800, 1_600])
+    return steps
+
+
+def is_summary(body: dict[str, Any]) -> bool:
+    return policy.is_cached_summary_request(body.get("messages") or [])
+
+
+@pytest.fixture
+def provider() -> Iterator[LocalProvider]:
+    with LocalProvider() as p:
+        yield p
+
+
+def run(rt: Any, provider: LocalProvider, model: str, api_base: str, turns: int = TURNS) -> str:
+    provider.add_responder(model.split("/", 1)[1], respond, context_window=WINDOW)
+    sid = rt.start_session(
+        model=model,
+        api_base=api_base,
+        api_key="sk-local",
+        tools=[blob],
+        system_prompt=SYSTEM_PROMPT,
+        config={"models.context_windows": {model: WINDOW}},
+    )
+    for turn in range(turns):
+        result = rt.prompt(sid, prompt_text(turn, plan(turn))).result(timeout=120)
+        assert result.status == "ok", (turn, result.error)
+    return str(sid)
+
+
+def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_allows(
+    provider: LocalProvider, tmp_path: Any
+) -> None:
+    model = "openai/gpt-4.1"  # a model litellm prices, answered by the local provider
+    with Runtime(Config(), sessions_dir=tmp_path) as rt:
+        sid = run(rt, provider, model, provider.url)
+        usage = rt.usage(sid)
+    requests = [r for r in provider.request_log if r.outcome == "ok"]
+    agent = [r for r in requests if not is_summary(r.body)]
+    summaries = [r for r in requests if is_summary(r.body)]
+    assert summaries, "the session never compacted: the test shows nothing"
+
+    # Every request that extends the previous one (same tools, its messages first) reads all of that one
+    # from the cache: the runtime sent the same bytes again.
+    extended = 0
+    for before, after in itertools.pairwise(agent):
+        if after.body.get("tools") == before.body.get("tools") and (
+            after.messages[: len(before.messages)] == before.messages
+        ):
+            extended += 1
+            assert after.cached_tokens >= before.prompt_tokens - REPLY_PRIMING, (before, after)
+    assert extended >= len(agent) * 3 // 4, (extended, len(agent))
+    # A compaction sends the conversation itself: the provider has it, all but the instruction.
+    for summary in summaries:
+        assert summary.cached_tokens >= 0.85 * summary.prompt_tokens, summary
+        assert summary.body["messages"][0]["content"] == SYSTEM_PROMPT
+        assert summary.body["tools"] == agent[0].body["tools"]
+    total = sum(r.prompt_tokens for r in requests)
+    cached = sum(r.cached_tokens for r in requests)
+    assert cached / total >= 0.75, cached / total
+
+    # The session's usage is what the provider said, and its cost is priced cache-aware from litellm's map.
+    assert usage.input_tokens == sum(r.prompt_tokens for r in agent)
+    assert usage.cache_read_tokens == sum(r.cached_tokens for r in agent)
+    prices = prices_from_info(load_litellm().model_cost["gpt-4.1"])
+    assert prices is not None
+    rates = prices.base
+    assert rates.cache_read < rates.input
+    expected = (
+        (usage.input_tokens - usage.cache_read_tokens) * rates.input
+        + usage.cache_read_tokens * rates.cache_read
+        + usage.output_tokens * rates.output
+    )
+    assert usage.cost == pytest.approx(expected, rel=1e-9)
+
+
+def anthropic_marks(body: dict[str, Any]) -> int:
+    """The ``cache_control`` breakpoints of a Messages API body (tools, system and content blocks)."""
+    found = sum("cache_control" in tool for tool in body.get("tools") or ())
+    system = body.get("system")
+    if isinstance(system, list):
+        found += sum("cache_control" in block for block in system)
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        if isinstance(content, list):
+            found += sum(isinstance(block, dict) and "cache_control" in block for block in content)
+    return found
+
+
+def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session_from_the_cache(
+    provider: LocalProvider, tmp_path: Any
+) -> None:
+    model = "anthropic/claude-sonnet-4-5"
+    minimum = min_cacheable_tokens(model)
+    with Runtime(Config(), sessions_dir=tmp_path) as rt:
+        run(rt, provider, model, provider.url.removesuffix("/v1"), turns=10)
+    requests = [r for r in provider.request_log if r.outcome == "ok"]
+    assert requests and all(anthropic_marks(r.body) <= 4 for r in requests)
+    short = [r for r in requests if r.prompt_tokens < minimum]
+    assert short, "no request was short enough to show the minimum"
+    assert all(anthropic_marks(r.body) == 0 for r in short)
+    assert all(anthropic_marks(r.body) >= 1 for r in requests if r.prompt_tokens >= 2 * minimum)
+    summaries = [r for r in requests if is_summary(r.body)]
+    assert summaries and all(r.cached_tokens >= 0.8 * r.prompt_tokens for r in summaries)
+    total = sum(r.prompt_tokens for r in requests)
+    assert sum(r.cached_tokens for r in requests) / total >= 0.7
+    assert sum(r.cache_write_tokens for r in requests) > 0
