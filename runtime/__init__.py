@@ -98,6 +98,7 @@ if TYPE_CHECKING:
         Runtime as Runtime,
     )
     from runtime.messages import (
+        CostSplit as CostSplit,
         ImagePart as ImagePart,
         Message as Message,
         ReasoningPart as ReasoningPart,

@@ -26,6 +26,7 @@ __all__ = [
     "KIND_TOOL_RESULT_ARCHIVED",
     "KIND_TOOL_SUMMARY",
     "KIND_TURN_INTERRUPTED",
+    "CostSplit",
     "ImagePart",
     "Message",
     "Part",
@@ -125,8 +126,45 @@ class ImagePart(msgspec.Struct, frozen=True, tag="image"):
 Part = TextPart | ReasoningPart | ToolCallPart | ImagePart
 
 
+class CostSplit(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a response cost in USD, by kind of token (design §4.1, §4.7): ``input`` (the prompt's tokens
+    neither read from nor written to the cache), ``cache_read``, ``cache_write`` and ``output`` (reasoning
+    included); ``without_cache``: what the same tokens would have cost with no cache at all (the prompt at
+    the input rate), so that ``without_cache - total`` is what the cache saved."""
+
+    input: float = 0.0
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+    output: float = 0.0
+    without_cache: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.input + self.cache_read + self.cache_write + self.output
+
+    @property
+    def saved(self) -> float:
+        """What the cache saved (negative when writes cost more than reads saved)."""
+        return self.without_cache - self.total
+
+    def __add__(self, other: CostSplit) -> CostSplit:
+        return CostSplit(
+            input=self.input + other.input,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            output=self.output + other.output,
+            without_cache=self.without_cache + other.without_cache,
+        )
+
+
 class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Token usage of one provider response, normalized across providers."""
+    """Token usage of one provider response, normalized across providers.
+
+    ``input_tokens`` is the whole prompt; ``cache_read_tokens`` and ``cache_write_tokens`` are the parts of
+    it read from and written to the provider's cache. ``cost`` is the response's cost in USD (what the
+    provider stamped, else priced from litellm's map), ``costs`` its split by kind of token (priced from the
+    map; None when the model has no prices there).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -137,15 +175,24 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     transport: str | None = None
     """The gateway transport that made the call (``litellm``, ``openai_compat``); kept by a sum only when
     every usage in it came from the same one."""
+    costs: CostSplit | None = None
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def cached_share(self) -> float:
+        """The share of the prompt read from the cache (0 without a prompt)."""
+        return self.cache_read_tokens / self.input_tokens if self.input_tokens else 0.0
+
     def __add__(self, other: Usage) -> Usage:
         cost: float | None = None
         if self.cost is not None or other.cost is not None:
             cost = (self.cost or 0.0) + (other.cost or 0.0)
+        costs: CostSplit | None = None
+        if self.costs is not None or other.costs is not None:
+            costs = (self.costs or CostSplit()) + (other.costs or CostSplit())
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
@@ -154,6 +201,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             cost=cost,
             transport=self.transport if self.transport == other.transport else None,
+            costs=costs,
         )
 
 

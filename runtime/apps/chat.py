@@ -104,6 +104,27 @@ def format_stats(stats: Any) -> str:
     return "\n".join(lines)
 
 
+def format_usage(usage: Any) -> str:
+    """The session's usage (design §4.1, §4.7): its prompt tokens and the share read from the cache, and
+    its cost by kind of token with what the cache saved, where the model's prices are known."""
+    share = usage.cache_read_tokens / usage.input_tokens if usage.input_tokens else 0.0
+    lines = [
+        f"  {'input':<20}{usage.input_tokens:>10,}  ({share:.0%} read from the cache: "
+        f"{usage.cache_read_tokens:,} read, {usage.cache_write_tokens:,} written)",
+        f"  {'output':<20}{usage.output_tokens:>10,}",
+    ]
+    costs = usage.costs
+    if costs is not None:
+        lines.append(
+            f"  {'cost':<20}{'$' + format(costs.total, ',.4f'):>10}  (input ${costs.input:,.4f}, cache read "
+            f"${costs.cache_read:,.4f}, cache write ${costs.cache_write:,.4f}, output ${costs.output:,.4f}; "
+            f"${costs.saved:,.4f} saved by the cache)"
+        )
+    elif usage.cost is not None:
+        lines.append(f"  {'cost':<20}{'$' + format(usage.cost, ',.4f'):>10}")
+    return "\n".join(lines)
+
+
 def recap(messages: list[Any], chars: int = 300) -> str:
     """The last exchange of a resumed conversation: the last prompt and the reply to it, clipped."""
     prompts = [i for i, m in enumerate(messages) if m.role == "user" and m.kind is None]
@@ -492,6 +513,7 @@ class _Repl:
                 self.compact(arg or None)
             elif name == "/context":
                 self.out.write(format_stats(self.rt.context_stats(self.sid)) + "\n")
+                self.out.write(format_usage(self.rt.usage(self.sid)) + "\n")
                 pools = self.rt.capacity()
                 if pools:
                     self.out.write(format_capacity(pools) + "\n")

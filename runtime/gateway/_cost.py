@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from runtime.gateway._usage import normalize_usage, stamped_cost
-from runtime.messages import Usage
+from runtime.messages import CostSplit, Usage
 
 
 class Rates(msgspec.Struct, frozen=True):
@@ -36,22 +36,27 @@ class Prices(msgspec.Struct, frozen=True):
     tiers: tuple[tuple[int, Rates], ...] = ()
 
     def cost(self, usage: Usage) -> float:
+        return self.split(usage).total
+
+    def split(self, usage: Usage) -> CostSplit:
+        """``usage``'s cost by kind of token, and what it would have cost without a cache."""
         rates = self.base
         for threshold, tier in self.tiers:
             if usage.input_tokens > threshold:
                 rates = tier
         uncached = max(0, usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens)
-        prompt = (
-            uncached * rates.input
-            + usage.cache_read_tokens * rates.cache_read
-            + usage.cache_write_tokens * rates.cache_write
-        )
         if self.reasoning is not None and usage.reasoning_tokens:
             reasoning = min(usage.reasoning_tokens, usage.output_tokens)
             completion = (usage.output_tokens - reasoning) * rates.output + reasoning * self.reasoning
         else:
             completion = usage.output_tokens * rates.output
-        return prompt + completion
+        return CostSplit(
+            input=uncached * rates.input,
+            cache_read=usage.cache_read_tokens * rates.cache_read,
+            cache_write=usage.cache_write_tokens * rates.cache_write,
+            output=completion,
+            without_cache=usage.input_tokens * rates.input + completion,
+        )
 
 
 _TIER: Final = re.compile(r"^input_cost_per_token_above_(\d+)k_tokens$")
@@ -126,9 +131,11 @@ def _price(value: object) -> float | None:
 
 def usage_with_cost(raw_usage: Any, prices: Prices | None, transport: str) -> Usage:
     """A response's usage, normalized, with its cost in USD (what the provider -- OpenRouter -- or litellm
-    stamped on it, else computed from ``prices``; None when neither knows) and the transport that made it."""
+    stamped on it, else computed from ``prices``; None when neither knows), its split by kind of token (from
+    ``prices``) and the transport that made it."""
     usage = normalize_usage(raw_usage)
     cost = None if raw_usage is None else stamped_cost(raw_usage)
-    if cost is None and prices is not None and raw_usage is not None:
-        cost = prices.cost(usage)
-    return msgspec.structs.replace(usage, cost=cost, transport=transport)
+    costs = prices.split(usage) if prices is not None and raw_usage is not None else None
+    if cost is None and costs is not None:
+        cost = costs.total
+    return msgspec.structs.replace(usage, cost=cost, transport=transport, costs=costs)

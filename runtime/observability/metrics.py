@@ -18,6 +18,8 @@ The metrics (``agentcell_`` prefix)::
     provider_retries_total          counter    failed attempts that were retried (summarizer calls too)
     tokens_total{model, type}       counter    input, output, cache_read, cache_write, reasoning
     cost_usd_total{model}           counter    where litellm knows the model's prices
+    cost_split_usd_total{model, type}  counter  input, cache_read, cache_write, output (priced from litellm's map)
+    cache_saved_usd_total{model}    counter    what the cache saved against the same calls without it
     compactions_total{trigger, result}   counter    compacted, skipped (nothing to reduce) or failed
     overflow_recoveries_total{trigger, result}  counter  compactions after an overflow (trigger overflow)
                                                or a silent one (usage_overflow)
@@ -178,6 +180,18 @@ class RuntimeMetrics:
         self.cost = counter(
             "cost_usd", "Cost of provider calls in USD, where the model's prices are known.", ("model",)
         )
+        self.cost_split = counter(
+            "cost_split_usd",
+            "Cost of provider calls in USD by kind of token (input, cache_read, cache_write, output), where "
+            "litellm's price map knows the model.",
+            ("model", "type"),
+        )
+        self.cache_saved = counter(
+            "cache_saved_usd",
+            "What the provider's cache saved in USD against the same calls without it (a call whose cache "
+            "writes cost more than its reads saved counts nothing).",
+            ("model",),
+        )
         self.compactions = counter(
             "compactions", "Compactions by trigger and result (compacted, failed).", ("trigger", "result")
         )
@@ -197,6 +211,8 @@ class RuntimeMetrics:
             self.provider_retries,
             self.tokens,
             self.cost,
+            self.cost_split,
+            self.cache_saved,
             self.compactions,
             self.overflow_recoveries,
             self.tool_calls,
@@ -371,6 +387,18 @@ class RuntimeMetrics:
                 self.tokens.labels(model, kind).inc(value)
         if usage.cost:
             self.cost.labels(model).inc(usage.cost)
+        costs = usage.costs
+        if costs is not None:
+            for kind, dollars in (
+                ("input", costs.input),
+                ("cache_read", costs.cache_read),
+                ("cache_write", costs.cache_write),
+                ("output", costs.output),
+            ):
+                if dollars:
+                    self.cost_split.labels(model, kind).inc(dollars)
+            if costs.saved > 0:
+                self.cache_saved.labels(model).inc(costs.saved)
 
     def _compaction(self, trigger: str, result: str) -> None:
         self.compactions.labels(trigger, result).inc()

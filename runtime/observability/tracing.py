@@ -406,6 +406,12 @@ def _usage_attributes(usage: Usage) -> dict[str, Any]:
         attributes[REASONING_TOKENS] = usage.reasoning_tokens
     if usage.cost is not None:
         attributes["agentcell.usage.cost"] = usage.cost
+    if usage.costs is not None:
+        attributes["agentcell.usage.cost.input"] = usage.costs.input
+        attributes["agentcell.usage.cost.cache_read"] = usage.costs.cache_read
+        attributes["agentcell.usage.cost.cache_write"] = usage.costs.cache_write
+        attributes["agentcell.usage.cost.output"] = usage.costs.output
+        attributes["agentcell.usage.cost.saved"] = usage.costs.saved
     return attributes
 
 

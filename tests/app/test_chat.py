@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from runtime import events as ev
-from runtime.apps.chat import ChatPrinter, context_bar, format_stats, run_chat
+from runtime.apps.chat import ChatPrinter, context_bar, format_stats, format_usage, run_chat
 from runtime.context.estimate import ContextStats
 from runtime.store.sessions import SessionDirectory
 
@@ -318,6 +318,20 @@ def test_context_breakdown_names_every_figure_and_its_source() -> None:
     assert any("last estimate error" in line and "+4.2%" in line for line in rest)
     floored = format_stats(stats(messages=0, messages_floored=True, will_compact=True))
     assert "the next turn compacts first" in floored and "messages shown as 0" in floored
+
+
+def test_context_shows_the_cached_share_and_the_cost_by_kind_of_token() -> None:
+    from runtime.messages import CostSplit, Usage
+
+    costs = CostSplit(input=0.003, cache_read=0.0027, cache_write=0.0, output=0.015, without_cache=0.0453)
+    usage = Usage(
+        input_tokens=10_000, output_tokens=1_000, cache_read_tokens=9_000, cost=costs.total, costs=costs
+    )
+    text = format_usage(usage)
+    assert "  input                   10,000  (90% read from the cache: 9,000 read, 0 written)" in text
+    assert "cache read $0.0027" in text and "output $0.0150" in text
+    assert "$0.0246 saved by the cache" in text and "$0.0207" in text  # the total, then what was saved
+    assert "cost" not in format_usage(Usage(input_tokens=10))  # a model without prices: no cost line
 
 
 def test_context_bar_is_clamped() -> None:

@@ -394,7 +394,9 @@ def test_the_table_reads_at_900_and_600_px_with_titles_totals_and_sub_agents(pag
     assert ids[ids.index("lead") + 1] == child, ids
     expect(row(page, "lead").locator(".c-id .title")).to_have_text(demo.DELEGATION)
     # Totals of the rows shown; a cost no price is known for says why.
-    expect(page.locator("#totals")).to_have_text(re.compile(r"^total: [\d,]+ in · [\d,]+ out · –$"))
+    expect(page.locator("#totals")).to_have_text(
+        re.compile(r"^total: [\d,]+ in \(\d+% cached\) · [\d,]+ out · –$")
+    )
     assert "no price known" in (page.locator("#totals").get_attribute("title") or "")
     assert "no price known" in (row(page, "s00").locator(".c-cost").get_attribute("title") or "")
     expect(row(page, "s00").locator(".c-in")).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
@@ -413,6 +415,41 @@ def test_the_table_reads_at_900_and_600_px_with_titles_totals_and_sub_agents(pag
             shot(page, stack, f"6-sessions-{width}px")
     finally:
         page.set_viewport_size({"width": 1400, "height": 900})
+    assert not stack.errors
+
+
+def test_a_priced_session_shows_its_cache_hits_its_cost_split_and_what_the_cache_saved(
+    page: Any, stack: Stack
+) -> None:
+    model = "openai/gpt-4.1"  # litellm prices it; the local provider answers it and caches automatically
+    sid = stack.rt.start_session(
+        "priced",
+        model=model,
+        api_base=stack.provider.url,
+        api_key="sk-local",
+        system_prompt="You answer briefly and precisely. " * 150,
+        config={"models.context_windows": {model: 32_000}},
+    )
+    for i in range(3):
+        assert stack.rt.prompt(sid, f"Question {i}: what is {i} + {i}?").result(timeout=60).status == "ok"
+    usage = stack.rt.usage(sid)
+    assert usage.cache_read_tokens > 0 and usage.costs is not None
+    page.click(".brand")
+    share = round(100 * usage.cache_read_tokens / usage.input_tokens)
+    expect(row(page, sid).locator(".c-cache")).to_have_text(f"{share}%")
+    title = row(page, sid).locator(".c-cache").get_attribute("title") or ""
+    assert f"{usage.cache_read_tokens:,} of {usage.input_tokens:,} input tokens read from the cache" in title
+    expect(row(page, sid).locator(".c-cost")).to_have_text(re.compile(r"^\$0\.\d{4}$"))
+    cost_title = row(page, sid).locator(".c-cost").get_attribute("title") or ""
+    assert "cache read $" in cost_title and "output $" in cost_title and "saved by the cache" in cost_title
+    # The totals count the priced session: a cost (no longer "–") and what the cache saved.
+    expect(page.locator("#totals")).to_have_text(
+        re.compile(r"% cached\) · [\d,]+ out · \$[\d.]+ · \$[\d.]+ saved")
+    )
+    page.reload()  # the table's first rows come from the server's snapshot: the same figures
+    expect(row(page, sid).locator(".c-cache")).to_have_text(f"{share}%")
+    assert "saved by the cache" in (row(page, sid).locator(".c-cost").get_attribute("title") or "")
+    shot(page, stack, "8-cache-and-cost")
     assert not stack.errors
 
 

@@ -890,7 +890,8 @@ def test_prices_read_once_give_litellms_cost(model: str) -> None:
             cache_creation_input_tokens=write,
             cache_read_input_tokens=read,
         )
-        expected = sum(litellm.cost_per_token(model=model, usage_object=usage))
+        prompt_cost, completion_cost = litellm.cost_per_token(model=model, usage_object=usage)
+        expected = prompt_cost + completion_cost
         ours = m.Usage(
             input_tokens=prompt,
             output_tokens=completion,
@@ -904,6 +905,18 @@ def test_prices_read_once_give_litellms_cost(model: str) -> None:
             read,
             write,
         )
+        # split by kind of token: the prompt's three kinds are litellm's prompt cost, output its completion cost
+        split = prices.split(ours)
+        assert split.input + split.cache_read + split.cache_write == pytest.approx(
+            prompt_cost, rel=1e-9, abs=1e-15
+        )
+        assert split.output == pytest.approx(completion_cost, rel=1e-9, abs=1e-15)
+        rates = next((r for t, r in reversed(prices.tiers) if prompt > t), prices.base)
+        assert split.cache_read == pytest.approx(read * rates.cache_read, rel=1e-9, abs=1e-15)
+        assert split.without_cache == pytest.approx(
+            prompt * rates.input + completion_cost, rel=1e-9, abs=1e-15
+        )
+        assert split.saved == pytest.approx(split.without_cache - expected, rel=1e-9, abs=1e-15)
 
 
 def test_classification_of_litellm_exceptions() -> None:

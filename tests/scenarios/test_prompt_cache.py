@@ -73,8 +73,10 @@ def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_a
 ) -> None:
     model = "openai/gpt-4.1"  # a model litellm prices, answered by the local provider
     with Runtime(Config(), sessions_dir=tmp_path) as rt:
+        metrics = rt.metrics()
         sid = run(rt, provider, model, provider.url)
         usage = rt.usage(sid)
+        metrics_text = metrics.exposition()[0].decode()
     requests = [r for r in provider.request_log if r.outcome == "ok"]
     agent = [r for r in requests if not is_summary(r.body)]
     summaries = [r for r in requests if is_summary(r.body)]
@@ -112,6 +114,13 @@ def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_a
         + usage.output_tokens * rates.output
     )
     assert usage.cost == pytest.approx(expected, rel=1e-9)
+    # ... split by kind of token, and what the cache saved against the same calls without it
+    costs = usage.costs
+    assert costs is not None and costs.total == pytest.approx(usage.cost, rel=1e-9)
+    assert costs.cache_read == pytest.approx(usage.cache_read_tokens * rates.cache_read, rel=1e-9)
+    assert costs.saved == pytest.approx(usage.cache_read_tokens * (rates.input - rates.cache_read), rel=1e-9)
+    assert metrics_text.count("agentcell_cost_split_usd_total{") == 3  # input, cache_read, output
+    assert 'agentcell_cache_saved_usd_total{model="openai/gpt-4.1"}' in metrics_text
 
 
 def anthropic_marks(body: dict[str, Any]) -> int:
@@ -133,7 +142,8 @@ def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session
     model = "anthropic/claude-sonnet-4-5"
     minimum = min_cacheable_tokens(model)
     with Runtime(Config(), sessions_dir=tmp_path) as rt:
-        run(rt, provider, model, provider.url.removesuffix("/v1"), turns=10)
+        sid = run(rt, provider, model, provider.url.removesuffix("/v1"), turns=10)
+        usage = rt.usage(sid)
     requests = [r for r in provider.request_log if r.outcome == "ok"]
     assert requests and all(anthropic_marks(r.body) <= 4 for r in requests)
     short = [r for r in requests if r.prompt_tokens < minimum]
@@ -145,3 +155,6 @@ def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session
     total = sum(r.prompt_tokens for r in requests)
     assert sum(r.cached_tokens for r in requests) / total >= 0.7
     assert sum(r.cache_write_tokens for r in requests) > 0
+    costs = usage.costs  # Anthropic's cache writes cost more than input, its reads a tenth of it
+    assert costs is not None and costs.cache_write > 0 and costs.cache_read > 0 and costs.saved > 0
+    assert usage.cache_write_tokens == sum(r.cache_write_tokens for r in requests if not is_summary(r.body))

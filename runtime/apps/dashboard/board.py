@@ -1,7 +1,7 @@
 """The dashboard's picture of every hosted session, kept from the event bus (design §7.4).
 
 :class:`SessionBoard` subscribes to the runtime's events (every type but the deltas) and folds each into a
-small row per session: the agent's state, tokens in and out, cost, context size, compactions, turns, the
+small row per session: the agent's state, tokens in and out, the share of input read from the cache, cost, context size, compactions, turns, the
 last event. :meth:`SessionBoard.snapshot` joins those rows with what the runtime knows of its hosted
 sessions (model, window, compaction threshold, parked or not) without asking a single actor, so a page
 can open on a thousand sessions at once and then follow the same events live: each row carries the
@@ -23,6 +23,7 @@ from typing import Any
 
 from runtime import events as ev
 from runtime.context.estimate import compaction_threshold
+from runtime.messages import CostSplit
 
 __all__ = ["STREAM_TYPES", "SessionBoard"]
 
@@ -35,10 +36,13 @@ class _Row:
     """One session as the events tell it."""
 
     __slots__ = (
+        "cache_read_tokens",
+        "cache_saved",
         "compacting",
         "compactions",
         "context_tokens",
         "cost",
+        "costs",
         "created",
         "errors",
         "input_tokens",
@@ -64,6 +68,9 @@ class _Row:
         self.input_tokens = 0
         self.output_tokens = 0
         self.cost: float | None = None
+        self.cache_read_tokens = 0
+        self.cache_saved: float | None = None  # what the cache saved, where the model's prices are known
+        self.costs: CostSplit | None = None
         self.compactions = 0
         self.compacting = False
         self.turns = 0
@@ -94,6 +101,9 @@ class _Row:
             case ev.UsageUpdate(totals=totals, context_tokens=tokens, context_window=window):
                 self.input_tokens, self.output_tokens = totals.input_tokens, totals.output_tokens
                 self.cost = totals.cost
+                self.cache_read_tokens = totals.cache_read_tokens
+                self.costs = totals.costs
+                self.cache_saved = totals.costs.saved if totals.costs is not None else None
                 self.context_tokens = tokens
                 self.window = window or self.window
             case ev.AgentEnd(context_tokens=tokens):  # (a failed turn's error event counted it)
@@ -228,6 +238,10 @@ class SessionBoard:
             "input_tokens": row.input_tokens,
             "output_tokens": row.output_tokens,
             "cost": row.cost,
+            "cache_read_tokens": row.cache_read_tokens,
+            "cache_hit": row.cache_read_tokens / row.input_tokens if row.input_tokens else None,
+            "cache_saved": row.cache_saved,
+            "costs": row.costs,
             "compactions": row.compactions,
             "turns": row.turns,
             "title": row.title,

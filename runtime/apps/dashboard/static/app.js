@@ -305,6 +305,10 @@
       input_tokens: 0,
       output_tokens: 0,
       cost: null,
+      costs: null,
+      cache_read_tokens: 0,
+      cache_hit: null,
+      cache_saved: null,
       compactions: 0,
       turns: 0,
       title: null,
@@ -355,6 +359,10 @@
         row.input_tokens = ev.totals.input_tokens || 0;
         row.output_tokens = ev.totals.output_tokens || 0;
         row.cost = ev.totals.cost == null ? null : ev.totals.cost;
+        row.costs = ev.totals.costs || null;
+        row.cache_read_tokens = ev.totals.cache_read_tokens || 0;
+        row.cache_hit = row.input_tokens ? row.cache_read_tokens / row.input_tokens : null;
+        row.cache_saved = row.costs ? row.costs.without_cache - costTotal(row.costs) : null;
         row.context_tokens = ev.context_tokens;
         if (ev.context_window) row.window = ev.context_window;
         break;
@@ -600,6 +608,7 @@
       ctx: cell("c-ctx"),
       input: cell("c-in num"),
       output: cell("c-out num"),
+      cache: cell("c-cache num"),
       cost: cell("c-cost num"),
       compactions: cell("c-compactions num"),
       turns: cell("c-turns num"),
@@ -670,9 +679,13 @@
     });
     put(tr, "in", c.input, int(row.input_tokens));
     put(tr, "out", c.output, int(row.output_tokens));
-    put(tr, "cost", c.cost, cost(row.cost), (v) => {
-      c.cost.textContent = v;
-      c.cost.title = row.cost == null ? NO_COST : "";
+    put(tr, "cache", c.cache, row.cache_hit == null ? "–" : Math.round(100 * row.cache_hit) + "%", (v) => {
+      c.cache.textContent = v;
+      c.cache.title = `${int(row.cache_read_tokens)} of ${int(row.input_tokens)} input tokens read from the cache`;
+    });
+    put(tr, "cost", c.cost, cost(row.cost) + "|" + cost(row.cache_saved), () => {
+      c.cost.textContent = cost(row.cost);
+      c.cost.title = row.cost == null ? NO_COST : costTitle(row);
     });
     put(tr, "compactions", c.compactions, int(row.compactions));
     put(tr, "turns", c.turns, int(row.turns));
@@ -685,8 +698,8 @@
     if (table.orderDirty) recomputeOrder();
     const body = $("rows");
     if (!table.spacerTop) {
-      table.spacerTop = el("tr", { class: "spacer" }, el("td", { colspan: "11" }));
-      table.spacerBottom = el("tr", { class: "spacer" }, el("td", { colspan: "11" }));
+      table.spacerTop = el("tr", { class: "spacer" }, el("td", { colspan: "12" }));
+      table.spacerBottom = el("tr", { class: "spacer" }, el("td", { colspan: "12" }));
       body.append(table.spacerTop, table.spacerBottom);
     }
     const wrap = $("table-wrap");
@@ -719,19 +732,40 @@
     }
   }
 
-  // The totals of the sessions shown (the filter applies): tokens in and out, and cost.
+  // The totals of the sessions shown (the filter applies): tokens in and out, the share read from the cache,
+  // cost and what the cache saved.
   function renderTotals() {
     let input = 0;
     let output = 0;
+    let read = 0;
     let spent = null;
+    let saved = null;
     for (const row of table.order) {
       input += row.input_tokens || 0;
       output += row.output_tokens || 0;
+      read += row.cache_read_tokens || 0;
       if (row.cost != null) spent = (spent || 0) + row.cost;
+      if (row.cache_saved != null) saved = (saved || 0) + row.cache_saved;
     }
     const node = $("totals");
-    node.textContent = `total: ${int(input)} in · ${int(output)} out · ${cost(spent)}`;
+    const hit = input ? ` (${Math.round((100 * read) / input)}% cached)` : "";
+    const kept = saved == null ? "" : ` · ${cost(saved)} saved by the cache`;
+    node.textContent = `total: ${int(input)} in${hit} · ${int(output)} out · ${cost(spent)}${kept}`;
     node.title = spent == null ? "cost: " + NO_COST : "the sessions shown; cost where a price is known";
+  }
+
+  function costTotal(c) {
+    return (c.input || 0) + (c.cache_read || 0) + (c.cache_write || 0) + (c.output || 0);
+  }
+
+  // A cost cell's title: its split by kind of token and what the cache saved.
+  function costTitle(row) {
+    const c = row.costs;
+    if (!c) return "";
+    return (
+      `input ${cost(c.input || 0)} · cache read ${cost(c.cache_read || 0)} · cache write ${cost(c.cache_write || 0)}` +
+      ` · output ${cost(c.output || 0)}\n${cost(row.cache_saved)} saved by the cache`
+    );
   }
 
   // -- one session ----------------------------------------------------------------------------------
