@@ -30,6 +30,7 @@ from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel, Turn
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import working_set as ws
+from runtime.context.caching import CacheWatch, min_cacheable_tokens, request_shape
 from runtime.context.estimate import answer_cap, effective_limit
 from runtime.context.integrity import (
     CLIENT_CALLS_KEY,
@@ -188,6 +189,7 @@ class Agent(SessionActor):
         self.refs = refs
         self.counter = counter
         self.estimate = cp.SessionEstimate(spec, counter)
+        self.cache_watch = CacheWatch()  # design §4.7: a response that broke the cached prefix
         self.model = model  # the session's current model (its spec holds the one it started with)
         self.context_window = context_window
         self.state = AgentState.IDLE
@@ -616,6 +618,7 @@ class Agent(SessionActor):
             if cfg.gateway.prompt_cache
             else None,
         )
+        self.cache_watch.sent(request_shape(self.model, system_prompt or "", tools, messages))
         run.step += 1
         run.estimated_tokens = estimate
         route = self.services.gateway.route(request)
@@ -744,6 +747,19 @@ class Agent(SessionActor):
             )
         run.last_message = message
         if message.usage is not None:
+            usage = message.usage
+            broke = self.cache_watch.answered(
+                usage.input_tokens, usage.cache_read_tokens, minimum=min_cacheable_tokens(self.model)
+            )
+            if broke is not None:
+                self.emit(
+                    ev.CacheBreak,
+                    turn_id=run.turn_id,
+                    cause=broke.cause,
+                    expected_tokens=broke.expected_tokens,
+                    cached_tokens=broke.cached_tokens,
+                    model=self.model,
+                )
             run.usage = run.usage + message.usage
             self._context_tokens = message.usage.input_tokens + message.usage.output_tokens
         # The usage tracker and the store both answer before the run goes on: the usage_update of this

@@ -317,6 +317,20 @@ class Calibration(Event, frozen=True, tag="calibration"):
     ratio: float
 
 
+class CacheBreak(Event, frozen=True, tag="cache_break"):
+    """A response read much less of its prompt from the provider's cache than the prefix it shares with the
+    previous request (design §4.7: under half of that request's ``expected_tokens``), once the provider has
+    been seen caching in the session. ``cause``: ``model_switch``, ``system_prompt``, ``tools``,
+    ``compaction`` (the history before the previous request's end was rewritten: a compaction or a tool
+    archive), or ``unknown`` (the prefix was unchanged: an entry expired or was evicted)."""
+
+    cause: str
+    expected_tokens: int
+    cached_tokens: int
+    model: str = ""
+    turn_id: str | None = None
+
+
 class UsageOverflow(Event, frozen=True, tag="usage_overflow"):
     input_tokens: int
     context_window: int

@@ -28,6 +28,7 @@ __all__ = [
     "Breakpoints",
     "CacheBreak",
     "CacheBreakCause",
+    "CacheWatch",
     "RequestShape",
     "cache_break",
     "min_cacheable_tokens",
@@ -184,3 +185,27 @@ def cache_break(
     else:
         cause = "unknown"
     return CacheBreak(cause=cause, expected_tokens=expected, cached_tokens=cached_tokens)
+
+
+class CacheWatch:
+    """One session's cache-break check (no I/O): told each request's shape as it goes out and each
+    response's figures as they come back, it answers the :class:`CacheBreak` a response shows, if any."""
+
+    def __init__(self) -> None:
+        self._previous: RequestShape | None = None
+        self._pending: RequestShape | None = None
+        self._seen = False
+
+    def sent(self, shape: RequestShape) -> None:
+        """A request of ``shape`` went out (a failed one is forgotten when the next goes)."""
+        self._pending = shape
+
+    def answered(self, input_tokens: int, cached_tokens: int, *, minimum: int) -> CacheBreak | None:
+        """The response to the request last sent: its prompt's size and what of it was read from the cache."""
+        current, self._pending = self._pending, None
+        if current is None:
+            return None
+        found = cache_break(self._previous, current, cached_tokens, minimum=minimum, caching_seen=self._seen)
+        self._previous = msgspec.structs.replace(current, input_tokens=input_tokens)
+        self._seen = self._seen or cached_tokens > 0
+        return found

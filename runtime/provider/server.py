@@ -347,7 +347,7 @@ class LocalProvider:
             log(401, "auth")
             return _error_response(errors.auth_error())
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        count = self._counter.prompt(messages, tools)
+        count = self._counter.prompt(messages, tools, model=model)
         limiter = self.limiter
         if not limiter.active:
             return await self._answer(request, body, model, stream, messages, tools, count, log, {})

@@ -12,7 +12,7 @@ Completion tokens are the tokens of the reply text, of each tool call's name and
 reasoning; ``reasoning_tokens`` are the reasoning's share (OpenAI counts reasoning inside completion tokens).
 
 Cached tokens imitate prompt caching: the prompt is a chain of prefixes (tools, then one message at a time);
-``cached_tokens`` is the size of the longest prefix that an earlier request already sent.
+``cached_tokens`` is the size of the longest prefix that an earlier request to the same model already sent.
 """
 
 from __future__ import annotations
@@ -123,11 +123,17 @@ class TokenCounter:
         return self.text(_encode_json(list(tools)).decode())
 
     def prompt(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        model: str = "",
     ) -> PromptCount:
-        """Count a request's prompt and its cached prefix, then remember its prefixes for later requests."""
+        """Count a request's prompt and its cached prefix, then remember its prefixes for later requests.
+        Prefixes are cached per ``model``, as providers cache them (another model reads nothing)."""
         tools_json = _encode_json(list(tools)) if tools else b""
-        digest = hashlib.blake2b(tools_json, digest_size=16)
+        digest = hashlib.blake2b(model.encode() + b"\0", digest_size=16)
+        digest.update(tools_json)
         running = self.text(tools_json.decode()) if tools_json else 0
         prefixes: list[tuple[bytes, int]] = [(digest.digest(), running)]
         for message in messages:

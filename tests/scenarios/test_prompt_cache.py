@@ -158,3 +158,41 @@ def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session
     costs = usage.costs  # Anthropic's cache writes cost more than input, its reads a tenth of it
     assert costs is not None and costs.cache_write > 0 and costs.cache_read > 0 and costs.saved > 0
     assert usage.cache_write_tokens == sum(r.cache_write_tokens for r in requests if not is_summary(r.body))
+
+
+def test_a_changed_system_prompt_a_model_switch_and_a_compaction_are_reported_as_cache_breaks(
+    provider: LocalProvider, tmp_path: Any
+) -> None:
+    """A response that reads far less than the prefix it shares with the previous request is a
+    ``cache_break`` naming why: the run's own instructions replaced the system prompt, the model changed,
+    a compaction rewrote the history. Steps that extend the previous request are not."""
+    from actors.protocol import TurnOptions
+    from runtime.messages import user
+
+    model, other = "openai/gpt-4.1", "openai/gpt-4.1-mini"
+    provider.add_responder("gpt-4.1-mini", respond, context_window=WINDOW)
+    events: list[Any] = []
+    with Runtime(Config(), sessions_dir=tmp_path) as rt:
+        sid = run(rt, provider, model, provider.url, turns=0)
+        subscription = rt.subscribe(sid, callback=events.append)
+        breaks = lambda: [e for e in events if e.type == "cache_break"]  # noqa: E731
+        for turn in range(4):  # small steps: no compaction yet
+            assert rt.prompt(sid, prompt_text(turn, [[400], [800]])).result(timeout=60).status == "ok"
+        assert breaks() == [], "steps that extend the previous request read it all: no break"
+
+        options = TurnOptions(instructions="You are a different assistant now. " * 60)
+        handle = rt.send(sid, [user(prompt_text(4, [[400]]))], options=options)
+        assert handle.result(timeout=60).status == "ok"
+        first = breaks()[0]
+        assert (first.cause, first.model) == ("system_prompt", model)
+        assert first.cached_tokens < first.expected_tokens // 2 and first.turn_id
+
+        assert rt.prompt(sid, prompt_text(5, [[400]])).result(timeout=60).status == "ok"
+        rt.set_model(sid, other)
+        assert rt.prompt(sid, prompt_text(6, [[400]])).result(timeout=60).status == "ok"
+        rt.compact(sid).result(timeout=60)
+        assert rt.prompt(sid, prompt_text(7, [[400]])).result(timeout=60).status == "ok"
+        subscription.close()
+    causes = [e.cause for e in breaks()]
+    # (back on the session's own system prompt, the provider still had that prefix: no break)
+    assert causes == ["system_prompt", "model_switch", "compaction"], causes

@@ -70,6 +70,13 @@
     manual: "asked for",
     usage_overflow: "after a silent overflow",
   };
+  const CACHE_BREAKS = {
+    system_prompt: "the system prompt changed",
+    tools: "the tools changed",
+    model_switch: "the model changed",
+    compaction: "a compaction rewrote the history",
+    unknown: "the provider no longer had the prefix",
+  };
   const NO_COST =
     "no price known: the provider reported no cost and litellm has no price for this model (a local or custom model)";
 
@@ -1055,6 +1062,15 @@
       }
       case "usage_overflow":
         child(ev, "overflow", "overflow", `provider counted ${int(ev.input_tokens)} tokens > window ${int(ev.context_window)}`);
+        break;
+      case "cache_break":
+        note(
+          ev,
+          "note",
+          "cache",
+          `${int(ev.cached_tokens)} of ${int(ev.expected_tokens)} tokens read from the cache: ` +
+            (CACHE_BREAKS[ev.cause] || ev.cause),
+        );
         break;
       case "window_learned":
         note(ev, "note", "window", `${int(ev.new)} tokens (was ${int(ev.old)}), from the ${ev.source}`);
