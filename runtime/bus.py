@@ -81,6 +81,7 @@ class Subscription:
         self._waiter: Callable[[], None] | None = None  # wakes a reader blocked on an empty queue
         self._state = _OPEN
         self._thread: threading.Thread | None = None
+        self._driven = False  # a callback reads it (on a thread of its own, or a pool's: runtime.cluster)
         self._reader = 0  # the thread that last read it as an iterator (get or drain)
 
     def __repr__(self) -> str:
@@ -188,13 +189,13 @@ class Subscription:
         Called from the thread that reads an iterator, it returns True at once: that reader cannot catch up
         while it waits here, and every event published before the call is in its queue already.
         """
-        if self._thread is None and self._reader == threading.get_ident():
+        if not self._driven and self._reader == threading.get_ident():
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.0005
         while True:
             with self._lock:
-                reader_waiting = self._thread is None or self._waiter is not None  # a callback is done
+                reader_waiting = not self._driven or self._waiter is not None  # a callback is done
                 if self._state != _OPEN or (not self._queue and not self._notices and reader_waiting):
                     return True
             if deadline is not None and time.monotonic() >= deadline:
@@ -428,6 +429,7 @@ class EventBus:
                 for sid in wanted:
                     self._by_session[sid] = (*self._by_session.get(sid, ()), sub)
         if callback is not None:
+            sub._driven = True
             sub._thread = threading.Thread(
                 target=sub._run_callback,
                 args=(callback,),

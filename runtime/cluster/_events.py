@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from runtime.bus import ALL, EventBus, Subscription
+from runtime.cluster._callbacks import Callbacks
 from runtime.cluster._stream import decode_push
 from runtime.events import EVENT_TYPES, Event, SubscriberLagged
 
@@ -96,14 +97,20 @@ class Relay:
         queue_size: int,
         callback: Callable[[Event], Any] | None = None,
         include_children: bool = False,
+        callbacks: Callbacks | None = None,
     ) -> None:
         self.key = key
         self.bus = _RelayBus(queue_size=queue_size)
         self.include_children = include_children
         # With the sessions' sub-agents, the shards choose the sessions: the private bus takes what comes.
         self.subscription: Subscription = self.bus.subscribe(
-            ALL if include_children else sessions, types, callback=callback, queue_size=queue_size
+            ALL if include_children else sessions,
+            types,
+            callback=callback if callbacks is None else None,
+            queue_size=queue_size,
         )
+        if callback is not None and callbacks is not None:
+            callbacks.drive(self.subscription, callback)
         self.types = self.subscription.types
         self.sessions = _session_set(sessions)
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
@@ -112,7 +119,7 @@ class Relay:
         self._waiting = 0  # threads in wait_seen
         self.since = time.time()
         """When it was made: a replay after a shard's death passes on nothing older."""
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(self.bus._lock)  # (one lock a batch: offer() takes it again)
 
     @property
     def closed(self) -> bool:
@@ -142,16 +149,16 @@ class Relay:
         with self._cond:
             return self._cond.wait_for(lambda: not self._feeds, timeout)
 
-    def deliver(self, shard: str, events: list[Event], wake: bool = True) -> None:
-        """Publish a stream's events on the private bus with the numbers their shard gave them; with
-        ``wake`` False, the subscriber's reader is woken only by :meth:`wake`."""
-        out: list[Event] = []
-        with self._cond:
+    def deliver(self, shard: str, events: Event | list[Event], wake: bool = True) -> None:
+        """Queue a stream's events (or one event) for the subscriber with the numbers their shard gave them
+        (as :meth:`_RelayBus.offer`, one lock for them all); with ``wake`` False, the subscriber's reader
+        is woken only by :meth:`wake`."""
+        with self._cond:  # (the private bus's lock)
             held, seen, types = self._held, self._seen, self.types
-            for event in events:
+            sub = self.subscription
+            queue, size, open_ = sub._queue, sub.queue_size, not sub.closed
+            for event in events if isinstance(events, list) else (events,):
                 if isinstance(event, SubscriberLagged):  # the shard dropped events it could not send
-                    self.bus.offer(self.subscription, out)
-                    out = []
                     self.bus.notify_lag(event)
                     continue
                 if held:
@@ -160,9 +167,14 @@ class Relay:
                         waiting[1].append(event)
                         continue
                 seen[event.session_id] = event.seq
-                if types is None or event.type in types:  # (else session_stopped the move barrier wanted)
-                    out.append(event)
-            self.bus.offer(self.subscription, out, wake)
+                if open_ and (
+                    types is None or event.type in types
+                ):  # (else the move barrier's session_stopped)
+                    if len(queue) >= size:
+                        sub._drop_oldest()
+                    queue.append(event)
+            if wake and sub._waiter is not None:
+                sub._wake()
             if self._waiting:
                 self._cond.notify_all()
 
@@ -262,14 +274,18 @@ class Inbound:
         batch = decode_push(data)
         if batch.no <= self.received:
             return False  # written again after a reconnection
-        groups: dict[int, list[Event]] = {}
+        # Each feed's events, a lone event as it is: a batch holds one event or two for most of a thousand
+        # subscriptions, and a list each would be objects enough to set the garbage collector going.
+        groups: dict[int, Event | list[Event]] = {}
         for event, route in zip(batch.events, batch.routes):
-            for key in route:
+            for key in (route,) if type(route) is int else route:  # type: ignore[union-attr]
                 group = groups.get(key)
                 if group is None:
-                    groups[key] = [event]
-                else:
+                    groups[key] = event
+                elif type(group) is list:
                     group.append(event)
+                else:
+                    groups[key] = [group, event]  # type: ignore[list-item]
         relays, to_wake = self._relays, self._to_wake
         first = not to_wake
         for key, events in groups.items():

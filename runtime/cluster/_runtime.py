@@ -43,6 +43,7 @@ from runtime import events as ev
 from runtime.api import RuntimeAPI, ToolsArg
 from runtime.bus import Subscription
 from runtime.cluster import _wire
+from runtime.cluster._callbacks import Callbacks
 from runtime.cluster._capacity import Leases
 from runtime.cluster._channel import LOST
 from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
@@ -139,6 +140,7 @@ class ClusterRuntime(RuntimeAPI):
             cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
         )
         self._feeds = Feeds(self._fleet)
+        self._callbacks = Callbacks()
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> ClusterRuntime:
@@ -817,6 +819,7 @@ class ClusterRuntime(RuntimeAPI):
             queue_size=size,
             callback=callback,
             include_children=include_children,
+            callbacks=self._callbacks,
         )
         with self._fleet.lock:
             self._fleet.relays[relay.key] = relay

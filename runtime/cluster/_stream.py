@@ -5,7 +5,7 @@ A :class:`Router` is a sink of the shard's event bus. Each front's subscription 
 and it decides so once per event, under the bus lock, in publish order. What a front's feeds want goes to
 that front's :class:`Stream`, which seals what came before the shard's event loop woke up for it into one
 numbered batch and writes it on the front's turn channel (one frame: :data:`PUSH`, then msgpack ``[number, events, routes]``,
-``routes[i]`` the keys of the feeds ``events[i]`` is for). An event wanted by several feeds of a front
+``routes[i]`` the key of the feed ``events[i]`` is for, or a list of keys when it is for several). An event wanted by several feeds of a front
 crosses once; the front decodes each batch once and hands each event to its subscriptions.
 
 A turn's answer is written after the batch holding its events, and carries that batch's number (see
@@ -61,7 +61,9 @@ class Push(msgspec.Struct, array_like=True):
 
     no: int
     events: list[AnyEvent]
-    routes: list[list[int]]
+    routes: list[int | list[int]]
+    """Each event's feed, or its feeds (a number each, not a list each: a front decodes them without
+    allocating the objects its garbage collector would count and, at times, walk through)."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -103,7 +105,7 @@ class Feed:
 class _Batch:
     __slots__ = ("data", "events", "no", "routes")
 
-    def __init__(self, no: int, data: bytes, events: list[Event], routes: list[list[int]]) -> None:
+    def __init__(self, no: int, data: bytes, events: list[Event], routes: list[int | list[int]]) -> None:
         self.no = no
         self.data = data
         self.events = events
@@ -121,7 +123,7 @@ class Stream:
         self._lock = lock  # the bus lock: add() runs under it, seal() takes it to swap the lists
         self._loop = loop
         self._events: list[Event] = []
-        self._routes: list[list[int]] = []
+        self._routes: list[int | list[int]] = []
         self._armed = False
         self._since = 0.0  # when the first event of the batch being made was added
         self.no = 0  # the last batch sealed
@@ -140,10 +142,14 @@ class Stream:
         """Queue ``event`` for the feed ``key`` (bus lock held)."""
         events = self._events
         if events and events[-1] is event:
-            self._routes[-1].append(key)
+            route = self._routes[-1]
+            if isinstance(route, int):
+                self._routes[-1] = [route, key]
+            else:
+                route.append(key)
             return
         events.append(event)
-        self._routes.append([key])
+        self._routes.append(key)
         if not self._armed:
             self._armed = True
             self._since = time.monotonic()
@@ -171,7 +177,7 @@ class Stream:
                 SubscriberLagged(session_id=sid, dropped=n, ts=now) for (_, sid), n in self._lost.items()
             ]
             events[:0] = notices
-            routes[:0] = [[key] for key, _ in self._lost]
+            routes[:0] = [key for key, _ in self._lost]
             self._lost = {}
         if not events or self.closed:
             return self.no
@@ -219,7 +225,7 @@ class Stream:
             self._unwritten_bytes -= len(batch.data)
             for event, route in zip(batch.events, batch.routes):
                 n = event.dropped if isinstance(event, SubscriberLagged) else 1
-                for key in route:
+                for key in (route,) if isinstance(route, int) else route:
                     lost[key, event.session_id] = lost.get((key, event.session_id), 0) + n
         if lost and not self._armed:  # the notices go out at once, not with the next event
             self._armed = True
