@@ -222,6 +222,14 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
     marks = sum(1 for t in raw_tools if isinstance(t, dict) and t.get("cache_control"))
     marks += sum(1 for b in system if b.get("cache_control"))
     marks += sum(1 for _, blocks in messages for b in blocks if b.get("cache_control"))
+    marks += sum(  # a tool result's own text blocks may carry one too
+        1
+        for _, blocks in messages
+        for b in blocks
+        if b.get("type") == "tool_result" and isinstance(b.get("content"), list)
+        for inner in b["content"]
+        if isinstance(inner, dict) and inner.get("cache_control")
+    )
     if marks > anthropic.MAX_BREAKPOINTS:
         raise Problem(anthropic.too_many_breakpoints(marks))
     return Parsed(
@@ -382,11 +390,24 @@ def prompt_blocks(parsed: Parsed, counter: TokenCounter) -> list[Block]:
 
 
 def _bare(block: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in block.items() if k != "cache_control"} if "cache_control" in block else block
+    """A block as the cache sees it: without its ``cache_control`` markers (a breakpoint that moves changes no
+    prefix), and a ``tool_result``'s text as a list of text blocks, however it was sent (the same prompt)."""
+    bare = {k: v for k, v in block.items() if k != "cache_control"} if "cache_control" in block else block
+    if bare.get("type") == "tool_result":
+        content = bare.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}] if content else []
+        elif isinstance(content, list):
+            content = [_bare(b) if isinstance(b, dict) else b for b in content]
+        bare = {**bare, "content": content}
+    return bare
 
 
 def _mark(block: dict[str, Any]) -> str | None:
     control = block.get("cache_control")
+    if control is None and block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+        inner = [b.get("cache_control") for b in block["content"] if isinstance(b, dict)]
+        control = next((c for c in reversed(inner) if c is not None), None)
     if not isinstance(control, dict):
         return None
     ttl = control.get("ttl", "5m")
