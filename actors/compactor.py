@@ -30,7 +30,7 @@ from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult
-from runtime.messages import Message
+from runtime.messages import Message, Usage
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
@@ -113,6 +113,7 @@ class _Job:
     calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
     span: Any = None  # the compaction's span, when the runtime traces (design §7.5)
+    spent: Usage = field(default_factory=Usage)  # what its summarizer calls cost (design §4.1)
 
 
 class Compactor(SessionActor):
@@ -451,6 +452,8 @@ class Compactor(SessionActor):
         result = done.result
         text = None if result.error is not None or result.message is None else result.message.text.strip()
         job.answers[done.index] = text or None
+        if result.message is not None and result.message.usage is not None:
+            job.spent = job.spent + result.message.usage
         job.outstanding -= 1
         if job.outstanding > 0:
             return
@@ -496,7 +499,13 @@ class Compactor(SessionActor):
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, message))
             self._fail(job, trigger, outcome.reason, message, tokens_before, dead=dead)
             return
-        summary = outcome.summary
+        summary = self._with_spend(outcome.summary, job)
+        if summary is not outcome.summary:
+            outcome = msgspec.structs.replace(
+                outcome,
+                summary=summary,
+                messages=[summary if m is outcome.summary else m for m in outcome.messages],
+            )
         self._write_artifact(1, outcome.unclipped_summary or summary.text, job)
         # Right after a compaction the estimate is a full count (design §4.2): usage from before it, which
         # may be a provider's inflated report (a silent overflow), no longer describes the context.
@@ -510,6 +519,8 @@ class Compactor(SessionActor):
             if job.view.dead is not None:  # a manual compaction brought a dead session back
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, ""))
             self.refs.usage.tell(p.Reset(context_tokens=tokens_after))
+            if summary.usage is not None:  # the summarizer's spend is the session's (design §4.1)
+                self.refs.usage.tell(p.RecordResponse(message=summary))
             self._end_span(
                 job,
                 messages_after=len(outcome.messages),
@@ -552,6 +563,14 @@ class Compactor(SessionActor):
             artifacts=tuple(job.artifacts),
         )
         self.call(self.refs.store, record, recorded)
+
+    @staticmethod
+    def _with_spend(summary: Message, job: _Job) -> Message:
+        """``summary`` carrying what its summarizer calls cost, as a response carries its usage: the
+        session's totals count it, live and when rebuilt from the log (design §4.1)."""
+        if not (job.spent.input_tokens or job.spent.output_tokens):
+            return summary
+        return msgspec.structs.replace(summary, usage=job.spent)
 
     def _skip(self, job: _Job, trigger: CompactionTrigger, reason: str, message: str) -> None:
         """A compaction with nothing to reduce: said once (``compaction_skipped``), the history unchanged."""
@@ -696,9 +715,12 @@ class Compactor(SessionActor):
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None
         replacements, summary = ts.finish_tool_archive(job.plan, answer)
+        summary = self._with_spend(summary, job)
         store = self.refs.store
 
         def appended(_: p.Stored | CallFailed) -> None:
+            if summary.usage is not None:
+                self.refs.usage.tell(p.RecordResponse(message=summary))
             self.emit(
                 ev.ToolResultsArchived,
                 archived=job.plan.results,

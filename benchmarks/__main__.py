@@ -426,6 +426,28 @@ def _limits(doc: dict[str, Any]) -> Summary:
     return out
 
 
+def _cache(doc: dict[str, Any]) -> Summary:
+    targets = {"openai": 0.90, "anthropic": 0.85}
+    return [
+        _figure(
+            "cache",
+            f"{row['dialect']} caching, {row['window']:,}-token window, {row['turns']} tool-heavy turns: input read "
+            "from the cache, input cost against no cache",
+            f"{row['cached share']:.1%}, {row['input cost vs none']:.2f}x "
+            f"(without hints: {_cache_flat(doc, row)})",
+            f">= {targets[row['dialect']]:.0%}",
+            row["cached share"] >= targets[row["dialect"]],
+        )
+        for row in doc["rows"]
+        if row["side"] == "cache"
+    ]
+
+
+def _cache_flat(doc: dict[str, Any], on: dict[str, Any]) -> str:
+    rows = _rows(doc, side="flat", dialect=on["dialect"], window=on["window"])
+    return f"{rows[0]['cached share']:.1%}, {rows[0]['input cost vs none']:.2f}x" if rows else "-"
+
+
 def _off(doc: dict[str, Any], on: dict[str, Any]) -> str:
     rows = _rows(doc, limiter="off", sessions=on["sessions"])
     if not rows:
@@ -515,6 +537,13 @@ BENCHES: tuple[Bench, ...] = (
         (),
         _limits,
         "sessions sharing one rate-limited key: goodput against the limit, refused, waits; limiter on and off",
+    ),
+    Bench(
+        "cache",
+        ("--quick",),
+        (),
+        _cache,
+        "a long tool-heavy session at 32k and 128k windows, both dialects: input read from the cache, input cost",
     ),
     Bench(
         "soak",

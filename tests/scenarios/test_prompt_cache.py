@@ -101,9 +101,10 @@ def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_a
     cached = sum(r.cached_tokens for r in requests)
     assert cached / total >= 0.75, cached / total
 
-    # The session's usage is what the provider said, and its cost is priced cache-aware from litellm's map.
-    assert usage.input_tokens == sum(r.prompt_tokens for r in agent)
-    assert usage.cache_read_tokens == sum(r.cached_tokens for r in agent)
+    # The session's usage is what the provider said, its summarizer's calls included, and its cost is priced
+    # cache-aware from litellm's map.
+    assert usage.input_tokens == total
+    assert usage.cache_read_tokens == cached
     prices = prices_from_info(load_litellm().model_cost["gpt-4.1"])
     assert prices is not None
     rates = prices.base
@@ -157,7 +158,8 @@ def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session
     assert sum(r.cache_write_tokens for r in requests) > 0
     costs = usage.costs  # Anthropic's cache writes cost more than input, its reads a tenth of it
     assert costs is not None and costs.cache_write > 0 and costs.cache_read > 0 and costs.saved > 0
-    assert usage.cache_write_tokens == sum(r.cache_write_tokens for r in requests if not is_summary(r.body))
+    assert usage.cache_write_tokens == sum(r.cache_write_tokens for r in requests)  # the summaries' too
+    assert usage.cache_read_tokens == sum(r.cached_tokens for r in requests)
 
 
 def test_a_changed_system_prompt_a_model_switch_and_a_compaction_are_reported_as_cache_breaks(
