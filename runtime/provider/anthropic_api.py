@@ -37,6 +37,7 @@ from starlette.responses import Response, StreamingResponse
 
 from runtime.dialects import anthropic
 from runtime.dialects._base import ErrorResponse
+from runtime.provider import errors
 from runtime.provider.prompt_cache import Block, CacheUse, PromptCache
 from runtime.provider.script import Fault, Turn
 from runtime.provider.usage import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, PromptCount, TokenCounter
@@ -76,17 +77,9 @@ if TYPE_CHECKING:
             self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
         ) -> tuple[Turn, str, ErrorResponse | None]: ...
         def _paced(self, frames: Iterator[bytes]) -> AsyncIterator[bytes]: ...
-        async def _hang(self, request: Request) -> None: ...
-        def _stall_after(
-            self, request: Request, frames: Iterator[bytes], count: int
-        ) -> AsyncIterator[bytes]: ...
-        def _keep_alive_after(
-            self, request: Request, frames: Iterator[bytes], count: int, keepalive: bytes = ...
-        ) -> AsyncIterator[bytes]: ...
-        def _cut_after(
-            self, request: Request, frames: Iterator[bytes], count: int
-        ) -> AsyncIterator[bytes]: ...
-        def _reset_connection(self, request: Request) -> None: ...
+        async def fault_response(
+            self, request: Request, fault: Fault, count: PromptCount, stream: bool, words: errors.FaultWords
+        ) -> Response: ...
 
 
 _json = msgspec.json.Encoder()
@@ -712,55 +705,19 @@ class MessagesEndpoint:
         self, request: Request, fault: Fault, model: str, parsed: Parsed, count: PromptCount
     ) -> Response:
         provider = self.provider
-        stream = parsed.stream
-        match fault.kind:
-            case "rate_limit":
-                return _error(anthropic.rate_limit_error(model, fault.retry_after))
-            case "server_error":
-                return _error(anthropic.api_error(fault.status))
-            case "overloaded":
-                return _error(anthropic.error("overloaded_error", "Overloaded", fault.status or 529))
-            case "auth":
-                return _error(anthropic.auth_error())
-            case "overflow":
-                window = provider._window_of(model)
-                return _error(
-                    anthropic.overflow(max(count.prompt_tokens, window + 1), window, parsed.max_tokens)
-                )
-            case "hang":
-                await provider._hang(request)
-                return Response(status_code=504)
-            case "stall":
-                if not stream:
-                    await provider._hang(request)
-                    return Response(status_code=504)
-                frames = self._fault_events("This reply stops and stays silent ", model, count)
-                return _sse(provider._stall_after(request, frames, fault.after_chunks))
-            case "keepalive":
-                if not stream:
-                    await provider._hang(request)
-                    return Response(status_code=504)
-                frames = self._fault_events("This reply waits forever ", model, count)
-                ping = event("ping", {"type": "ping"})
-                return _sse(provider._keep_alive_after(request, frames, fault.after_chunks, ping))
-            case "stream_error":
-                if not stream:
-                    return _error(anthropic.api_error())
-                pieces = list(self._fault_events("This reply breaks off ", model, count))
-                head = pieces[: max(0, fault.after_chunks)]
-                error = event(
-                    "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-                )
-                return Response(
-                    b"".join([*head, error]), media_type="text/event-stream", headers=_SSE_HEADERS
-                )
-            case "reset":
-                if not stream or fault.after_chunks <= 0:
-                    provider._reset_connection(request)
-                    return Response(status_code=500)
-                frames = self._fault_events("This reply is cut off in the middle ", model, count)
-                return _sse(provider._cut_after(request, frames, fault.after_chunks))
-        raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
+        window = provider._window_of(model)
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        words = errors.FaultWords(
+            rate_limit=lambda: anthropic.rate_limit_error(model, fault.retry_after),
+            server_error=anthropic.api_error,
+            overloaded=lambda status: anthropic.error("overloaded_error", "Overloaded", status or 529),
+            auth=anthropic.auth_error,
+            overflow=lambda prompt: anthropic.overflow(prompt, window, parsed.max_tokens),
+            frames=lambda phrase: self._fault_events(phrase, model, count),
+            error_event=event("error", error),
+            keepalive=event("ping", {"type": "ping"}),
+        )
+        return await provider.fault_response(request, fault, count, parsed.stream, words)
 
     def _fault_events(self, phrase: str, model: str, count: PromptCount) -> Iterator[bytes]:
         reply = Reply(Turn(text=phrase * 4), model, usage_of(count.prompt_tokens, CacheUse(0, 0, 0), 1), None)

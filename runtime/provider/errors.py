@@ -9,6 +9,9 @@ overload, bad key) too.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 from runtime.dialects import (
     anthropic,
     bedrock,
@@ -32,6 +35,7 @@ from runtime.dialects._base import ErrorResponse, OverflowFormat
 __all__ = [
     "OVERFLOW_FORMATS",
     "ErrorResponse",
+    "FaultWords",
     "OverflowFormat",
     "auth_error",
     "bad_request",
@@ -83,3 +87,20 @@ server_error = openai.server_error
 overloaded_error = anthropic.overloaded_error
 auth_error = openai.auth_error
 bad_request = openai.bad_request
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultWords:
+    """How an endpoint's dialect says each injected fault (:meth:`~runtime.provider.server.LocalProvider.fault_response`)."""
+
+    rate_limit: Callable[[], ErrorResponse]
+    server_error: Callable[[int | None], ErrorResponse]
+    overloaded: Callable[[int | None], ErrorResponse]
+    auth: Callable[[], ErrorResponse]
+    overflow: Callable[[int], ErrorResponse]
+    """The overflow error for a prompt of so many tokens."""
+    frames: Callable[[str], Iterator[bytes]]
+    """The SSE frames of a reply saying a phrase (what a mid-stream fault breaks into)."""
+    error_event: bytes
+    """The SSE event a stream that fails midway ends with."""
+    keepalive: bytes = b": keep-alive\n\n"

@@ -497,20 +497,36 @@ class LocalProvider:
     async def _fault_response(
         self, request: Request, fault: Fault, model: str, count: PromptCount, stream: bool
     ) -> Response:
+        def overflow(prompt: int) -> errors.ErrorResponse:
+            return errors.overflow_error(self.overflow_format, prompt, self.context_window)
+
+        error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
+        words = errors.FaultWords(
+            rate_limit=lambda: errors.rate_limit_error(model, fault.retry_after),
+            server_error=errors.server_error,
+            overloaded=errors.overloaded_error,
+            auth=errors.auth_error,
+            overflow=overflow,
+            frames=lambda phrase: self._fault_frames(phrase, model, count),
+            error_event=error,
+        )
+        return await self.fault_response(request, fault, count, stream, words)
+
+    async def fault_response(
+        self, request: Request, fault: Fault, count: PromptCount, stream: bool, words: errors.FaultWords
+    ) -> Response:
+        """The answer of an injected ``fault``, in the words of an endpoint's dialect."""
         match fault.kind:
             case "rate_limit":
-                return _error_response(errors.rate_limit_error(model, fault.retry_after))
+                return _error_response(words.rate_limit())
             case "server_error":
-                return _error_response(errors.server_error(fault.status))
+                return _error_response(words.server_error(fault.status))
             case "overloaded":
-                return _error_response(errors.overloaded_error(fault.status))
+                return _error_response(words.overloaded(fault.status))
             case "auth":
-                return _error_response(errors.auth_error())
+                return _error_response(words.auth())
             case "overflow":
-                prompt = max(count.prompt_tokens, self.context_window + 1)
-                return _error_response(
-                    errors.overflow_error(self.overflow_format, prompt, self.context_window)
-                )
+                return _error_response(words.overflow(max(count.prompt_tokens, self.context_window + 1)))
             case "hang":
                 await self._hang(request)
                 return Response(status_code=504)
@@ -518,28 +534,27 @@ class LocalProvider:
                 if not stream:
                     await self._hang(request)
                     return Response(status_code=504)
-                frames = self._fault_frames("This reply stops and stays silent ", model, count)
+                frames = words.frames("This reply stops and stays silent ")
                 return _sse(self._stall_after(request, frames, fault.after_chunks))
             case "keepalive":
                 if not stream:
                     await self._hang(request)
                     return Response(status_code=504)
-                frames = self._fault_frames("This reply waits forever ", model, count)
-                return _sse(self._keep_alive_after(request, frames, fault.after_chunks))
+                frames = words.frames("This reply waits forever ")
+                return _sse(self._keep_alive_after(request, frames, fault.after_chunks, words.keepalive))
             case "stream_error":
                 if not stream:
-                    return _error_response(errors.server_error())
-                pieces = list(self._fault_frames("This reply breaks off ", model, count))
+                    return _error_response(words.server_error(None))
+                pieces = list(words.frames("This reply breaks off "))
                 head = pieces[: max(0, fault.after_chunks)]
-                error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
                 return Response(
-                    b"".join([*head, error]), media_type="text/event-stream", headers=_SSE_HEADERS
+                    b"".join([*head, words.error_event]), media_type="text/event-stream", headers=_SSE_HEADERS
                 )
             case "reset":
                 if not stream or fault.after_chunks <= 0:
                     self._reset_connection(request)
                     return Response(status_code=500)
-                frames = self._fault_frames("This reply is cut off in the middle ", model, count)
+                frames = words.frames("This reply is cut off in the middle ")
                 return _sse(self._cut_after(request, frames, fault.after_chunks))
         raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
 

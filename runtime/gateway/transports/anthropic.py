@@ -33,9 +33,9 @@ from runtime.gateway._anthropic_body import request_body
 from runtime.gateway._cost import usage_with_cost
 from runtime.gateway._models import Delta, ErrorKind
 from runtime.gateway._stream import stop_reason
-from runtime.gateway.transports._http import Endpoint, HTTPClient, HTTPTransportError, Response
-from runtime.gateway.transports.base import Attempt, Transport
-from runtime.gateway.transports.openai_compat import ProviderHTTPError, StreamError, error_of
+from runtime.gateway.transports._http import HTTPTransportError, Response
+from runtime.gateway.transports.base import Attempt
+from runtime.gateway.transports.openai_compat import PooledTransport, ProviderHTTPError, StreamError, error_of
 from runtime.messages import Message, Part, ReasoningPart, TextPart, ToolCallPart, Usage, new_id
 
 if TYPE_CHECKING:
@@ -116,24 +116,10 @@ def raw_usage(usage: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-class AnthropicTransport(Transport):
+class AnthropicTransport(PooledTransport):
     """Anthropic's Messages API, natively."""
 
     name: ClassVar[str] = NAME
-
-    def __init__(self, *, max_connections: int = 1_000, keepalive_expiry: float = 5.0) -> None:
-        self._http = HTTPClient(max_connections=max_connections, keepalive_expiry=keepalive_expiry)
-        self._endpoints: dict[object, Endpoint] = {}
-
-    def _endpoint(self, route: Route) -> Endpoint:
-        key: object = (route.url, *sorted(route.headers.items()))
-        endpoint = self._endpoints.get(key)
-        if endpoint is None:
-            endpoint = self._endpoints[key] = Endpoint(route.url, route.headers)
-        return endpoint
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
     def error_kind(self, exc: BaseException) -> ErrorKind | None:
         """An error's ``error.type`` by Anthropic's table; a stream cut short is transient; the HTTP client's

@@ -120,10 +120,9 @@ _STRIP_REASONING: Final = ("reasoning_content", "thinking_blocks")
 _STRIP_THINKING_BLOCKS: Final = ("thinking_blocks",)
 
 
-class OpenAICompatTransport(Transport):
-    """Chat completions straight to an OpenAI-compatible endpoint."""
-
-    name: ClassVar[str] = NAME
+class PooledTransport(Transport):
+    """A native transport's connections: keep-alive pools of the HTTP client, one endpoint per URL and
+    headers (shared by ``openai_compat`` and ``anthropic``)."""
 
     def __init__(self, *, max_connections: int = 1_000, keepalive_expiry: float = 5.0) -> None:
         self._http = HTTPClient(max_connections=max_connections, keepalive_expiry=keepalive_expiry)
@@ -138,6 +137,12 @@ class OpenAICompatTransport(Transport):
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+class OpenAICompatTransport(PooledTransport):
+    """Chat completions straight to an OpenAI-compatible endpoint."""
+
+    name: ClassVar[str] = NAME
 
     def error_kind(self, exc: BaseException) -> ErrorKind | None:
         """A stream that failed is transient, the HTTP client's errors are what they carry, and an error
