@@ -94,7 +94,7 @@ _STOP_REASONS: Final = {
 }
 
 
-class Problem(Exception):
+class _Problem(Exception):
     """A request Anthropic would refuse: the error response to send."""
 
     def __init__(self, error: ErrorResponse) -> None:
@@ -102,8 +102,8 @@ class Problem(Exception):
         self.error = error
 
 
-def _bad(message: str) -> Problem:
-    return Problem(anthropic.bad_request(message))
+def _bad(message: str) -> _Problem:
+    return _Problem(anthropic.bad_request(message))
 
 
 # -- signatures -----------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class Parsed(msgspec.Struct, kw_only=True):
 
 
 def parse(body: dict[str, Any], signer: Signer) -> Parsed:
-    """``body`` checked as Anthropic checks it; raises :class:`Problem` with the 400 it would send."""
+    """``body`` checked as Anthropic checks it; raises :class:`_Problem` with the 400 it would send."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model: Field required")
@@ -224,7 +224,7 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
         if isinstance(inner, dict) and inner.get("cache_control")
     )
     if marks > anthropic.MAX_BREAKPOINTS:
-        raise Problem(anthropic.too_many_breakpoints(marks))
+        raise _Problem(anthropic.too_many_breakpoints(marks))
     return Parsed(
         model=model,
         max_tokens=max_tokens,
@@ -598,7 +598,7 @@ class MessagesEndpoint:
             return _error(anthropic.bad_request("anthropic-version: header is required"))
         try:
             parsed = parse(body, self.signer)
-        except Problem as problem:
+        except _Problem as problem:
             log(problem.error.status, "error")
             return _error(problem.error)
         chat, tools = as_chat(parsed)
