@@ -121,11 +121,39 @@ class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
     back as ``tool`` messages in the next prompt's :attr:`Prompt.lead`, and the thread goes on from them.
     ``instructions``: this run's system prompt (None: the session's). ``compaction``: False turns automatic
     compaction off for the run: a context that does not fit is then an error.
+
+    What the client asks of each model request of the run (issue 40): ``max_output_tokens`` caps each
+    answer (the smaller of it and the runtime's own cap, :meth:`answer_cap`); ``parallel_tool_calls``
+    False asks the model for at most one tool call a step; ``reasoning_effort`` and ``verbosity`` go to the
+    model as such (:meth:`extra`: litellm maps them for the providers that take them).
     """
 
     client_tools: tuple[dict[str, Any], ...] = ()
     instructions: str | None = None
     compaction: bool = True
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool = True
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    def answer_cap(self, runtime_cap: int | None) -> int | None:
+        """A request's ``max_tokens``: the runtime's own cap (the room the window leaves, the output
+        limits), within the client's ``max_output_tokens``."""
+        if self.max_output_tokens is None:
+            return runtime_cap
+        return self.max_output_tokens if runtime_cap is None else min(runtime_cap, self.max_output_tokens)
+
+    def extra(self, *, tools: bool) -> dict[str, Any]:
+        """The request parameters the client set beyond the cap (``CompletionRequest.extra``); ``tools``:
+        whether the request offers tools (``parallel_tool_calls`` goes only with them)."""
+        out: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        if self.verbosity is not None:
+            out["verbosity"] = self.verbosity
+        if not self.parallel_tool_calls and tools:
+            out["parallel_tool_calls"] = False
+        return out
 
     @property
     def client_tool_names(self) -> frozenset[str]:
