@@ -34,8 +34,9 @@ __all__ = ["Callbacks"]
 
 log = logging.getLogger("agentcell.cluster")
 
-WORKERS = 2
-"""Threads that run callbacks (more only take turns at the GIL; a blocked callback gets one of its own)."""
+WORKERS = 1
+"""Threads that run callbacks (more would only take turns at the GIL with the thread that reads the shards;
+while a callback is slow the pool has more)."""
 SLOW_AFTER = 0.05
 """Seconds a callback may run before the pool starts another thread (a busy machine alone can take that
 long to run one: the thread ends again once idle)."""
