@@ -45,9 +45,10 @@ from runtime.context.recovery import (
     compaction_did_not_help,
     prompt_caused_overflow,
 )
+from runtime.durable import MAX_RESUMES, TurnRecovery, process_name, recover_turn, step_record, turn_prompt
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
-from runtime.handles import Handle, TurnResult
+from runtime.handles import Handle, PromptHandle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id
 from runtime.tokens import TokenCounter
 from runtime.tools.saved import READ_SAVED
@@ -55,8 +56,9 @@ from runtime.tools.saved import READ_SAVED
 if TYPE_CHECKING:
     from runtime.gateway import CallHandle, CompletionResult, Delta, RetryInfo
     from runtime.observability.tracing import Tracing
+    from runtime.store.entries import StepKind
     from runtime.tools.executor import ContextFactory, ToolBatchHandle, ToolRunResult
-    from runtime.tools.registry import ToolRegistry
+    from runtime.tools.registry import Tool, ToolRegistry
 
 log = logging.getLogger("agentcell.agent")
 
@@ -65,6 +67,7 @@ R = TypeVar("R")
 # No tokenizer packs more characters than this into one token of real text: a prompt longer than this
 # many characters per token of the window is refused without counting it.
 _CHARS_PER_TOKEN_CEILING = 16
+_RECORD_TIMEOUT = 30.0  # seconds a tool's worker waits for the tool's start to be in the log (design §3.12)
 
 
 class AgentState(StrEnum):
@@ -208,6 +211,8 @@ class Agent(SessionActor):
     def on_start(self) -> None:
         if self._recovering:
             self.call(self.refs.store, p.GetContext(), self._recover)
+        else:
+            self.refs.resumed.set_result(None)  # a new session: no turn to take up
 
     def _recover(self, view: p.ContextView | CallFailed) -> None:
         handover, self.refs.handover = self.refs.handover, None
@@ -224,16 +229,33 @@ class Agent(SessionActor):
                     self.services.tracing,
                     self.session_id,
                 )
+            self.refs.resumed.set_result(None)
             self._dequeue()
             return
         self.refs.usage.tell(p.Restore(tuple(view.messages)))
         awaited = awaiting_client(view.messages)  # a run that stopped for the client's tools still waits
-        repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None
-        continuing = run is not None and interrupted
-        # A turn cut off and not taken up (the process stopped) is said to be so in the log, which ends it.
-        notes = repairs if continuing or not interrupted else [*repairs, interrupted_turn_note()]
+        if run is None and interrupted and not awaited:  # the process stopped mid-turn (design §3.12)
+            run = self._taken_up_run(view)
+        if run is not None and interrupted:
+            self._runs += 1
+            run.token, run.call, run.tools, run.continued = self._runs, None, None, True
+            self.run = run  # (prompts wait meanwhile: _busy_with_recovery)
+            taken_up = handover is None
+            if taken_up:  # its caller is gone with the process: the runtime hands its handle out
+                tracing = self.services.tracing
+                if tracing is not None:
+                    run.span = tracing.start_turn(
+                        self.session_id, run.turn_id, model=self.model, inputs=run.prompt.inputs
+                    )
+                self.emit(ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id)
+            self.refs.resumed.set_result(run.prompt.handle if taken_up else None)
+            self._with_mcp_tools(run, lambda: self._take_up(run, view, awaited, handover))
+            return
+        repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
+        # A turn cut off and not taken up is said to be so in the log, which ends it.
+        notes = [*repairs, interrupted_turn_note()] if interrupted else repairs
 
         def done(_: object) -> None:
             self.emit(
@@ -241,13 +263,11 @@ class Agent(SessionActor):
                 messages=len(view.messages),
                 repaired_calls=len(repairs),
                 interrupted_turn=interrupted,
-                continued=continuing,
+                continued=False,
             )
+            self.refs.resumed.set_result(None)
             if handover is not None:
                 self.queue = [*handover.queue, *self.queue]
-            if run is not None and continuing:
-                self._continue(run)
-                return
             if run is not None:  # it crashed after its answer was recorded: the turn is over
                 answer = view.messages[-1] if view.messages else None
                 run.prompt.handle.set_result(
@@ -256,17 +276,121 @@ class Agent(SessionActor):
             self._dequeue()
 
         if notes:
-            self.call(self.refs.store, p.Append(tuple(notes), end_turn=not continuing), done)
+            self.call(self.refs.store, p.Append(tuple(notes), end_turn=True), done)
         else:
             done(None)
 
-    def _continue(self, run: _Run) -> None:
-        """Take up a run its crashed predecessor was in: the next step, from the log (design §1.2)."""
+    # -- durable turns: taking up a turn a crash cut off (design §3.12, runtime/durable.py) -------------
+    def _taken_up_run(self, view: p.ContextView) -> _Run | None:
+        """The run of a turn the process stopped in, to take up from the log; None when it is not to be
+        (the host said not to, it was taken up too often already, or the log names no prompt)."""
+        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent)
+        prompt = turn_prompt(view.messages)
+        if not self.spec.config.agent.resume_turns or recovery.resumed >= MAX_RESUMES or prompt is None:
+            return None
+        handle = PromptHandle(recovery.prompt_id or new_id())
+        run = _Run(token=0, prompt=Prompt(message=prompt, handle=handle), step=recovery.steps)
+        if recovery.turn_id is not None:
+            run.turn_id = recovery.turn_id
+        return run
+
+    def _take_up(
+        self,
+        run: _Run,
+        view: p.ContextView,
+        awaited: frozenset[str],
+        handover: Handover | None,
+    ) -> None:
+        """Go on with ``run`` from the log: the results of calls that may not run again first, then the
+        calls to run (again), or the next request."""
+        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent, awaited=awaited)
+        handled = {c.id for c in recovery.rerun} | {m.tool_call_id for m in recovery.unknown}
+        repairs = [
+            r
+            for r in repair_tool_calls(view.messages)
+            if r.tool_call_id not in awaited and r.tool_call_id not in handled
+        ]
+        notes = (*recovery.unknown, *repairs)
+
+        def go_on(_: object) -> None:
+            self.emit(
+                ev.AgentRecovered,
+                messages=len(view.messages),
+                repaired_calls=len(notes),
+                interrupted_turn=True,
+                continued=True,
+            )
+            if handover is not None:
+                self.queue = [*handover.queue, *self.queue]
+            self._announce_resume(run, recovery)
+            answer = next((m for m in reversed(view.messages) if m.role == "assistant"), None)
+            self._continue(run, recovery.rerun, answer)
+
+        if notes:
+            self.call(self.refs.store, p.Append(notes), self._guard(run, go_on))
+        else:
+            go_on(None)
+
+    def _announce_resume(self, run: _Run, recovery: TurnRecovery) -> None:
+        """Say that ``run`` is taken up (``turn_resumed``), in the log and to subscribers."""
+        self._record(run, "resumed", step=recovery.steps)
+        self.emit(
+            ev.TurnResumed,
+            turn_id=run.turn_id,
+            prompt_id=run.prompt.handle.id,
+            resume_from=recovery.resume_from,
+            step=recovery.steps,
+            process=process_name(),
+            rerun_calls=len(recovery.rerun),
+            unknown_calls=len(recovery.unknown),
+        )
+
+    def _idempotent(self, name: str) -> bool:
+        tool = self.spec.tools.get(name)
+        return tool is not None and tool.idempotent
+
+    def _record(self, run: _Run, kind: StepKind, **fields: str | int) -> None:
+        """Record a step of ``run`` in the log before its effect (design §3.12). Told, not waited for:
+        a request or a compaction the log does not show is made again, which does no harm."""
+        store = self.refs.store_ref
+        if store is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                store.tell(p.RecordStep(step_record(run.turn_id, kind, **fields)))
+
+    def _tool_start_recorder(self, run: _Run) -> Callable[[ToolCallPart, Tool], None]:
+        """What a tool's worker calls right before the tool: the call's start recorded in the log. A tool
+        that is not idempotent runs only once that record is written (a crash after it: the outcome is
+        unknown, and the call is not run again); an idempotent one does not wait."""
+        refs, turn, step = self.refs, run.turn_id, run.step
+
+        def record(call: ToolCallPart, tool: Tool) -> None:  # on the call's worker thread
+            message = p.RecordStep(
+                step_record(turn, "tool_started", step=step, call_id=call.id, name=call.name)
+            )
+            try:
+                store = refs.store
+                if tool.idempotent:
+                    store.tell(message)
+                    return
+                stored = store.ask(message, block=False).get(timeout=_RECORD_TIMEOUT)
+            except Exception as exc:
+                raise RuntimeError(f"its start could not be recorded in the session's log ({exc})") from exc
+            if stored.error is not None:
+                raise RuntimeError(f"its start could not be recorded in the session's log ({stored.error})")
+
+        return record
+
+    def _continue(
+        self, run: _Run, rerun: tuple[ToolCallPart, ...] = (), answer: Message | None = None
+    ) -> None:
+        """Take up a run cut off by a crash: its calls to run (again), or the next step, from the log
+        (design §1.2, 3.12)."""
         self._busy_with_recovery = False
-        self._runs += 1
-        run.token, run.continued, run.call, run.tools = self._runs, True, None, None
-        self.run = run
         self._enter(AgentState.RUNNING)
+        if rerun and answer is not None:
+            run.last_message = answer
+            self._run_tools(rerun)
+            return
         self._before_request(None)
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
@@ -285,6 +409,7 @@ class Agent(SessionActor):
         run = self.run
         if run is not None:
             self._cancel_io(run)
+            self._record_ended()
             self._end_interrupted(run, "error", crash)
             run.prompt.handle.set_result(
                 TurnResult(
@@ -306,6 +431,7 @@ class Agent(SessionActor):
     def on_stop(self) -> None:
         if self.run is not None:
             self._cancel_io(self.run)
+            self._record_ended()
             self._end_interrupted(self.run, "aborted", "session stopped")
             self.run.prompt.handle.set_result(
                 TurnResult(prompt_id=self.run.prompt.handle.id, status="aborted", error="session stopped")
@@ -314,6 +440,14 @@ class Agent(SessionActor):
             queued.handle.set_result(
                 TurnResult(prompt_id=queued.handle.id, status="aborted", error="session stopped")
             )
+
+    def _record_ended(self) -> None:
+        """Its caller is told the turn ended (an error, an abort): the log says so too, so that no resume
+        takes it for a turn the process stopped in (design §3.12)."""
+        store = self.refs.store_ref
+        if store is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                store.tell(p.SyncTurn(ended=True))
 
     def _end_interrupted(self, run: _Run, status: Literal["aborted", "error"], reason: str) -> None:
         """Close a run cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
@@ -404,6 +538,7 @@ class Agent(SessionActor):
             message = f"client tools {clash} have the names of tools this session runs itself; rename them"
             self._finish("error", message, code=CLIENT_TOOL_CLASH)
             return
+        self._record(run, "turn", prompt_id=prompt.handle.id)
         inputs = prompt.inputs
         results = tuple(m for m in inputs if m.role == "tool")
         refusal = None if results else self._prompt_refusal(inputs)
@@ -555,6 +690,7 @@ class Agent(SessionActor):
             request = p.MaybeCompact(trigger=decision.trigger or "threshold")
         run.compacted = True  # one automatic compaction before any emergency one, and only one
         self._pending_trigger = None
+        self._record(run, "compaction", step=run.step)
         self.call(self.refs.compactor, request, self._guard(run, self._after_compaction))
 
     def _after_compaction(self, outcome: p.Outcome) -> None:
@@ -621,6 +757,7 @@ class Agent(SessionActor):
         )
         self.cache_watch.sent(request_shape(self.model, system_prompt or "", tools, messages))
         run.step += 1
+        self._record(run, "request", step=run.step)
         run.estimated_tokens = estimate
         route = self.services.gateway.route(request)
         run.message_id = new_id()
@@ -851,6 +988,7 @@ class Agent(SessionActor):
             self._learn_window(verdict.learned_window, "overflow")
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
+            self._record(run, "compaction", step=run.step)
             self.call(
                 self.refs.compactor,
                 p.Compact(trigger="overflow", emergency=True),
@@ -958,6 +1096,7 @@ class Agent(SessionActor):
             on_output=on_output,
             on_done=callbacks[1],
             on_all_done=lambda results: me.tell(_ToolsDone(token, list(results))),
+            before_run=self._tool_start_recorder(run),
         )
 
     def _tool_context_factory(self, turn_id: str) -> ContextFactory:

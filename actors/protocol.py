@@ -29,7 +29,7 @@ from runtime.context.estimate import ContextStats
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.messages import Message, Usage
-from runtime.store.entries import CompactionEntry, Entry
+from runtime.store.entries import CompactionEntry, Entry, StepEntry
 from runtime.store.tree import SessionTree
 
 if TYPE_CHECKING:  # field types only: msgspec never resolves them (these messages are not encoded)
@@ -64,6 +64,7 @@ __all__ = [
     "Prompt",
     "RecordCompaction",
     "RecordResponse",
+    "RecordStep",
     "ReplyTo",
     "Reset",
     "Restore",
@@ -240,6 +241,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     estimated_tokens: int = 0
     dead: str | None = None  # why the session is dead (design §5.8), or None
     turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
+    steps: tuple[StepEntry, ...] = ()  # the newest turn's step records (design §3.12)
 
 
 class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
@@ -346,6 +348,13 @@ class SyncTurn(Ask[Stored], frozen=True):
 
     reply_to: ReplyTo = None
     ended: bool = False
+
+
+class RecordStep(Ask[Stored], frozen=True):
+    """Record a step of a turn before its effect (design §3.12): acknowledged once it is written."""
+
+    step: StepEntry
+    reply_to: ReplyTo = None
 
 
 class GetContext(Ask[ContextView], frozen=True):

@@ -52,6 +52,7 @@ from actors.protocol import (
     MessagesView,
     Overlay,
     RecordCompaction,
+    RecordStep,
     ReplyTo,
     SetMetadata,
     SetModel,
@@ -380,6 +381,9 @@ class SessionStore(PooledActor):
                     last = context[-1].id if context else None
                     self._write((tree.set_metadata(TURN_ENDED_KEY, last),), None)
                 self._sync(reply_to)
+            case RecordStep(step=step, reply_to=reply_to):
+                tree.apply(step)
+                self._write((step,), reply_to)
             case RecordCompaction():
                 entry = tree.record_compaction(
                     message.summary,
@@ -468,6 +472,7 @@ class SessionStore(PooledActor):
             estimated_tokens=self.estimator(messages) if self.estimator is not None else 0,
             dead=tree.dead,
             turn_ended_at=tree.turn_ended_at,
+            steps=tree.turn_steps,
         )
 
     def context(self) -> list[Message]:
