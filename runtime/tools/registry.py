@@ -95,6 +95,30 @@ class Tool:
         if not _NAME.match(self.name):
             raise ValueError(f"invalid tool name {self.name!r}: use 1-64 letters, digits, '_' or '-'")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (to a cluster's shard) with its argument type as fields: the type :func:`tool` made at
+        # run time would unpickle without them.
+        fields = None
+        if self.arguments_type is not None:
+            fields = [
+                (f.name, f.type) if f.required else (f.name, f.type, f.default)
+                for f in msgspec.structs.fields(self.arguments_type)
+            ]
+        return (
+            _unpickled,
+            (
+                self.name,
+                self.description,
+                self.parameters,
+                self.fn,
+                self.timeout,
+                self.requires_approval,
+                self.idempotent,
+                self.context_param,
+                fields,
+            ),
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (tools stay usable as plain functions)."""
         return self.fn(*args, **kwargs)
@@ -268,6 +292,35 @@ def tool(
         )
 
     return build(fn) if fn is not None else build
+
+
+def _unpickled(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    fn: Callable[..., Any],
+    timeout: float | None,
+    requires_approval: bool,
+    idempotent: bool,
+    context_param: str | None,
+    fields: list[Any] | None,
+) -> Tool:
+    arguments_type = None
+    if fields is not None:
+        arguments_type = msgspec.defstruct(
+            f"{name}_arguments", [tuple(f) for f in fields], forbid_unknown_fields=True
+        )
+    return Tool(
+        name,
+        description,
+        parameters,
+        fn,
+        timeout,
+        requires_approval,
+        idempotent,
+        context_param,
+        arguments_type,
+    )
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
