@@ -538,7 +538,7 @@ class Agent(SessionActor):
             message = f"client tools {clash} have the names of tools this session runs itself; rename them"
             self._finish("error", message, code=CLIENT_TOOL_CLASH)
             return
-        self._record(run, "turn", prompt_id=prompt.handle.id)
+        begun = (step_record(run.turn_id, "turn", prompt_id=prompt.handle.id),)  # written with the prompt
         inputs = prompt.inputs
         results = tuple(m for m in inputs if m.role == "tool")
         refusal = None if results else self._prompt_refusal(inputs)
@@ -547,7 +547,7 @@ class Agent(SessionActor):
             hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
             self.call(
                 self.refs.store,
-                p.Append(hidden),
+                p.Append(hidden, steps=begun),
                 self._guard(run, lambda _: self._finish("error", refusal, code=ws.PROMPT_TOO_LARGE)),
             )
             return
@@ -559,7 +559,7 @@ class Agent(SessionActor):
             inputs = tuple(clipped.get(m.id, m) for m in inputs)
             self.call(
                 self.refs.store,
-                p.Append(inputs),
+                p.Append(inputs, steps=begun),
                 self._guard(
                     run, lambda stored: self._with_mcp_tools(run, lambda: self._after_tool_results(stored))
                 ),
@@ -567,7 +567,7 @@ class Agent(SessionActor):
             return
         self.call(
             self.refs.store,
-            p.Append(inputs, with_view=True),
+            p.Append(inputs, with_view=True, steps=begun),
             self._guard(
                 run,
                 lambda stored: self._with_mcp_tools(

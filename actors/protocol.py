@@ -284,7 +284,8 @@ class Append(Ask[Stored], frozen=True):
     With ``with_view`` the reply also carries the model-facing view right after the append
     (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
     ``end_turn`` makes the log durable right after, as :class:`SyncTurn` does, for a turn's last message
-    (the reply still comes once the append is written, not after the fsync).
+    (the reply still comes once the append is written, not after the fsync). ``steps``: step records
+    written just before the messages, in the same write (a turn's start with its prompt, design §3.12).
     """
 
     messages: tuple[Message, ...] | Message
@@ -292,6 +293,7 @@ class Append(Ask[Stored], frozen=True):
     reply_to: ReplyTo = None
     with_view: bool = False
     end_turn: bool = False
+    steps: tuple[StepEntry, ...] = ()
 
 
 class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
