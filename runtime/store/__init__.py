@@ -19,7 +19,6 @@ from runtime.store.entries import (
     MetadataEntry,
     NodeEntry,
     OverlayEntry,
-    StepEntry,
     VisibilityEntry,
     new_header,
 )
@@ -63,7 +62,6 @@ __all__ = [
     "SessionNotFound",
     "SessionNotFoundError",
     "SessionTree",
-    "StepEntry",
     "TranscriptWriter",
     "VisibilityEntry",
     "WriterClosedError",

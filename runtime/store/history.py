@@ -247,10 +247,6 @@ class _MetadataLine(_Skeleton, frozen=True, tag="metadata"):
     pass
 
 
-class _StepLine(_Skeleton, frozen=True, tag="step"):
-    pass
-
-
 _Line = (
     _HeaderLine
     | _MessageLine
@@ -259,7 +255,6 @@ _Line = (
     | _VisibilityLine
     | _BranchLine
     | _MetadataLine
-    | _StepLine
 )
 _skeleton_decoder = msgspec.json.Decoder(_Line)
 _MESSAGE: Final = 0

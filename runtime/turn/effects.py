@@ -1,0 +1,390 @@
+"""What the turn machine asks its driver to do (effects), and what the driver tells it back (design §3.1).
+
+The machine (:class:`runtime.turn.TurnMachine`) never performs anything: each of its methods returns a
+list of effects, in the order they must be performed. Most are done and forgotten (:class:`Publish` an
+event, :class:`Resolve` a prompt's handle, :class:`SyncTurn`). The last effect of a list may be an
+:class:`Awaited` one (:class:`Persist`, :class:`CallModel`, :class:`RunTools`, ...): the machine waits for
+its answer, which the driver hands to :meth:`TurnMachine.answer` with the effect's ``ticket``. An answer
+whose ticket is not the one awaited (a late answer of an aborted turn) is dropped there.
+
+The answers are the collaborators' own values, read through the small protocols at the end of this module
+(a store's ``Stored`` and ``ContextView``, a compactor's ``Outcome``, a detector's ``Verdict``, a gateway's
+``CompletionResult``), or :class:`Failed` when the collaborator could not answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from runtime.context.caching import Breakpoints
+from runtime.events import CompactionTrigger, Event
+from runtime.handles import TurnResult
+from runtime.messages import Message, ToolCallPart
+
+if TYPE_CHECKING:
+    from runtime.turn.state import Handover, PromptLike
+
+__all__ = [
+    "Abandon",
+    "ArchiveTools",
+    "Awaited",
+    "CallModel",
+    "CancelApprovals",
+    "CancelIO",
+    "Classify",
+    "Compact",
+    "CompletionLike",
+    "Effect",
+    "EndSpan",
+    "ErrorLike",
+    "Failed",
+    "Hide",
+    "LearnWindow",
+    "ModelReply",
+    "OutcomeLike",
+    "Overlay",
+    "Persist",
+    "Publish",
+    "ReadContext",
+    "RecordAnswer",
+    "RefreshTools",
+    "Reject",
+    "RequestSpec",
+    "Resolve",
+    "ResolveAbort",
+    "RestoreUsage",
+    "Route",
+    "RunTools",
+    "SaveOutput",
+    "StartSpan",
+    "StoredLike",
+    "SyncTurn",
+    "TakeHandover",
+    "ToolResultLike",
+    "VerdictLike",
+    "ViewLike",
+]
+
+
+class Effect(msgspec.Struct, frozen=True):
+    """Something the driver does for the machine."""
+
+
+class Awaited(Effect, frozen=True, kw_only=True):
+    """An effect whose answer the machine waits for: hand it to ``TurnMachine.answer(ticket, value)``.
+
+    ``ticket`` is set by the machine; an answer with another ticket is a late one and is dropped.
+    """
+
+    ticket: int = 0
+
+
+# -- done and forgotten ------------------------------------------------------------------------------------
+
+
+class Publish(Effect, frozen=True):
+    """Publish ``event`` on the bus. ``best_effort``: the bus may be gone (a stopping session): ignore a
+    failure to publish."""
+
+    event: Event
+    best_effort: bool = False
+
+
+class Resolve(Effect, frozen=True):
+    """Answer ``prompt``'s handle with ``result``."""
+
+    prompt: PromptLike
+    result: TurnResult
+
+
+class Reject(Effect, frozen=True):
+    """Fail ``prompt``'s handle with a ``RuntimeError(reason)`` (a queued prompt lost to a crash)."""
+
+    prompt: PromptLike
+    reason: str
+
+
+class ResolveAbort(Effect, frozen=True):
+    """Answer an abort's handle: whether a turn was running."""
+
+    handle: Any
+    value: bool
+
+
+class SaveOutput(Effect, frozen=True):
+    """Write ``data`` to ``path`` (a clipped tool result's full text) off the actor's thread; a failure is a
+    ``persistence_failed`` event, not the turn's end."""
+
+    path: str
+    data: bytes
+
+
+class LearnWindow(Effect, frozen=True):
+    """The provider stated a smaller context ``window``: tell the session's other actors, keep it for its
+    restarts and its endpoint. (The machine took it already and publishes ``window_learned``.)"""
+
+    window: int
+    model: str
+
+
+class SyncTurn(Effect, frozen=True):
+    """Make the log durable at the turn's end; ``ended``: the log records that the turn ended here (no
+    final answer says so). Nothing to do while the store is not running."""
+
+    ended: bool
+
+
+class CancelIO(Effect, frozen=True):
+    """Cancel the turn's provider call and its running tools, if any."""
+
+
+class CancelApprovals(Effect, frozen=True):
+    """Answer every approval request of the session still open with a denial (``reason``)."""
+
+    reason: str
+
+
+class EndSpan(Effect, frozen=True, kw_only=True):
+    """End the turn's trace span (``span`` as :class:`StartSpan` answered it)."""
+
+    span: Any
+    status: str
+    usage: Any
+    steps: int
+    error: str | None
+    code: str | None
+    answer: Message | None = None
+
+
+class RestoreUsage(Effect, frozen=True):
+    """Rebuild the usage tracker's totals from ``messages`` (after a restart)."""
+
+    messages: tuple[Message, ...]
+
+
+class Abandon(Effect, frozen=True):
+    """Answer every prompt of ``handover`` with an error (``reason``) and end its run's span: nobody takes
+    it up."""
+
+    handover: Handover
+    reason: str
+
+
+# -- awaited -------------------------------------------------------------------------------------------------
+
+
+class StartSpan(Awaited, frozen=True, kw_only=True):
+    """Open the turn's trace span. Answer: the span, or None when the runtime does not trace."""
+
+    turn_id: str
+    inputs: tuple[Message, ...]
+    model: str
+
+
+class TakeHandover(Awaited, frozen=True):
+    """Hand over what a crashed predecessor left (a :class:`Handover`, or None), and forget it."""
+
+
+class Persist(Awaited, frozen=True, kw_only=True):
+    """Append ``messages`` to the session's log. Answer: the store's ``Stored`` (:class:`StoredLike`).
+
+    ``with_view``: the answer carries the model's view after the append. ``end_turn``: make the log durable
+    right after (a turn's last message). ``optional``: the turn is ending; with no store running, answer
+    :class:`Failed` at once instead of failing the actor.
+    """
+
+    messages: tuple[Message, ...]
+    with_view: bool = False
+    end_turn: bool = False
+    optional: bool = False
+
+
+class ReadContext(Awaited, frozen=True, kw_only=True):
+    """Read the model's view of the session. Answer: a :class:`ViewLike` (the store's ``ContextView``).
+    ``optional`` as for :class:`Persist`."""
+
+    optional: bool = False
+
+
+class Overlay(Awaited, frozen=True):
+    """Replace ``messages`` (by id) in the views: tool results clipped harder. Answer: ``Stored``."""
+
+    messages: tuple[Message, ...]
+
+
+class Hide(Awaited, frozen=True):
+    """Hide messages (by id) from the model; they stay on record. Answer: ``Stored``."""
+
+    message_ids: tuple[str, ...]
+
+
+class Compact(Awaited, frozen=True, kw_only=True):
+    """Compact the session: ``emergency`` (an overflow's, forced) or only when due (``MaybeCompact``).
+    Answer: the compactor's ``Outcome`` (:class:`OutcomeLike`)."""
+
+    trigger: CompactionTrigger
+    emergency: bool = False
+
+
+class ArchiveTools(Awaited, frozen=True):
+    """Archive old tool results when there are too many (design §5.9). Answer: the view the next request
+    can be made from, or None when the archiving changed the context."""
+
+
+class Classify(Awaited, frozen=True, kw_only=True):
+    """Ask the overflow detector for its verdict on a provider ``error``. Answer: a :class:`VerdictLike`."""
+
+    error: Any
+    recoveries_this_turn: int
+    estimated_tokens: int
+
+
+class RecordAnswer(Awaited, frozen=True, kw_only=True):
+    """The provider's answer: record its usage (the usage tracker answers once its ``usage_update`` is
+    out), ask whether it overflowed silently (``check_usage``; a yes comes back later as
+    :meth:`TurnMachine.usage_overflowed`) and append it (``end_turn``: the turn's last message). Answer:
+    None once both are done, or the first :class:`Failed`."""
+
+    message: Message
+    estimated_input: int
+    check_usage: bool
+    end_turn: bool
+
+
+class RefreshTools(Awaited, frozen=True):
+    """Start the session's MCP servers and list their tools when they need it (design §3.9), then answer
+    None (at once when nothing needs refreshing)."""
+
+
+class RequestSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What the machine decides of a provider request; the driver adds the session's endpoint, key,
+    timeouts and transport. ``first``: the turn's first request (its admission priority).
+    ``cache``: the prompt-cache breakpoints (:func:`runtime.context.caching.place_breakpoints`)."""
+
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...]
+    max_tokens: int | None
+    estimated_tokens: int
+    wait_budget: float
+    first: bool
+    cache: Breakpoints | None = None  # where its cached prefixes end (None: prompt caching is off)
+
+
+class Route(Awaited, frozen=True):
+    """Say which transport ``request`` goes over. Answer (at once): the transport's name."""
+
+    request: RequestSpec
+
+
+class CallModel(Awaited, frozen=True, kw_only=True):
+    """Send the request last routed. Answer: a :class:`ModelReply`. While it waits for capacity, tell the
+    machine :meth:`~TurnMachine.queued` and :meth:`~TurnMachine.admitted` with this ticket."""
+
+    request: RequestSpec
+    turn_id: str
+    message_id: str
+
+
+class RunTools(Awaited, frozen=True):
+    """Run ``calls`` (in parallel, with the session's limits and approval). Answer: their results, one per
+    call (:class:`ToolResultLike`)."""
+
+    calls: tuple[ToolCallPart, ...]
+    turn_id: str
+
+
+# -- answers -------------------------------------------------------------------------------------------------
+
+
+class Failed(msgspec.Struct, frozen=True):
+    """A collaborator could not answer: ``message`` says why, ``cause`` is its exception (an ``OSError``:
+    the log could not be written)."""
+
+    message: str
+    cause: BaseException | None = None
+
+
+class ModelReply(msgspec.Struct, frozen=True):
+    """The answer to :class:`CallModel`: the gateway's result, and the id the answer gets (a new one when an
+    attempt that streamed was retried)."""
+
+    result: CompletionLike
+    message_id: str
+
+
+class ViewLike(Protocol):
+    """The model's view of the session, as the store answers it."""
+
+    @property
+    def messages(self) -> tuple[Message, ...]: ...
+    @property
+    def dead(self) -> str | None: ...
+    @property
+    def turn_ended_at(self) -> str | None: ...
+
+
+class StoredLike(Protocol):
+    """A write's answer."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def view(self) -> Any: ...  # a ViewLike when asked for
+
+
+class OutcomeLike(Protocol):
+    """A compaction's answer."""
+
+    @property
+    def messages(self) -> tuple[Message, ...]: ...
+    @property
+    def estimate(self) -> int: ...
+    @property
+    def compacted(self) -> bool: ...
+    @property
+    def dead(self) -> bool: ...
+    @property
+    def message(self) -> str | None: ...
+
+
+class VerdictLike(Protocol):
+    """The overflow detector's verdict on a failed call."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def code(self) -> str: ...
+    @property
+    def overflow(self) -> bool: ...
+    @property
+    def retryable(self) -> bool: ...
+    @property
+    def learned_window(self) -> int | None: ...
+
+
+class ErrorLike(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+class CompletionLike(Protocol):
+    """The gateway's result of a call."""
+
+    @property
+    def message(self) -> Message | None: ...
+    @property
+    def error(self) -> ErrorLike | None: ...
+    @property
+    def waited(self) -> float: ...
+
+
+class ToolResultLike(Protocol):
+    """One tool call's outcome."""
+
+    @property
+    def message(self) -> Message: ...
