@@ -287,16 +287,34 @@ class Subscription:
                 logger.exception("event subscriber callback %r failed on %s", callback, event.type)
 
 
+_woken: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}  # loop -> readers to wake on it
+_woken_lock = threading.Lock()
+
+
 def _wake_soon(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    """Wake an async reader waiting on ``loop`` (from any thread). The readers woken before the loop gets
+    round to it are woken by one call: each ``call_soon_threadsafe`` writes to the loop's wake-up socket,
+    and a thread that wakes a thousand readers (a cluster front's fan-out) would otherwise make a thousand
+    system calls, each handing the GIL to whichever thread wants it."""
+    with _woken_lock:
+        waiting = _woken.get(loop)
+        if waiting is not None:
+            waiting.append(ready)
+            return
+        _woken[loop] = [ready]
     try:
-        loop.call_soon_threadsafe(_set_ready, ready)
+        loop.call_soon_threadsafe(_wake_all, loop)
     except RuntimeError:  # the loop is closed; nobody is waiting
-        pass
+        with _woken_lock:
+            _woken.pop(loop, None)
 
 
-def _set_ready(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)
+def _wake_all(loop: asyncio.AbstractEventLoop) -> None:
+    with _woken_lock:
+        waiting = _woken.pop(loop, ())
+    for ready in waiting:
+        if not ready.done():
+            ready.set_result(None)
 
 
 class EventBus:

@@ -159,6 +159,39 @@ def test_async_iterator_waits_without_blocking_the_loop() -> None:
     assert ticks == [0, 1, 2, 3, 4]  # the loop ran while the subscriber waited
 
 
+def test_async_readers_woken_together_from_another_thread_cost_their_loop_one_wake_up() -> None:
+    """A thread that wakes many async readers of one loop (a cluster front fanning out a batch) writes to
+    the loop's wake-up socket once, not once a reader: each write is a system call handing the GIL away."""
+    bus = EventBus()
+    subs = [bus.subscribe(f"s{n}") for n in range(100)]
+    calls: list[object] = []
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+
+        def counted(callback: Callable[..., object], *args: object, **kwargs: object) -> asyncio.Handle:
+            calls.append(callback)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+        async def read(sub: Subscription) -> int:
+            async for event in sub:
+                return event.seq
+            return 0
+
+        readers = [asyncio.create_task(read(sub)) for sub in subs]
+        await asyncio.sleep(0.05)  # every reader waits
+        publishing = threading.Thread(target=lambda: [bus.publish(delta(f"s{n}")) for n in range(100)])
+        publishing.start()
+        publishing.join()  # (the loop is held here: every reader is woken before it runs again)
+        return await asyncio.gather(*readers)
+
+    assert asyncio.run(asyncio.wait_for(main(), WAIT)) == [1] * 100
+    assert len(calls) == 1
+
+
 def test_async_iteration_ends_when_the_bus_closes() -> None:
     bus = EventBus()
     sub = bus.subscribe("*")
