@@ -29,7 +29,7 @@ from runtime.context.estimate import ContextStats
 from runtime.events import CompactionMode, CompactionTrigger
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.messages import Message, Usage
-from runtime.store.entries import CompactionEntry, Entry
+from runtime.store.entries import CompactionEntry, Entry, StepEntry
 from runtime.store.tree import SessionTree
 
 if TYPE_CHECKING:  # field types only: msgspec never resolves them (these messages are not encoded)
@@ -64,6 +64,7 @@ __all__ = [
     "Prompt",
     "RecordCompaction",
     "RecordResponse",
+    "RecordStep",
     "ReplyTo",
     "Reset",
     "Restore",
@@ -121,11 +122,39 @@ class TurnOptions(msgspec.Struct, frozen=True, kw_only=True):
     back as ``tool`` messages in the next prompt's :attr:`Prompt.lead`, and the thread goes on from them.
     ``instructions``: this run's system prompt (None: the session's). ``compaction``: False turns automatic
     compaction off for the run: a context that does not fit is then an error.
+
+    What the client asks of each model request of the run (issue 40): ``max_output_tokens`` caps each
+    answer (the smaller of it and the runtime's own cap, :meth:`answer_cap`); ``parallel_tool_calls``
+    False asks the model for at most one tool call a step; ``reasoning_effort`` and ``verbosity`` go to the
+    model as such (:meth:`extra`: litellm maps them for the providers that take them).
     """
 
     client_tools: tuple[dict[str, Any], ...] = ()
     instructions: str | None = None
     compaction: bool = True
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool = True
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    def answer_cap(self, runtime_cap: int | None) -> int | None:
+        """A request's ``max_tokens``: the runtime's own cap (the room the window leaves, the output
+        limits), within the client's ``max_output_tokens``."""
+        if self.max_output_tokens is None:
+            return runtime_cap
+        return self.max_output_tokens if runtime_cap is None else min(runtime_cap, self.max_output_tokens)
+
+    def extra(self, *, tools: bool) -> dict[str, Any]:
+        """The request parameters the client set beyond the cap (``CompletionRequest.extra``); ``tools``:
+        whether the request offers tools (``parallel_tool_calls`` goes only with them)."""
+        out: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        if self.verbosity is not None:
+            out["verbosity"] = self.verbosity
+        if not self.parallel_tool_calls and tools:
+            out["parallel_tool_calls"] = False
+        return out
 
     @property
     def client_tool_names(self) -> frozenset[str]:
@@ -212,6 +241,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     estimated_tokens: int = 0
     dead: str | None = None  # why the session is dead (design §5.8), or None
     turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
+    steps: tuple[StepEntry, ...] = ()  # the newest turn's step records (design §3.12)
 
 
 class MessagesView(msgspec.Struct, frozen=True, kw_only=True):
@@ -254,7 +284,8 @@ class Append(Ask[Stored], frozen=True):
     With ``with_view`` the reply also carries the model-facing view right after the append
     (:attr:`Stored.view`): what an agent sends next, without asking for it in a second round trip.
     ``end_turn`` makes the log durable right after, as :class:`SyncTurn` does, for a turn's last message
-    (the reply still comes once the append is written, not after the fsync).
+    (the reply still comes once the append is written, not after the fsync). ``steps``: step records
+    written just before the messages, in the same write (a turn's start with its prompt, design §3.12).
     """
 
     messages: tuple[Message, ...] | Message
@@ -262,6 +293,7 @@ class Append(Ask[Stored], frozen=True):
     reply_to: ReplyTo = None
     with_view: bool = False
     end_turn: bool = False
+    steps: tuple[StepEntry, ...] = ()
 
 
 class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
@@ -318,6 +350,13 @@ class SyncTurn(Ask[Stored], frozen=True):
 
     reply_to: ReplyTo = None
     ended: bool = False
+
+
+class RecordStep(Ask[Stored], frozen=True):
+    """Record a step of a turn before its effect (design §3.12): acknowledged once it is written."""
+
+    step: StepEntry
+    reply_to: ReplyTo = None
 
 
 class GetContext(Ask[ContextView], frozen=True):

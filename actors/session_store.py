@@ -52,6 +52,7 @@ from actors.protocol import (
     MessagesView,
     Overlay,
     RecordCompaction,
+    RecordStep,
     ReplyTo,
     SetMetadata,
     SetModel,
@@ -370,7 +371,10 @@ class SessionStore(PooledActor):
             case Append(messages=messages, parent_id=parent_id, reply_to=reply_to, with_view=with_view):
                 batch = (messages,) if isinstance(messages, Message) else tuple(messages)
                 _check_appendable(tree, batch, parent_id)  # all or nothing
-                entries = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
+                for step in message.steps:
+                    tree.apply(step)
+                appended = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
+                entries: tuple[Entry, ...] = (*message.steps, *appended)
                 self._write(entries, reply_to, self.view() if with_view else None)
                 if message.end_turn:  # queued with the append: the writer does both in one wake-up
                     self._sync(None, answer=False)
@@ -380,6 +384,9 @@ class SessionStore(PooledActor):
                     last = context[-1].id if context else None
                     self._write((tree.set_metadata(TURN_ENDED_KEY, last),), None)
                 self._sync(reply_to)
+            case RecordStep(step=step, reply_to=reply_to):
+                tree.apply(step)
+                self._write((step,), reply_to, restart_on_failure=False)
             case RecordCompaction():
                 entry = tree.record_compaction(
                     message.summary,
@@ -468,6 +475,7 @@ class SessionStore(PooledActor):
             estimated_tokens=self.estimator(messages) if self.estimator is not None else 0,
             dead=tree.dead,
             turn_ended_at=tree.turn_ended_at,
+            steps=tree.turn_steps,
         )
 
     def context(self) -> list[Message]:
@@ -487,9 +495,17 @@ class SessionStore(PooledActor):
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _write(self, entries: tuple[Entry, ...], reply_to: ReplyTo, view: ContextView | None = None) -> None:
+    def _write(
+        self,
+        entries: tuple[Entry, ...],
+        reply_to: ReplyTo,
+        view: ContextView | None = None,
+        *,
+        restart_on_failure: bool = True,
+    ) -> None:
         """Queue ``entries``; acknowledge (``reply_to``, or the deferred ask) once they are written, with
-        ``view`` when the command asked for it."""
+        ``view`` when the command asked for it. A failed write restarts the store from its log, unless
+        ``restart_on_failure`` is False (entries that change nothing the tree's views show: step records)."""
         future: pykka.Future[Stored] | None = None if reply_to is not None else self.defer_reply()
         session_id, publish, me, path = self.session_id, self.publish, self.actor_ref, str(self._log.path)
 
@@ -512,6 +528,8 @@ class SessionStore(PooledActor):
                 return
             publish(ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error)))
             _settle(reply_to, future, Stored(session_id, entries, error=str(error)), error)
+            if not restart_on_failure:  # (the writer fails the next write to the log too, which restarts it)
+                return
             try:
                 me.tell(_WriteFailed(error))
             except pykka.ActorDeadError:
@@ -519,7 +537,7 @@ class SessionStore(PooledActor):
 
         written = entries
         if self._unwritten is not None:  # the session's first write: its log starts with the header
-            written, self._unwritten = (self._unwritten, *entries), None
+            written, self._unwritten, restart_on_failure = (self._unwritten, *entries), None, True
         try:
             if len(written) == 1:
                 self._log.append(written[0], done)

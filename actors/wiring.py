@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pykka import Actor, ActorDeadError, ActorRef
 
 from runtime.config import AgentProfile, Config, McpServerConfig
+from runtime.handles import Handle, PromptHandle
 
 if TYPE_CHECKING:
     from actors.overflow_detector import OverflowDetector
@@ -84,6 +85,8 @@ class SessionRefs:
     agent_ref: ActorRef[Any] | None = None  # an actors.agent.Agent
     handover: Any = None  # an actors.agent.Handover: a crashed agent's run, for its successor to take up
     learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
+    # The turn its agent took up from the log when it started (design §3.12): its handle, or None.
+    resumed: Handle[PromptHandle | None] = field(default_factory=Handle)
 
     @property
     def store(self) -> ActorRef[SessionStore]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -440,24 +441,67 @@ def parallelism(seconds: float = 2.0) -> float:
     return done[1] / done[0]
 
 
-def run_streaming(
-    sides: dict[str, Side], sessions: int, modes: Sequence[str] = MODES, hops: bool = False
-) -> list[Streamed]:
+def _stream_side(name: str, shards: int, gcs_address: str | None, url: str, conn: Any) -> None:
+    """A process of its own for one side of the streaming run (a front hosts nothing else: in the
+    benchmark's own process the plain side's litellm and sessions are ~400,000 objects more, which a full
+    garbage collection walks in 0.25-0.65 s on this machine, where a front's ~100,000 take a fifth of that).
+    Measures what the parent asks, one mode at a time, until it says stop."""
+    if gcs_address is not None:
+        import ray
+
+        ray.init(address=gcs_address, log_to_driver=False)
+    side = Side(name, shards)
+    side.open()
+    try:
+        conn.send("ready")
+        while True:
+            asked = conn.recv()
+            if asked is None:
+                break
+            mode, sessions, hops = asked
+            try:
+                measure_streaming(side, min(sessions, 20), url, mode)  # warm: the provider, the connections
+                conn.send(measure_streaming(side, sessions, url, mode, hops))
+            except Exception as exc:
+                conn.send(RuntimeError(f"{name} {mode}: {type(exc).__name__}: {exc}"))
+    finally:
+        side.close()
+
+
+def run_streaming(sessions: int, modes: Sequence[str] = MODES, hops: bool = False) -> list[Streamed]:
+    """Each mode on a plain ``Runtime`` then on 2 shards, each side in a process of its own."""
     import multiprocessing
+
+    import ray
 
     ctx = multiprocessing.get_context("spawn")
     conn, child = ctx.Pipe()
     process = ctx.Process(target=_serve_stream, args=(child,), name="bench-stream-provider", daemon=True)
     process.start()
     url = conn.recv()
+    gcs = ray.get_runtime_context().gcs_address
+    sides: dict[str, tuple[Any, Any]] = {}
     try:
+        for name, shards in (("runtime", 0), ("cluster-2", 2)):
+            near, far = ctx.Pipe()
+            worker = ctx.Process(
+                target=_stream_side,
+                args=(name, shards, gcs if shards else None, url, far),
+                name=f"bench-stream-{name}",
+                daemon=True,
+            )
+            worker.start()
+            if near.recv() != "ready":
+                raise RuntimeError(f"{name}: the streaming side did not start")
+            sides[name] = (worker, near)
         done = []
         for mode in modes:
-            for name in ("runtime", "cluster-2"):
-                measure_streaming(
-                    sides[name], min(sessions, 20), url, mode
-                )  # warm: the provider, connections
-                streamed = measure_streaming(sides[name], sessions, url, mode, hops)
+            for name in sides:
+                near = sides[name][1]
+                near.send((mode, sessions, hops))
+                streamed = near.recv()
+                if isinstance(streamed, Exception):
+                    raise streamed
                 print(
                     f"  streaming {name:<10} {mode:<8} p50 {1000 * _percentile(streamed.delays, 0.5):7.1f} ms, "
                     f"p99 {1000 * _percentile(streamed.delays, 0.99):7.1f} ms, {streamed.seconds:.1f} s",
@@ -470,10 +514,16 @@ def run_streaming(
                         flush=True,
                     )
                 for at, took in streamed.collections:
-                    print(f"    the front's full garbage collection at {at:+.2f} s took {1000 * took:.0f} ms")
+                    print(
+                        f"    a full garbage collection at {at:+.2f} s took {1000 * took:.0f} ms", flush=True
+                    )
                 done.append(streamed)
         return done
     finally:
+        for worker, near in sides.values():
+            with contextlib.suppress(Exception):
+                near.send(None)
+            worker.join(60)
         conn.send("stop")
         process.join(10)
 
@@ -553,14 +603,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     free = [parallelism()]
     print(f"two busy processes get {free[0]:.2f}x the work of one done on this machine now", flush=True)
     try:
-        print(f"starting: {', '.join(sides)} ...", flush=True)
+        if not args.only_streaming:
+            print(f"starting: {', '.join(sides)} ...", flush=True)
         # cluster-2 first: its two shards claim the two CPUs (runtime.cpu = "auto"); the sides opened after
         # it share theirs, which costs nothing while they wait for their turn. A plain runtime shares a
         # claimed CPU by itself; a shard finding every CPU claimed runs unplaced instead (so that two busy
         # shards never share one CPU while another idles), which cost it 6-18% more CPU a turn in the runs of
         # 13:20 and 13:32 on 2026-11-25 (against the plain runtime), so the
         # 1-shard side is placed on a CPU of cluster-2's shards, as a lone shard claims one by default.
-        for side in (sides["cluster-2"], sides["cluster-1"], sides["runtime"]):
+        for side in () if args.only_streaming else (sides["cluster-2"], sides["cluster-1"], sides["runtime"]):
             if side.name == "cluster-1":
                 claimed = [
                     c
@@ -582,7 +633,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.only_streaming:
             for side in sides.values():
                 measure_latency(side, latency_turns)
-        streamed = run_streaming(sides, stream_sessions, modes, args.hops)
+        for side in sides.values():  # (their CPUs are claimed for the streaming run's shards)
+            side.close()
+        streamed = run_streaming(stream_sessions, modes, args.hops)
         free.append(parallelism())
     finally:
         for side in sides.values():

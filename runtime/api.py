@@ -125,7 +125,18 @@ class RuntimeAPI(Protocol):
         the bad line, everything from it on is kept in ``<id>.artifacts/log-cut-<time>.jsonl``, and a
         ``log_recovered`` event says where. The session's own MCP servers come back from its log;
         ``mcp_servers`` adds or replaces some (e.g. to give again a value the log withheld as a secret).
+
+        A turn the process stopped in is taken up from its log and finishes (design §3.12), unless the
+        config's ``agent.resume_turns`` is off (then the log records it as interrupted):
+        :meth:`resumed_turn` hands out its handle.
         """
+        ...
+
+    def resumed_turn(self, session_id: str, timeout: float = 30.0) -> PromptHandle | None:
+        """The turn :meth:`resume_session` took up from the log (design §3.12): a handle that resolves with
+        the turn's real result, its id the prompt id the turn was sent with; None when no turn was cut off
+        (or ``agent.resume_turns`` is off). Waits up to ``timeout`` for the session to have read its log
+        (``TimeoutError`` past it)."""
         ...
 
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:

@@ -182,6 +182,7 @@ class AgentConfig(_Section, frozen=True, forbid_unknown_fields=True):
     send_reasoning: bool = True  # 3.3
     max_output_tokens: PosInt | None = None
     mock_response: str | None = None  # litellm's in-process fake reply (tests, benchmarks)
+    resume_turns: bool = True  # 3.12: resume_session and a failover take up a turn a crash cut off
 
 
 class PersistenceConfig(_Section, frozen=True, forbid_unknown_fields=True):

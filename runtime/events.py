@@ -283,6 +283,22 @@ class AgentRecovered(Event, frozen=True, tag="agent_recovered"):
     continued: bool = False  # ... and the restarted agent takes it up (else the log records it ended)
 
 
+class TurnResumed(Event, frozen=True, tag="turn_resumed"):
+    """A turn cut off by a crash is taken up (design §3.12), after its ``agent_start``: ``resume_from`` is
+    its last recorded step (``prompt``, ``request``, ``compaction``, ``answer``, ``tool_started``,
+    ``tool_result``), ``step`` the model requests it had made, ``process`` the process taking it up
+    (``host:pid``); ``rerun_calls`` tool calls run again (or for the first time), ``unknown_calls`` given
+    a result saying their outcome is unknown. Its ``agent_end`` follows as for any turn."""
+
+    turn_id: str
+    prompt_id: str | None = None
+    resume_from: str = "prompt"
+    step: int = 0
+    process: str = ""
+    rerun_calls: int = 0
+    unknown_calls: int = 0
+
+
 class ProviderRetry(Event, frozen=True, tag="provider_retry"):
     turn_id: str | None
     attempt: int

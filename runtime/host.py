@@ -312,6 +312,10 @@ class Runtime(RuntimeAPI):
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
         return await asyncio.to_thread(self.resume_session, session_id, **kwargs)
 
+    def resumed_turn(self, session_id: str, timeout: float = 30.0) -> PromptHandle | None:
+        refs = self._session(session_id).ensure_running()
+        return refs.resumed.result(timeout)
+
     def _session(self, session_id: str) -> Session:
         """The hosted session ``session_id`` (made from its parked record on its first use)."""
         self._require_started()

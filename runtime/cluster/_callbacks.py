@@ -7,10 +7,11 @@ the shards write meanwhile waits on the connections (tens to hundreds of millise
 streaming). Here a subscription with events to read is queued for a small pool of threads, which run its
 callback for what it has and go on to the next.
 
-A slow callback still only makes its own subscriber lag: a callback that has run for :data:`SLOW_AFTER`
-seconds keeps its thread from then on (the subscription is read by that thread alone, as on one ``Runtime``),
-and the pool starts another thread in its place. The subscriptions the pool's threads were to run next wait
-at most that long.
+A slow callback still only makes its own subscriber lag: while a callback has run for :data:`SLOW_AFTER`
+seconds the pool has a thread more (it ends once idle), and a callback that has run for :data:`OWN_AFTER`
+seconds keeps its thread from then on (its subscription read by that thread alone, as on one ``Runtime``).
+The other subscriptions wait at most :data:`SLOW_AFTER` seconds for a free thread, however many callbacks
+block.
 
 A :class:`~runtime.bus.Subscription` is driven through its waiter, as the bus's own readers are: when it has
 nothing left to read, its waiter is set to queue it again, and the bus calls the waiter (under its lock) once
@@ -33,10 +34,16 @@ __all__ = ["Callbacks"]
 
 log = logging.getLogger("agentcell.cluster")
 
-WORKERS = 2
-"""Threads that run callbacks (more only take turns at the GIL; a blocked callback gets one of its own)."""
+WORKERS = 1
+"""Threads that run callbacks (more would only take turns at the GIL with the thread that reads the shards;
+while a callback is slow the pool has more)."""
 SLOW_AFTER = 0.05
-"""Seconds a callback may run before its subscription gets a thread of its own."""
+"""Seconds a callback may run before the pool starts another thread (a busy machine alone can take that
+long to run one: the thread ends again once idle)."""
+OWN_AFTER = 1.0
+"""Seconds a callback may run before its subscription gets a thread of its own (it blocks: on I/O, a lock)."""
+MOST = 64
+"""Threads the pool starts at most beside its :data:`WORKERS` while callbacks are slow."""
 TURN = 256
 """Events a subscription's callback is given in a row before the next subscription's turn."""
 IDLE = 1.0
@@ -61,10 +68,11 @@ class _Driven:
 
 
 class _Worker:
-    __slots__ = ("detached", "since", "thread")
+    __slots__ = ("detached", "helped", "since", "thread")
 
     def __init__(self) -> None:
         self.since = 0.0  # when the callback running now began (0: none is running)
+        self.helped = 0.0  # the ``since`` of the callback for which another thread was started
         self.detached = False  # replaced in the pool: it keeps the subscription whose callback is slow
         self.thread: threading.Thread | None = None
 
@@ -81,7 +89,7 @@ class Callbacks:
         self._watching = False
         self._live = 0  # subscriptions driven and not ended
         self.detached = 0
-        """Subscriptions given a thread of their own (their callbacks ran :data:`SLOW_AFTER` seconds)."""
+        """Subscriptions given a thread of their own (their callbacks ran :data:`OWN_AFTER` seconds)."""
 
     def drive(self, sub: Subscription, callback: Callable[[Event], object]) -> None:
         """Call ``callback(event)`` for each of ``sub``'s events, in order, on the pool's threads."""
@@ -120,9 +128,9 @@ class Callbacks:
                 driven = ready.get(timeout=IDLE)
             except queue.Empty:
                 with self._lock:
-                    if self._live:
+                    if self._live and len(self._pool) <= self.workers:
                         continue
-                    self._pool.remove(worker)
+                    self._pool.remove(worker)  # (idle: no subscription is left, or it was an extra)
                     return
             try:
                 kept = self._run(worker, driven)
@@ -189,7 +197,8 @@ class Callbacks:
             self._live -= 1
 
     def _watch(self) -> None:
-        """Give a callback running for :data:`SLOW_AFTER` seconds its thread, and the pool a new one."""
+        """For a callback running :data:`SLOW_AFTER` seconds start another thread; one running
+        :data:`OWN_AFTER` seconds keeps its thread, out of the pool."""
         while True:
             time.sleep(self.slow_after / 2)
             with self._lock:
@@ -199,8 +208,15 @@ class Callbacks:
                 now = time.monotonic()
                 for worker in list(self._pool):
                     since = worker.since
-                    if since and now - since >= self.slow_after and not worker.detached:
+                    if not since or worker.detached:
+                        continue
+                    if now - since >= OWN_AFTER:
                         worker.detached = True
                         self.detached += 1
                         self._pool.remove(worker)
-                        self._spawn()
+                        if len(self._pool) < self.workers:
+                            self._spawn()
+                    elif now - since >= self.slow_after and worker.helped != since:
+                        worker.helped = since
+                        if len(self._pool) < self.workers + MOST:
+                            self._spawn()

@@ -108,6 +108,7 @@ class Hosted:
     gate: Gate = field(default_factory=Gate)
     error: BaseException | None = None  # why it could not be resumed after its shard died
     inflight: int = 0  # prompts and compactions sent and not answered
+    session_id: str = ""
 
 
 class Fleet:
@@ -455,7 +456,9 @@ class Fleet:
 
     def register(self, sid: str, shard: ShardRef, summary: SessionSummary, options: dict[str, Any]) -> None:
         with self.lock:
-            self.sessions[sid] = Hosted(shard.name, summary.model, summary.context_window, options)
+            self.sessions[sid] = Hosted(
+                shard.name, summary.model, summary.context_window, options, session_id=sid
+            )
 
     def relays_of(self, session_id: str) -> list[Relay]:
         with self.lock:

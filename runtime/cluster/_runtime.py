@@ -15,10 +15,12 @@ pushes to its subscribers (:mod:`runtime.cluster._feeds`, :mod:`runtime.cluster.
 The sessions directory must be one every shard sees (a shared filesystem path; the same path on every
 node). A session's lock file keeps it to one owner. When a shard's process dies, its sessions are resumed
 on the shards left, from their logs, and calls to them wait until they are back. A turn that was running
-on the dead shard is **not retried**: its handle resolves with ``status="error"`` and an error starting
-with ``shard_lost:``. Whatever the turn had written before the shard died stays in the log (the resumed
-session records the turn as interrupted), and everything acknowledged before (every turn whose handle
-resolved) had been written to the log by then.
+on the dead shard goes on there from its log (design §3.12: a logged answer is not asked for again, a
+logged result is reused, a call that started and is not idempotent is not run again) and its handle
+resolves with its real result. A turn the new shard does not take up (``agent.resume_turns`` off, or it
+was taken up too often) resolves with ``status="error"`` and an error starting with ``shard_lost:``; so
+do prompts that waited behind it (they were in the dead process's memory only). Everything acknowledged
+before (every turn whose handle resolved) had been written to the log by then.
 
 Adding a shard (:meth:`ClusterRuntime.add_shard`) or removing one (:meth:`ClusterRuntime.remove_shard`)
 moves only the sessions whose place changes, each resumed on its new shard from its log.
@@ -517,8 +519,9 @@ class ClusterRuntime(RuntimeAPI):
         prompt_id: str | None = None,
     ) -> PromptHandle:
         """Send a user message to the session's shard, as :meth:`runtime.api.RuntimeAPI.prompt`. Returns at
-        once; the handle resolves when the run ends, or with ``status="error"`` and an error starting with ``shard_lost:`` if the shard died first
-        (the turn is not retried)."""
+        once; the handle resolves when the run ends, on the shard that resumed the session if its shard
+        died meanwhile (or with ``status="error"`` and an error starting with ``shard_lost:`` when the turn
+        could not be taken up there)."""
         if not isinstance(text, str):
             raise TypeError(f"prompt text must be a string, got {type(text).__name__}")
         if not text.strip() and not images:
@@ -545,6 +548,15 @@ class ClusterRuntime(RuntimeAPI):
         handle = PromptHandle(prompt_id or new_id())
         payload = (_wire.encode(list(messages)), _wire.encode(options), handle.id)
         entry.gate.then(partial(self._send, session_id, handle, "send", payload))
+        return handle
+
+    def resumed_turn(self, session_id: str, timeout: float = 30.0) -> PromptHandle | None:
+        prompt_id = self._fleet.call(session_id, "resumed_turn", timeout, timeout=timeout)
+        if prompt_id is None:
+            return None
+        handle = PromptHandle(str(prompt_id))
+        entry = self._fleet.hosted(session_id)
+        entry.gate.then(partial(self._send, session_id, handle, "resumed_result", (handle.id,)))
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
@@ -580,7 +592,7 @@ class ClusterRuntime(RuntimeAPI):
             return
         with self._fleet.lock:
             entry.inflight += 1
-        channel = shard.channel
+        channel = shard.channel if method != "resumed_result" else None
         if channel is not None:
             reply = partial(self._channel_answered, entry, shard, handle, method)
             if channel.call(method, session_id, args, reply):
@@ -646,6 +658,16 @@ class ClusterRuntime(RuntimeAPI):
     ) -> None:
         with self._fleet.lock:
             entry.inflight -= 1
+        turn = method in ("prompt", "send", "resumed_result")
+        if error is not None and turn and isinstance(error, ShardDied) and entry.session_id:
+            # the session is resumed from its log on another shard, which takes the turn up (design §3.12)
+            follow = partial(self._send, entry.session_id, handle, "resumed_result", (handle.id,))
+            entry.gate.then(follow)
+            return
+        if method == "resumed_result" and value is None:  # the new shard did not take the turn up
+            error = ShardDied(
+                "the turn's shard died and the shard that resumed its session did not take it up"
+            )
         if error is not None:
             if not isinstance(error, ShardDied):
                 handle.set_exception(error)
@@ -654,14 +676,14 @@ class ClusterRuntime(RuntimeAPI):
                 f"{SHARD_LOST}: {error}; the session is resumed from its log on another shard and this turn "
                 "is not retried (what it wrote before is kept): send the prompt again"
             )
-            if method in ("prompt", "send"):
+            if turn:
                 handle.set_result(TurnResult(prompt_id=handle.id, status="error", error=note))
             elif method == "compact":
                 handle.set_result(CompactionResult(compacted=False, reason=note))
             else:  # abort: no turn runs on a dead shard
                 handle.set_result(False)
             return
-        if method in ("prompt", "send"):
+        if turn:
             data, positions = value
             self._after_events(shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
         elif method == "compact":

@@ -161,6 +161,20 @@ class Shard:
         handle = self._start("send", session_id, [messages, options, prompt_id])
         return self._answer("send", session_id, await handle)  # type: ignore[no-any-return]
 
+    async def resumed_turn(self, session_id: str, timeout: float) -> str | None:
+        """The prompt id of the turn this shard took up from the log when it resumed the session (design
+        §3.12), or None."""
+        handle = await asyncio.to_thread(self.runtime.resumed_turn, session_id, timeout)
+        return handle.id if handle is not None else None
+
+    async def resumed_result(self, session_id: str, prompt_id: str) -> tuple[bytes, dict[str, int]] | None:
+        """Once the turn this shard took up as prompt ``prompt_id`` ends, its result as :meth:`prompt`
+        answers it; None when it took up no such turn."""
+        handle = await asyncio.to_thread(self.runtime.resumed_turn, session_id)
+        if handle is None or handle.id != prompt_id:
+            return None
+        return self._answer("prompt", session_id, await handle)  # type: ignore[no-any-return]
+
     async def abort(self, session_id: str) -> bool:
         return bool(await self._start("abort", session_id, []))
 

@@ -19,6 +19,7 @@ from runtime.store.entries import (
     MetadataEntry,
     NodeEntry,
     OverlayEntry,
+    StepEntry,
     VisibilityEntry,
     new_header,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "SessionNotFound",
     "SessionNotFoundError",
     "SessionTree",
+    "StepEntry",
     "TranscriptWriter",
     "VisibilityEntry",
     "WriterClosedError",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -31,6 +31,8 @@ __all__ = [
     "MetadataEntry",
     "NodeEntry",
     "OverlayEntry",
+    "StepEntry",
+    "StepKind",
     "VisibilityEntry",
     "decode_entries",
     "decode_entry",
@@ -131,7 +133,41 @@ class MetadataEntry(_Entry, frozen=True, tag="metadata"):
     value: Any
 
 
-Entry = Header | MessageEntry | CompactionEntry | OverlayEntry | VisibilityEntry | BranchEntry | MetadataEntry
+StepKind = Literal["turn", "request", "tool_started", "compaction", "resumed"]
+
+
+class StepEntry(_Entry, frozen=True, tag="step"):
+    """A step of a turn, recorded before its effect (design §2.3, 3.12): what a turn cut off by a crash
+    is taken up from.
+
+    ``turn``: the turn began (its ``prompt_id``, the handle's id a caller waits on); ``request``: step
+    ``step``'s model request went out (its answer, once complete, is a message entry); ``tool_started``:
+    the call ``call_id`` of tool ``name`` is about to run (its result, once complete, is a message entry);
+    ``compaction``: a compaction started (it is complete with its compaction entry); ``resumed``: a
+    process took the turn up after a crash, from step ``step``. ``process`` names the process that wrote
+    it (``host:pid``). Not a node of the tree: it moves no leaf.
+    """
+
+    turn_id: str
+    kind: StepKind
+    step: int = 0
+    prompt_id: str = ""
+    call_id: str = ""
+    name: str = ""
+    process: str = ""
+    ts: float = msgspec.field(default_factory=time.time)
+
+
+Entry = (
+    Header
+    | MessageEntry
+    | CompactionEntry
+    | OverlayEntry
+    | VisibilityEntry
+    | BranchEntry
+    | MetadataEntry
+    | StepEntry
+)
 NodeEntry = MessageEntry | CompactionEntry | OverlayEntry | VisibilityEntry
 """Entries that are nodes of the tree: they have an ``id`` and a ``parent_id``."""
 

@@ -247,6 +247,10 @@ class _MetadataLine(_Skeleton, frozen=True, tag="metadata"):
     pass
 
 
+class _StepLine(_Skeleton, frozen=True, tag="step"):
+    pass
+
+
 _Line = (
     _HeaderLine
     | _MessageLine
@@ -255,6 +259,7 @@ _Line = (
     | _VisibilityLine
     | _BranchLine
     | _MetadataLine
+    | _StepLine
 )
 _skeleton_decoder = msgspec.json.Decoder(_Line)
 _MESSAGE: Final = 0

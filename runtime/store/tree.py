@@ -48,6 +48,7 @@ from runtime.store.entries import (
     MetadataEntry,
     NodeEntry,
     OverlayEntry,
+    StepEntry,
     VisibilityEntry,
 )
 
@@ -113,6 +114,7 @@ class SessionTree:
         self._nodes: dict[str, NodeEntry] = {}
         self._children: dict[str | None, list[str]] = {}
         self._metadata: dict[str, Any] = {}
+        self._steps: list[StepEntry] = []  # the newest turn's step records (design §3.12)
         self._leaf: str | None = None
         self._message_count = 0
         self._compaction_count = 0
@@ -236,6 +238,10 @@ class SessionTree:
                 self._move_leaf(entry.leaf_id)
             case MetadataEntry():
                 self._metadata[entry.key] = entry.value
+            case StepEntry():
+                if entry.kind == "turn" or (self._steps and self._steps[0].turn_id != entry.turn_id):
+                    self._steps = []  # a new turn: the records of the one before are done with
+                self._steps.append(entry)
             case Header():
                 if self._entry_count:
                     raise ValueError("a header must be the first entry of a session")
@@ -270,6 +276,11 @@ class SessionTree:
         abort), or None."""
         value = self._metadata.get(TURN_ENDED_KEY)
         return value if isinstance(value, str) else None
+
+    @property
+    def turn_steps(self) -> tuple[StepEntry, ...]:
+        """The step records of the newest turn that wrote any, oldest first (design §3.12)."""
+        return tuple(self._steps)
 
     @property
     def model(self) -> str | None:

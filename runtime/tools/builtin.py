@@ -87,7 +87,7 @@ with ``agent.shell_env``. ``PWD`` is set to the workspace."""
 _LINE_ONLY = re.compile(r"\\[Az]|\(\?[A-Za-z]*-[A-Za-z]*m")
 
 
-@tool
+@tool(idempotent=True)
 def read_file(path: str, offset: int = 1, limit: int = 2000, *, ctx: ToolContext) -> str:
     """Read a text file of the workspace. Each line is prefixed with its number and a tab.
 
@@ -175,7 +175,7 @@ def edit_file(path: str, old: str, new: str, replace_all: bool = False, *, ctx: 
     return f"Edited {rel}: replaced {replaced} occurrence{'s' if replaced != 1 else ''}"
 
 
-@tool
+@tool(idempotent=True)
 def list_dir(path: str = ".", *, ctx: ToolContext) -> str:
     """List a directory of the workspace: subdirectories end with '/', files show their size.
 
@@ -206,7 +206,7 @@ def list_dir(path: str = ".", *, ctx: ToolContext) -> str:
     return "\n".join([header, *lines])
 
 
-@tool
+@tool(idempotent=True)
 def grep(
     pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100, *, ctx: ToolContext
 ) -> str:

@@ -148,6 +148,7 @@ class ToolExecutor:
         on_done: Callable[[ToolRunResult], None] | None = None,
         on_all_done: Callable[[list[ToolRunResult]], None] | None = None,
         max_parallel: int | None = None,
+        before_run: Callable[[ToolCallPart, Tool], None] | None = None,
     ) -> ToolBatchHandle:
         """Start running ``calls``; returns immediately. Results keep the calls' order.
 
@@ -156,6 +157,9 @@ class ToolExecutor:
         ``on_start`` fires when a worker takes a call up (not for calls aborted before that), ``on_done``
         once per call, ``on_all_done`` once with every result. Callbacks run on worker threads (the
         watchdog's for timeouts, the caller's for :meth:`ToolBatchHandle.cancel`) and must not block.
+        ``before_run(call, tool)`` is the exception: it runs on the call's worker once the call is
+        approved, right before the tool, and may block (it records the call's start, design §3.12); if
+        it raises, the tool is not run and the call's result is an error saying so.
         """
         if self._closed:
             raise RuntimeError("the tool executor is shut down")
@@ -175,6 +179,7 @@ class ToolExecutor:
             on_output=on_output,
             on_done=on_done,
             on_all_done=on_all_done,
+            before_run=before_run,
         )
         batch.start(max_parallel)
         return ToolBatchHandle(batch)
@@ -296,8 +301,10 @@ class _Batch:
         on_output: Callable[[ToolCallPart, str], None] | None,
         on_done: Callable[[ToolRunResult], None] | None,
         on_all_done: Callable[[list[ToolRunResult]], None] | None,
+        before_run: Callable[[ToolCallPart, Tool], None] | None = None,
     ) -> None:
         self.executor = executor
+        self.before_run = before_run
         self.calls = calls
         self.registry = registry
         self.ctx_factory = ctx_factory
@@ -356,6 +363,14 @@ class _Batch:
             return
         tool, arguments, ctx = prepared
         st.ctx = ctx
+        if self.before_run is not None:
+            try:
+                self.before_run(call, tool)  # (may block this worker: the start is recorded first)
+            except Exception as exc:
+                if self._take(index, (_PREPARING,)):
+                    text = f"Error: the call was not run: {exc}"
+                    self._deliver(index, text, is_error=True, error="not_started")
+                return
         timeout = tool.timeout if tool.timeout is not None else self.timeout
         with self.lock:
             if st.state != _PREPARING:

@@ -57,6 +57,12 @@ class ToolContext:
     # the file tools never reach them.
     saved_dirs: tuple[Path, ...] = ()
 
+    @property
+    def idempotency_key(self) -> str:
+        """A key naming this call, the same if it is run again after a crash (design §3.12): a tool with
+        effects elsewhere passes it on (an ``Idempotency-Key`` header, say) so that a retry does no harm."""
+        return self.call_id
+
     def require_workspace(self) -> Workspace:
         """The session's workspace; a clear :class:`ToolError` when the session has none."""
         if self.workspace is None:
@@ -70,6 +76,9 @@ class Tool:
 
     ``timeout`` overrides the executor's per-call timeout. ``requires_approval``: the call runs only when
     the session's approval hook allows it; with no hook configured, such a call is denied.
+    ``idempotent``: running it twice does what running it once does (a read), so a call cut off by a
+    crash is run again when its turn is taken up; any other call is not, and its result says its outcome
+    is unknown (design §3.12).
     """
 
     name: str
@@ -78,12 +87,37 @@ class Tool:
     fn: Callable[..., Any]
     timeout: float | None = None
     requires_approval: bool = False
+    idempotent: bool = False
     context_param: str | None = None  # the name under which fn receives the ToolContext
     arguments_type: type | None = field(default=None, repr=False)  # msgspec Struct validating arguments
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(f"invalid tool name {self.name!r}: use 1-64 letters, digits, '_' or '-'")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (to a cluster's shard) with its argument type as fields: the type :func:`tool` made at
+        # run time would unpickle without them.
+        fields = None
+        if self.arguments_type is not None:
+            fields = [
+                (f.name, f.type) if f.required else (f.name, f.type, f.default)
+                for f in msgspec.structs.fields(self.arguments_type)
+            ]
+        return (
+            _unpickled,
+            (
+                self.name,
+                self.description,
+                self.parameters,
+                self.fn,
+                self.timeout,
+                self.requires_approval,
+                self.idempotent,
+                self.context_param,
+                fields,
+            ),
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (tools stay usable as plain functions)."""
@@ -146,6 +180,7 @@ class ToolRegistry:
         description: str | None = None,
         timeout: float | None = None,
         requires_approval: bool = False,
+        idempotent: bool = False,
     ) -> Any:
         """Decorator registering a function as a tool; the function is returned unchanged."""
 
@@ -157,6 +192,7 @@ class ToolRegistry:
                     description=description,
                     timeout=timeout,
                     requires_approval=requires_approval,
+                    idempotent=idempotent,
                 )
             )
             return f
@@ -209,6 +245,7 @@ def tool(
     description: str | None = ...,
     timeout: float | None = ...,
     requires_approval: bool = ...,
+    idempotent: bool = ...,
 ) -> Tool: ...
 
 
@@ -219,6 +256,7 @@ def tool(
     description: str | None = ...,
     timeout: float | None = ...,
     requires_approval: bool = ...,
+    idempotent: bool = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -230,10 +268,12 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     requires_approval: bool = False,
+    idempotent: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` of a function, deriving its schema from its hints and docstring.
 
-    Usable as ``tool(fn)``, ``@tool`` or ``@tool(name=..., timeout=..., requires_approval=...)``.
+    Usable as ``tool(fn)``, ``@tool`` or ``@tool(name=..., timeout=..., requires_approval=...,
+    idempotent=...)``.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -246,11 +286,41 @@ def tool(
             fn=f,
             timeout=timeout,
             requires_approval=requires_approval,
+            idempotent=idempotent,
             context_param=context_param,
             arguments_type=arguments_type,
         )
 
     return build(fn) if fn is not None else build
+
+
+def _unpickled(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    fn: Callable[..., Any],
+    timeout: float | None,
+    requires_approval: bool,
+    idempotent: bool,
+    context_param: str | None,
+    fields: list[Any] | None,
+) -> Tool:
+    arguments_type = None
+    if fields is not None:
+        arguments_type = msgspec.defstruct(
+            f"{name}_arguments", [tuple(f) for f in fields], forbid_unknown_fields=True
+        )
+    return Tool(
+        name,
+        description,
+        parameters,
+        fn,
+        timeout,
+        requires_approval,
+        idempotent,
+        context_param,
+        arguments_type,
+    )
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:

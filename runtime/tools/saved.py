@@ -28,7 +28,7 @@ _ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _LISTED: Final = 40  # ids an error lists at most
 
 
-@tool(name=READ_SAVED)
+@tool(name=READ_SAVED, idempotent=True)
 def read_saved(id: str, offset: int = 1, limit: int = 200, *, ctx: ToolContext) -> str:
     """Read, in numbered lines, a saved output of this session (a clipped result's full text, a shell log,
     a compaction summary) by the id its notice gives.

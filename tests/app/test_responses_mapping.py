@@ -98,14 +98,14 @@ def test_a_conversations_stored_items_keep_their_ids() -> None:
     [
         ({"temperature": 0.3}, "temperature"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"background": True}, "background"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"reasoning": {"summary": "verbose"}}, "reasoning.summary"),
         ({"text": {"verbosity": "loud"}}, "text.verbosity"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"max_output_tokens": 10}, "max_output_tokens"),
+        ({"reasoning": {"effort": "turbo"}}, "reasoning.effort"),
+        ({"reasoning": {"generate_summary": "auto"}}, "reasoning"),
+        ({"max_tool_calls": 3}, "max_tool_calls"),
     ],
 )
 def test_parameters_not_honoured_are_named(fields: dict[str, Any], named: str) -> None:

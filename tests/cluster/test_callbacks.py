@@ -67,40 +67,45 @@ def test_a_thousand_callback_subscriptions_of_a_front_run_on_a_few_threads_each_
         relay.close()
 
 
-def test_a_slow_callback_gets_a_thread_of_its_own_and_holds_back_no_other_subscriber() -> None:
+def test_slow_callbacks_hold_back_no_other_subscriber_and_one_that_blocks_gets_its_own_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_callbacks, "OWN_AFTER", 2.0)
     pool = Callbacks(workers=1, slow_after=0.05)
     bus = EventBus()
     release = threading.Event()
-    slow_seen: list[int] = []
-    quick_seen: list[float] = []
+    blocked: dict[str, list[int]] = {"a": [], "b": []}
+    quick_seen: list[int] = []
 
-    def slow(event: ev.Event) -> None:
+    def blocking(event: ev.Event) -> None:
         assert isinstance(event, ev.TextDelta)
         if int(event.delta) == 0:
             release.wait(30)
-        slow_seen.append(int(event.delta))
+        blocked[event.session_id].append(int(event.delta))
 
     def quick(event: ev.Event) -> None:
-        quick_seen.append(time.monotonic())
+        assert isinstance(event, ev.TextDelta)
+        quick_seen.append(int(event.delta))
 
-    slow_sub = bus.subscribe("a")
-    quick_sub = bus.subscribe("b")
-    pool.drive(slow_sub, slow)
-    pool.drive(quick_sub, quick)
-    bus.publish(delta("a", 0))  # the one thread of the pool is stuck in it
-    assert wait_for(lambda: pool.detached == 1, 5)
-    sent = time.monotonic()
+    subs = {sid: bus.subscribe(sid) for sid in ("a", "b", "c")}
+    pool.drive(subs["a"], blocking)
+    pool.drive(subs["b"], blocking)
+    pool.drive(subs["c"], quick)
+    bus.publish(delta("a", 0))  # the pool's one thread blocks in it, then the next one started meanwhile
+    bus.publish(delta("b", 0))
     for n in range(50):
-        bus.publish(delta("b", n))
+        bus.publish(delta("c", n))
         bus.publish(delta("a", n + 1))
-    assert wait_for(lambda: len(quick_seen) == 50, 5)
-    assert time.monotonic() - sent < 2.0  # while the slow one still waits
-    assert slow_seen == []
+    assert wait_for(lambda: len(quick_seen) == 50, 1.5)  # on threads started meanwhile
+    assert pool.detached == 0
+    assert wait_for(lambda: pool.detached == 2, 5)  # blocked for 2 s: their subscriptions keep them
+    assert blocked == {"a": [], "b": []}
     release.set()
-    assert slow_sub.flush(timeout=10)
-    assert slow_seen == list(range(51))  # its own thread read on, in order
-    slow_sub.close()
-    quick_sub.close()
+    assert subs["a"].flush(timeout=10) and subs["b"].flush(timeout=10)
+    assert blocked == {"a": list(range(51)), "b": [0]}  # their own threads read on, in order
+    assert quick_seen == list(range(50))
+    for sub in subs.values():
+        sub.close()
 
 
 def test_a_callback_behind_its_queue_bound_reads_the_loss_before_its_next_event() -> None:

@@ -273,8 +273,9 @@ def test_the_responses_front_door_on_a_real_model(
     """``/v1/responses`` of ``agentcell serve`` (in process, over real HTTP) driven by the official openai
     SDK, with llama.cpp behind it (named by OPENAI_BASE_URL, as an operator would): a response, a
     continuation by previous_response_id, and a stream. Answers are bounded by the server's own
-    ``agent.max_output_tokens`` (the Responses API's ``max_output_tokens`` is not honoured): one cut short
-    ends ``incomplete``, which is the front door's faithful answer, not a failure."""
+    ``agent.max_output_tokens``: one cut short ends ``incomplete``, which is the front door's faithful
+    answer, not a failure. A client's ``max_output_tokens`` below it is what the real server stops at
+    (issue 40): the answer ends ``incomplete`` for ``max_output_tokens`` with at most that many tokens."""
     import openai
 
     from runtime import Runtime
@@ -306,3 +307,9 @@ def test_the_responses_front_door_on_a_real_model(
             final = stream.get_final_response()
         assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
         assert "".join(text) == final.output_text and final.output_text.strip()
+        capped = client.responses.create(
+            model=MODEL, input="Write a long story about a dragon and a knight.", max_output_tokens=16
+        )
+        assert capped.status == "incomplete" and capped.incomplete_details is not None
+        assert capped.incomplete_details.reason == "max_output_tokens"
+        assert capped.usage is not None and 0 < capped.usage.output_tokens <= 16

@@ -1,8 +1,9 @@
 """Crashes in the middle of a turn: the log says a turn was cut off, and an agent crash loses no turn.
 
-A child process runs a session against the local provider and is killed with SIGKILL while the model is
-streaming its answer. Resumed in this process, the session says in its log (and in ``agent_recovered``)
-that the turn was interrupted, and takes the next prompt. Inside one process, an agent that crashes
+A child process runs a session against the local provider (with ``agent.resume_turns`` off: by default a
+resumed session takes the turn up, tests/reliability/test_durable_turns.py) and is killed with SIGKILL
+while the model is streaming its answer. Resumed in this process, the session says in its log (and in
+``agent_recovered``) that the turn was interrupted, and takes the next prompt. Inside one process, an agent that crashes
 mid-turn is restarted and its successor takes the turn up (tests/session/test_agent.py covers that path).
 """
 
@@ -30,7 +31,8 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from runtime import Runtime
 with Runtime(sessions_dir=sys.argv[2]) as rt:
-    sid = rt.start_session("victim", model="openai/" + sys.argv[4], api_base=sys.argv[3], api_key="sk-local")
+    sid = rt.start_session("victim", model="openai/" + sys.argv[4], api_base=sys.argv[3], api_key="sk-local",
+                           config={"agent": {"resume_turns": False}})
     assert rt.prompt(sid, "first question").result(timeout=60).status == "ok"
     streaming = []
     rt.subscribe(sid, types={"text_delta"}, callback=lambda event: streaming.append(event))
@@ -46,8 +48,9 @@ with Runtime(sessions_dir=sys.argv[2]) as rt:
 def test_a_turn_cut_off_by_kill_9_is_recorded_when_the_session_resumes(
     provider: Any, sessions_dir: Path, rt: Any, recorder: Recorder
 ) -> None:
-    """kill -9 while the model streams: after a resume the log ends the cut-off turn with a note saying so,
-    ``agent_recovered`` reports it, and the session answers the next prompt."""
+    """kill -9 while the model streams, with ``agent.resume_turns`` off: after a resume the log ends the
+    cut-off turn with a note saying so, ``agent_recovered`` reports it, ``resumed_turn`` is None, and the
+    session answers the next prompt."""
     name = f"kill9-{os.getpid()}-{time.monotonic_ns()}"
     slow = " ".join(f"word{i}" for i in range(400))
     answers = [Turn(text="first answer"), Turn(text=slow), Turn(text="after the kill"), Turn(text="fourth")]
@@ -67,6 +70,7 @@ def test_a_turn_cut_off_by_kill_9_is_recorded_when_the_session_resumes(
         provider.chunk_delay = chunk_delay
 
     sid = rt.resume_session("victim", api_base=provider.url, api_key="sk-local")
+    assert rt.resumed_turn(sid) is None
     after = rt.prompt(sid, "third question").result(timeout=60)
     assert after.status == "ok" and after.text == "after the kill"
     recorder.wait_type("agent_end")

@@ -246,7 +246,8 @@ def test_a_corrupt_session_log_is_a_409_that_says_how_to_open_it(
     rt.services.writer.flush()
     log = SessionDirectory(sessions_dir).log_path(sid)
     lines = log.read_bytes().split(b"\n")
-    lines[3] = b"{garbage"
+    second = [i for i, line in enumerate(lines) if b'"kind":"turn"' in line][1]
+    lines[second] = b"{garbage"  # the second turn's first line: before it, "first" and its answer "one"
     log.write_bytes(b"\n".join(lines))
     # The session was started on an api_base: resumed without its key only where the server allows it.
     policy = ServerPolicy(workspace_root=str(root), allow_api_base=True)
@@ -256,12 +257,12 @@ def test_a_corrupt_session_log_is_a_409_that_says_how_to_open_it(
             base_url=allowing.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
         ) as client,
     ):
-        _corrupt_log_answers(client, sid)
+        _corrupt_log_answers(client, sid, second + 1)
 
 
-def _corrupt_log_answers(client: httpx.Client, sid: str) -> None:
+def _corrupt_log_answers(client: httpx.Client, sid: str, line: int) -> None:
     response = client.get(f"/sessions/{sid}/messages")
-    assert response.status_code == 409 and "line 4" in response.json()["error"]
+    assert response.status_code == 409 and f"line {line}" in response.json()["error"]
     assert "repair" in response.json()["error"]
     repaired = client.post(f"/sessions/{sid}/resume", json={"repair": "truncate"})
     assert repaired.status_code == 200, repaired.text

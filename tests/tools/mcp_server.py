@@ -51,7 +51,7 @@ from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
 from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from mcp.server.mcpserver.tools import Tool  # noqa: E402
 from mcp.server.mcpserver.utilities.types import Image  # noqa: E402
-from mcp.types import EmbeddedResource, TextContent, TextResourceContents  # noqa: E402
+from mcp.types import EmbeddedResource, TextContent, TextResourceContents, ToolAnnotations  # noqa: E402
 
 # A 1x1 PNG.
 PNG = base64.b64decode(
@@ -129,6 +129,12 @@ def build(bad_schema: bool = False) -> MCPServer:
         while _running == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         os._exit(9)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def idempotency_key(ctx: Context) -> str:  # type: ignore[type-arg]
+        """The idempotency key this call carried in its _meta ('' when none); reads nothing else."""
+        meta: Any = ctx.request_context.meta or {}
+        return str(meta.get("agentcell/idempotency_key", ""))
 
     @server.tool()
     def fail(message: str) -> str:

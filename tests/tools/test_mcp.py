@@ -93,6 +93,17 @@ def test_calls_return_the_servers_results(world: dict[str, Any]) -> None:
     assert echo.metadata["mcp_server"] == "t" and echo.metadata["mcp_tool"] == "echo"
 
 
+def test_calls_carry_their_idempotency_key_and_read_only_tools_are_idempotent(world: dict[str, Any]) -> None:
+    """Design §3.12: a call's ``_meta`` carries its idempotency key (the call id), and a tool the server
+    marks read-only runs again after a crash (idempotent) where one it does not mark is not."""
+    rt, sid = world["rt"], world["sid"]
+    (key,) = results(rt, sid, call("t__idempotency_key"))
+    assert not key.is_error and key.text == key.tool_call_id
+    tools = rt._session(sid).spec.tools
+    assert tools.get("t__idempotency_key").idempotent
+    assert not tools.get("t__echo").idempotent and not tools.get("t__crash").idempotent
+
+
 def test_an_error_result_stays_an_error_with_its_message(world: dict[str, Any]) -> None:
     (failed,) = results(world["rt"], world["sid"], call(("t__fail", {"message": "the disk is on fire"})))
     assert failed.is_error and "the disk is on fire" in failed.text

@@ -112,3 +112,17 @@ def test_registry_rules() -> None:
         @tool
         def odd(x: complex) -> None:
             """Odd."""
+
+
+def test_a_tool_pickled_to_another_process_keeps_its_arguments_and_declarations() -> None:
+    """A cluster pickles a session's tools to its shard (cloudpickle): the argument type :func:`tool`
+    made at run time comes back with its fields, and the tool with what it declares."""
+    import pickle
+
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    from runtime.tools.builtin import read_file
+
+    copy = pickle.loads(cloudpickle.dumps(read_file))
+    assert copy.idempotent and copy.context_param == "ctx" and copy.parameters == read_file.parameters
+    assert copy.arguments_type is not None
+    assert copy.arguments_type.__struct_fields__ == ("path", "offset", "limit")

@@ -103,7 +103,6 @@ class CreateResponse(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 _NOT_HONOURED: Final = (
     "temperature",
     "top_p",
-    "max_output_tokens",
     "max_tool_calls",
     "top_logprobs",
     "prompt",
@@ -117,6 +116,22 @@ _NOT_HONOURED: Final = (
 )
 
 
+REASONING_EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh")
+MIN_OUTPUT_TOKENS: Final = 16  # the least ``max_output_tokens`` OpenAI's API takes
+
+
+def check_max_output_tokens(value: int | None) -> None:
+    """Refuse a ``max_output_tokens`` below the API's minimum as OpenAI's API does."""
+    if value is not None and value < MIN_OUTPUT_TOKENS:
+        raise ApiError(
+            400,
+            f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
+            f"{MIN_OUTPUT_TOKENS}, but got {value} instead.",
+            param="max_output_tokens",
+            code="integer_below_min_value",
+        )
+
+
 def unsupported(body: CreateResponse) -> list[str]:
     """The parameters of ``body`` this server would not honour (given, and not at a value it honours)."""
     names = [name for name in _NOT_HONOURED if getattr(body, name) is not None]
@@ -124,8 +139,6 @@ def unsupported(body: CreateResponse) -> list[str]:
         names.append("background")
     if body.tool_choice not in (None, "auto"):
         names.append("tool_choice")
-    if body.parallel_tool_calls is False:
-        names.append("parallel_tool_calls")
     if any(name not in INCLUDABLE for name in body.include or ()):
         names.append("include")
     if body.text is not None and (body.text.get("format") or {"type": "text"}).get("type") != "text":
@@ -135,7 +148,9 @@ def unsupported(body: CreateResponse) -> list[str]:
     if body.reasoning is not None:
         if body.reasoning.get("summary") not in (None, "auto", "concise", "detailed"):
             names.append("reasoning.summary")
-        if any(v is not None for k, v in body.reasoning.items() if k != "summary"):
+        if body.reasoning.get("effort") not in (None, *REASONING_EFFORTS):
+            names.append("reasoning.effort")
+        if any(v is not None for k, v in body.reasoning.items() if k not in ("summary", "effort")):
             names.append("reasoning")
     if body.service_tier not in (None, "auto", "default"):
         names.append("service_tier")
@@ -307,6 +322,8 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     service_tier: str | None = None
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool = True
     interrupted: bool = False  # the server stopped while it was in progress (see FrontDoor.response)
 
     def to_api(self) -> dict[str, Any]:
@@ -320,11 +337,11 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
             "error": self.error,
             "incomplete_details": self.incomplete_details,
             "instructions": self.instructions,
-            "max_output_tokens": None,
+            "max_output_tokens": self.max_output_tokens,
             "max_tool_calls": None,
             "model": self.model,
             "output": self.output,
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
             "conversation": {"id": self.conversation_id} if self.conversation_id else None,
             "reasoning": self.reasoning or {"effort": None, "summary": None},

@@ -28,6 +28,7 @@ from runtime.apps.responses.api import (
     ClientTools,
     CreateResponse,
     ResponseRecord,
+    check_max_output_tokens,
     failure,
     function_tools,
     metadata_of,
@@ -264,6 +265,7 @@ class FrontDoor:
                 param=names[0],
                 code="unsupported_parameter",
             )
+        check_max_output_tokens(body.max_output_tokens)
         if not body.model:
             raise ApiError(
                 400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
@@ -359,11 +361,17 @@ class FrontDoor:
             text=body.text,
             reasoning=body.reasoning,
             service_tier=body.service_tier,
+            max_output_tokens=body.max_output_tokens,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
         )
         options = TurnOptions(
             client_tools=tuple(client_tools.schemas),
             instructions=instructions,
             compaction=body.truncation != "disabled",
+            max_output_tokens=body.max_output_tokens,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            reasoning_effort=(body.reasoning or {}).get("effort"),
+            verbosity=(body.text or {}).get("verbosity"),
         )
         extra = AGENTCELL_EVENTS in (body.include or ())
         run = Run(record, bool(body.stream), client_tools, shape, extra)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from runtime.gateway._caching import cache_key, tools_with_cache
 from runtime.gateway._convert import to_provider_messages
@@ -57,7 +57,22 @@ def build_call_kwargs(request: CompletionRequest) -> dict[str, Any]:
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     kwargs.update(request.extra)
+    passed = [k for k in _OPENAI_PARAMS if k in request.extra]
+    if passed and _openai_wire(request.model):
+        # An OpenAI-compatible endpoint (OpenAI, or a server of the user's behind ``openai/``) takes the
+        # OpenAI parameters a client asked for, or refuses them itself: litellm's table of which models take
+        # them would refuse them for any model it does not know. Other providers: litellm maps them
+        # (Anthropic's thinking budget for ``reasoning_effort``) or names the ones it cannot.
+        kwargs["allowed_openai_params"] = passed
     return kwargs
+
+
+_OPENAI_PARAMS: Final = ("reasoning_effort", "verbosity", "parallel_tool_calls")
+
+
+def _openai_wire(model: str) -> bool:
+    provider, _, rest = model.partition("/")
+    return bool(rest) and provider == "openai"
 
 
 class LitellmTransport(Transport):

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import httpcore2
@@ -51,6 +51,8 @@ log = logging.getLogger("agentcell.mcp")
 _STOP_TIMEOUT: Final = 10.0  # the SDK bounds a stdio server's shutdown (stdin closed, TERM, KILL) below this
 _STDERR_TAIL: Final = 600  # characters of a server's stderr quoted when it fails to start
 CLIENT_INFO: Final = types.Implementation(name="agentcell", version="0.1.0")
+IDEMPOTENCY_META_KEY: Final = "agentcell/idempotency_key"
+"""The key of a tool call's ``_meta`` that holds its idempotency key (the call id, design §3.12)."""
 
 Report = Callable[..., None]  # report(kind, message, *, tool=None, call_id=None, retry_in=None)
 
@@ -60,14 +62,18 @@ class McpUnavailable(ToolError):
 
 
 class Listed:
-    """A tool as a server listed it."""
+    """A tool as a server listed it; ``idempotent``: its annotations say a second call does what the first
+    did (``readOnlyHint`` or ``idempotentHint``, design §3.12)."""
 
-    __slots__ = ("description", "input_schema", "name")
+    __slots__ = ("description", "idempotent", "input_schema", "name")
 
-    def __init__(self, name: str, description: str | None, input_schema: Any) -> None:
+    def __init__(
+        self, name: str, description: str | None, input_schema: Any, idempotent: bool = False
+    ) -> None:
         self.name = name
         self.description = description
         self.input_schema = input_schema
+        self.idempotent = idempotent
 
 
 class Connection:
@@ -336,11 +342,17 @@ async def _list_tools(session: ClientSession) -> list[Listed]:
     for _ in range(100):  # a server that pages forever must not hang the connection
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
         result = await session.list_tools(params=params)
-        tools.extend(Listed(t.name, t.description, t.input_schema) for t in result.tools)
+        tools.extend(Listed(t.name, t.description, t.input_schema, _idempotent(t)) for t in result.tools)
         cursor = result.next_cursor
         if not cursor:
             break
     return tools
+
+
+def _idempotent(listed: types.Tool) -> bool:
+    """What a server does not say is taken as no."""
+    hints = listed.annotations
+    return hints is not None and bool(hints.read_only_hint or hints.idempotent_hint)
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -481,7 +493,9 @@ class ServerClient:
         session = conn.session
         assert session is not None
         try:
-            result = await session.call_tool(tool, arguments)
+            # the call id as an idempotency key (design §3.12): a server can tell a retry from a new call
+            meta = cast("types.RequestParamsMeta", {IDEMPOTENCY_META_KEY: call_id})
+            result = await session.call_tool(tool, arguments, meta=meta)
         except asyncio.CancelledError:  # the executor gave up on the call (timeout, abort)
             self._check_later(conn, tool)
             raise

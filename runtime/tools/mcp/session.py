@@ -258,6 +258,7 @@ class McpServers:
                     fn=_Call(self, client.name, original),
                     timeout=config.timeout,
                     requires_approval=config.require_approval,
+                    idempotent=item.idempotent,
                     context_param=_CTX,
                 )
             )
