@@ -32,7 +32,7 @@ __all__ = ["TenantGate"]
 
 ErrorBody = Callable[[Any, int, str], bytes]
 
-_SESSION_PATH: Final = re.compile(r"^/sessions/([^/]+)(/[a-z]+)?$")
+_SESSION_PATH: Final = re.compile(r"^/sessions/([^/]+)(/[a-z]+)?(?:/[^/]+)?$")  # (.../turns/<prompt id>)
 _RESPONSE_PATH: Final = re.compile(r"^/v1/responses/([^/]+)(/[a-z_]+)?$")
 _CONVERSATION_PATH: Final = re.compile(r"^/v1/conversations/([^/]+)(/.*)?$")
 _READS_BODY: Final = frozenset({"/v1/responses", "/v1/responses/compact", "/v1/responses/input_tokens"})

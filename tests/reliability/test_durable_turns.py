@@ -20,14 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from runtime.apps.server import ApiServer
 from runtime.handles import TurnResult
 from runtime.store.entries import StepEntry, decode_entry
 from tests.conftest import Recorder
 from tests.reliability import durable_support as support
 from tests.reliability.durable_support import (
     CHILD,
+    FINAL_TEXT,
     PLAN,
     ROOT,
     TOOLS,
@@ -84,6 +87,7 @@ def run_child(
         text=True,
         timeout=120,
     )
+    (workspace / "kill-in").write_text("")  # (a call run again here must not kill this process)
     if child.returncode == -signal.SIGKILL:
         return True, 0
     assert child.returncode == 0, child.stderr[-2000:]
@@ -171,6 +175,15 @@ def test_a_turn_cut_off_between_a_calls_start_and_its_result_is_taken_up(
         1,
     )
     assert resumed.prompt_id == first.prompt_id == figures["prompt_id"]  # the caller's prompt id again
+    # an HTTP client of the process that died asks this one for its prompt id's result
+    with (
+        ApiServer(rt, "durable-token") as server,
+        httpx.Client(base_url=server.url, headers={"Authorization": "Bearer durable-token"}) as http,
+    ):
+        answer = http.get(f"/sessions/{sid}/turns/{first.prompt_id}", params={"wait": "true"}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["status"] == "ok"
+        assert answer.json()["message"]["parts"][0]["text"] == FINAL_TEXT
+        assert http.get(f"/sessions/{sid}/turns/unknown-prompt").status_code == 404
 
 
 @pytest.mark.slow  # child processes
@@ -230,4 +243,5 @@ def test_kill_9_at_random_points_of_a_tool_heavy_turn_then_resume(
         for key in seen:
             seen[key] += int(figures.get(key, 0))
         rt.stop_session(sid)
+    print(f"kill points {len(points)}: {seen}")  # (-s shows it: turns taken up, calls run twice, unknown)
     assert seen["taken_up"] >= len(points) // 2, seen

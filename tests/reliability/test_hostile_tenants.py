@@ -72,6 +72,8 @@ def test_two_tenants_see_nothing_of_each_other(server: ApiServer, provider: Any)
     with client(server, A1) as a, client(server, B) as b, client(server, ADMIN) as admin:
         sid = new_session(a, provider).json()["id"]
         assert a.post(f"/sessions/{sid}/prompt", json={"text": "hi", "wait": True}).status_code == 200
+        pid = a.post(f"/sessions/{sid}/prompt", json={"text": "again"}).json()["prompt_id"]
+        assert a.get(f"/sessions/{sid}/turns/{pid}", params={"wait": "true"}).json()["status"] == "ok"
         response = a.post("/v1/responses", json={"model": model(provider), "input": "hi"}).json()
         rid = response["id"]
         cid = a.post("/v1/conversations", json={}).json()["id"]
@@ -83,6 +85,7 @@ def test_two_tenants_see_nothing_of_each_other(server: ApiServer, provider: Any)
             ("DELETE", f"/sessions/{sid}", None),
             ("POST", f"/sessions/{sid}/resume", {}),
             ("POST", f"/sessions/{sid}/prompt", {"text": "x", "wait": True}),
+            ("GET", f"/sessions/{sid}/turns/{pid}", None),
             ("POST", f"/sessions/{sid}/abort", None),
             ("POST", f"/sessions/{sid}/compact", {}),
             ("GET", f"/sessions/{sid}/context", None),

@@ -28,6 +28,8 @@ their own (:mod:`runtime.apps.tenant_gate`: each sees only what it created; quot
                                          session (any other call resumes it too, without a key)
     POST   /sessions/{id}/prompt         {"text", "images", "wait": false, "steer": false} → 202 {"prompt_id"},
                                          or with "wait": true → 200 the turn's result
+    GET    /sessions/{id}/turns/{prompt_id}  ?wait=true: that turn's result (202 while it runs without wait): a
+                                         prompt this server took, or a turn it took up on resuming the session
     POST   /sessions/{id}/abort          → {"aborted": true|false}
     POST   /sessions/{id}/compact        {"keep_recent_tokens", "instructions"} → what it did
     GET    /sessions/{id}/context        the context breakdown of design §4.6

@@ -1,14 +1,17 @@
 """The session routes of ``agentcell serve``: ``/sessions`` and ``/sessions/{id}/...`` (design §7.2).
 
 A stored session that the server does not host yet is resumed on first use, under the server's policy
-(:meth:`~runtime.apps.server.policy.ServerPolicy.check_stored`).
+(:meth:`~runtime.apps.server.policy.ServerPolicy.check_stored`): a turn its process stopped in is taken up
+then (design §3.12), and ``GET /sessions/{id}/turns/{prompt_id}`` answers with its result, as it does for
+the prompts this server took.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -35,8 +38,12 @@ if TYPE_CHECKING:
     from starlette.routing import Route
 
     from runtime.apps import AnyRuntime
+    from runtime.handles import PromptHandle
 
-__all__ = ["Endpoint", "EnsureHosted", "session_routes"]
+__all__ = ["MAX_TURNS_KEPT", "Endpoint", "EnsureHosted", "session_routes"]
+
+MAX_TURNS_KEPT: Final = 4_096
+"""The newest turns whose handles ``GET /sessions/{id}/turns/{prompt_id}`` answers from."""
 
 Endpoint = Callable[[Callable[["Request"], Awaitable[Any]]], Callable[["Request"], Awaitable["Response"]]]
 """Makes a route's endpoint of a handler: its result as JSON, its errors as ``{"error": ...}`` answers."""
@@ -52,6 +59,12 @@ def session_routes(
     from starlette.routing import Route
 
     resuming = asyncio.Lock()  # one resume at a time: two first requests must not both resume a session
+    turns: OrderedDict[tuple[str, str], PromptHandle] = OrderedDict()  # (session, prompt id): its handle
+
+    def keep(session_id: str, handle: PromptHandle) -> None:
+        turns[(session_id, handle.id)] = handle
+        while len(turns) > MAX_TURNS_KEPT:
+            turns.popitem(last=False)
 
     async def hosted(request: Request) -> str:
         """The path's session id, hosted by this runtime (a stored one is resumed); else 404."""
@@ -165,8 +178,30 @@ def session_routes(
         session_id = await hosted(request)
         body: PromptBody = decode(await request.body(), PromptBody)
         handle = runtime.prompt(session_id, body.text, images=body.images, steer=body.steer)
+        keep(session_id, handle)
         if not body.wait:
             return JSONResponse({"prompt_id": handle.id}, status_code=202)
+        return msgspec.to_builtins(await handle)
+
+    async def turn(request: Request) -> Any:
+        """A turn's result by its prompt id: a prompt this server took, or the turn it took up when it
+        resumed the session (its prompt id the one the client got from the server that died); 202 while
+        it runs, unless ``?wait=true``."""
+        session_id = await hosted(request)  # (resumed here first if stored: that takes its turn up)
+        prompt_id = request.path_params["prompt_id"]
+        handle = turns.get((session_id, prompt_id))
+        if handle is None:
+            resumed = await asyncio.to_thread(runtime.resumed_turn, session_id)
+            if resumed is None or resumed.id != prompt_id:
+                raise HttpError(
+                    404,
+                    f"no turn {prompt_id!r} of session {session_id!r} is running or kept here (one that "
+                    "ended before this server took the session up is in its messages)",
+                )
+            handle = resumed
+            keep(session_id, handle)
+        if not handle.done() and request.query_params.get("wait") not in ("1", "true"):
+            return JSONResponse({"prompt_id": prompt_id, "status": "running"}, status_code=202)
         return msgspec.to_builtins(await handle)
 
     async def abort(request: Request) -> Any:
@@ -225,6 +260,7 @@ def session_routes(
         Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"]),
         Route("/sessions/{session_id}/resume", endpoint(resume), methods=["POST"]),
         Route("/sessions/{session_id}/prompt", endpoint(prompt), methods=["POST"]),
+        Route("/sessions/{session_id}/turns/{prompt_id}", endpoint(turn), methods=["GET"]),
         Route("/sessions/{session_id}/abort", endpoint(abort), methods=["POST"]),
         Route("/sessions/{session_id}/compact", endpoint(compact), methods=["POST"]),
         Route("/sessions/{session_id}/context", endpoint(context), methods=["GET"]),
