@@ -313,3 +313,89 @@ def test_the_responses_front_door_on_a_real_model(
         assert capped.status == "incomplete" and capped.incomplete_details is not None
         assert capped.incomplete_details.reason == "max_output_tokens"
         assert capped.usage is not None and 0 < capped.usage.output_tokens <= 16
+
+
+# --- Anthropic's Messages API: llama-server also answers POST /v1/messages (streamed and not) ---------------
+
+ANTHROPIC_MODEL = "anthropic/smollm2"
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+def test_a_session_on_an_anthropic_model_talks_to_llama_cpp_over_the_messages_api(
+    transport: str, real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """Three turns on the native Anthropic transport (``auto``), one through litellm's Anthropic path."""
+    sid = real_rt.start_session(
+        model=ANTHROPIC_MODEL,
+        api_base=llama_server.root,
+        api_key="sk-none",
+        system_prompt=SYSTEM,
+        config={**SHORT, "gateway.transport": transport},
+    )
+    turns = 3 if transport == "auto" else 1
+    for topic in ("the moon", "rivers", "bread")[:turns]:
+        result = real_rt.prompt(sid, f"Tell me about {topic}.").result(timeout=600)
+        assert result.status == "ok", result.error
+        assert result.text.strip()
+    events.wait_type("agent_end", turns)
+    starts = events.of("request_start", sid)
+    expected = "anthropic" if transport == "auto" else "litellm"
+    assert starts and all(e.transport == expected for e in starts), [e.transport for e in starts]
+    answers = [m for m in real_rt.messages(sid) if m.role == "assistant"]
+    assert len(answers) == turns
+    assert all(
+        m.usage is not None and m.usage.input_tokens > 0 and m.usage.output_tokens > 0 for m in answers
+    )
+    # the prompt grows turn by turn: the server counts what the transport sent
+    inputs = [m.usage.input_tokens for m in answers if m.usage is not None]
+    assert inputs == sorted(inputs)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_tool_blocks_and_both_answer_shapes_through_the_native_transport(
+    stream: bool, llama_server: LlamaServer
+) -> None:
+    """A history with a ``tool_use`` and its ``tool_result``, sent as Anthropic blocks, is rendered by the
+    server's template and answered, streamed (message_start, content_block_delta, message_delta) or not."""
+    from runtime import messages as m
+    from runtime.gateway import CompletionRequest, Gateway, IoLoop, complete_sync
+
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The current weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    call = m.ToolCallPart(id="toolu_01", name="get_weather", arguments='{"city": "Paris"}')
+    history = [
+        m.system("You can call tools."),
+        m.user("What is the weather in Paris?"),
+        m.assistant(tool_calls=[call]),
+        m.tool_result("toolu_01", "get_weather", "It is sunny and 21 degrees in Paris."),
+    ]
+    io = IoLoop()
+    try:
+        gateway = Gateway(io)
+        request = CompletionRequest(
+            model=ANTHROPIC_MODEL,
+            messages=history,
+            tools=tools,
+            api_base=llama_server.root,
+            api_key="sk-none",
+            max_tokens=48,
+            stream=stream,
+            timeout=600,
+        )
+        assert gateway.route(request).transport == "anthropic"
+        answer = complete_sync(gateway, request, timeout=600)
+    finally:
+        io.stop()
+    assert answer.error is None, answer.error
+    assert answer.transport == "anthropic"
+    assert answer.message is not None and (answer.message.text.strip() or answer.message.tool_calls)
+    assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
+    assert answer.message.stop_reason in ("stop", "length", "tool_calls")
