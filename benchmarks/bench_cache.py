@@ -40,15 +40,6 @@ AUTOMATIC_TARGET = 0.90
 ANTHROPIC_TARGET = 0.85
 
 
-def plan(turn: int) -> list[list[int]]:
-    """The tool steps of ``turn``: two or three steps of one to three results, 400-6,000 characters."""
-    sizes = (400, 1_200, 2_500, 4_000, 6_000)
-    steps = [[sizes[(turn + k) % 5], sizes[(turn * 3 + k) % 5]][: 1 + (turn + k) % 2] for k in range(2)]
-    if turn % 3 == 0:
-        steps.append([sizes[(turn * 7) % 5], 800, 1_600])
-    return steps
-
-
 def is_summary(body: dict[str, Any]) -> bool:
     from runtime.provider import policy
 
@@ -61,7 +52,7 @@ def is_summary(body: dict[str, Any]) -> bool:
 def run_session(provider: Any, dialect: str, window: int, turns: int, cache: bool) -> dict[str, Any]:
     from runtime import Runtime
     from runtime.config import Config
-    from tests.scenarios.workload import blob, prompt_text, respond
+    from tests.scenarios.workload import blob, prompt_text, respond, tool_heavy_plan
 
     model = DIALECTS[dialect]
     provider.add_responder(model.split("/", 1)[1], respond, context_window=window)
@@ -79,7 +70,7 @@ def run_session(provider: Any, dialect: str, window: int, turns: int, cache: boo
                 config={"models.context_windows": {model: window}},
             )
             for turn in range(turns):
-                result = rt.prompt(sid, prompt_text(turn, plan(turn))).result(timeout=300)
+                result = rt.prompt(sid, prompt_text(turn, tool_heavy_plan(turn))).result(timeout=300)
                 if result.status != "ok":
                     raise SystemExit(f"turn {turn} ended {result.status}: {result.error}")
             usage = rt.usage(sid)

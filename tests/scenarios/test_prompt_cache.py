@@ -24,22 +24,13 @@ from runtime.gateway._cost import prices_from_info
 from runtime.gateway._litellm import load_litellm
 from runtime.provider import LocalProvider, policy
 from runtime.provider.usage import REPLY_PRIMING
-from tests.scenarios.workload import blob, prompt_text, respond
+from tests.scenarios.workload import blob, prompt_text, respond, tool_heavy_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 WINDOW = 32_000
 TURNS = 14
 SYSTEM_PROMPT = "You are a methodical assistant. Use the blob tool exactly as each request says. " * 10
-
-
-def plan(turn: int) -> list[list[int]]:
-    """Two or three steps of one to three tool results of 400-6,000 characters (the benchmark's plan)."""
-    sizes = (400, 1_200, 2_500, 4_000, 6_000)
-    steps = [[sizes[(turn + k) % 5], sizes[(turn * 3 + k) % 5]][: 1 + (turn + k) % 2] for k in range(2)]
-    if turn % 3 == 0:
-        steps.append([sizes[(turn * 7) % 5], 800, 1_600])
-    return steps
 
 
 def is_summary(body: dict[str, Any]) -> bool:
@@ -63,7 +54,7 @@ def run(rt: Any, provider: LocalProvider, model: str, api_base: str, turns: int 
         config={"models.context_windows": {model: WINDOW}},
     )
     for turn in range(turns):
-        result = rt.prompt(sid, prompt_text(turn, plan(turn))).result(timeout=120)
+        result = rt.prompt(sid, prompt_text(turn, tool_heavy_plan(turn))).result(timeout=120)
         assert result.status == "ok", (turn, result.error)
     return str(sid)
 

@@ -48,6 +48,16 @@ def prompt_text(turn: int, steps: Sequence[Sequence[int]], pad_chars: int = 0, a
     return f"{HEADER} {header}\nPlease do the work described above.\n{filler(pad_chars, f'p{turn}')}"
 
 
+def tool_heavy_plan(turn: int) -> list[list[int]]:
+    """The tool steps of a long tool-heavy session's ``turn`` (the prompt-cache scenarios and
+    ``benchmarks/bench_cache.py``): two or three steps of one to three results of 400-6,000 characters."""
+    sizes = (400, 1_200, 2_500, 4_000, 6_000)
+    steps = [[sizes[(turn + k) % 5], sizes[(turn * 3 + k) % 5]][: 1 + (turn + k) % 2] for k in range(2)]
+    if turn % 3 == 0:
+        steps.append([sizes[(turn * 7) % 5], 800, 1_600])
+    return steps
+
+
 def filler(chars: int, tag: str) -> str:
     """``chars`` characters of varied text (about 4-5 characters per token)."""
     if chars <= 0:
