@@ -104,15 +104,6 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     return error("invalid_request_error", f"prompt is too long: {prompt} tokens > {window} maximum")
 
 
-def budget_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
-    """Anthropic when the prompt fits but not with the ``max_tokens`` asked for."""
-    return error(
-        "invalid_request_error",
-        f"input length and `max_tokens` exceed context limit: {prompt} + {completion} > {window}, decrease "
-        "input length or `max_tokens` and try again",
-    )
-
-
 def request_too_large(prompt: int, window: int, completion: int) -> ErrorResponse:
     """HTTP 413, as Anthropic sends it when the request body itself is over the size limit."""
     body = {
