@@ -298,12 +298,13 @@ class Runtime(RuntimeAPI):
             )
             if header.parent_session_id:  # a sub-agent: its events carry its parent again
                 self.delegations.adopt(sid, header.parent_session_id, header.parent_call_id or "")
-            session.ensure_running()
+            # (said before its actors start: a turn its agent takes up from the log comes after, design §3.12)
             self.bus.publish(
                 ev.SessionStarted(
                     session_id=sid, model=spec.model, context_window=session.context_window, resumed=True
                 )
             )
+            session.ensure_running()
             return sid
         except BaseException:
             self.services.directory.take_over(sid)  # not hosted: nobody takes the tree check_log left
