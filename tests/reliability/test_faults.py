@@ -452,11 +452,17 @@ threading.Event().wait()
 
 @pytest.mark.slow  # child processes killed and resumed: seconds even on an idle machine
 def test_sigkill_of_the_runtime_mid_turn_then_resume(sessions_dir: Path, provider: Any) -> None:
-    resumed = Turn(text="resumed after the kill")
+    resumed, later = Turn(text="resumed after the kill"), Turn(text="the next turn")
     tool_model = add_script(
-        provider, Turn(text="first answer"), Turn(tool_calls=(ToolCallSpec(name="wait_here"),)), resumed
+        provider,
+        Turn(text="first answer"),
+        Turn(tool_calls=(ToolCallSpec(name="wait_here"),)),
+        resumed,
+        later,
     )
-    stream_model = add_script(provider, Turn(text="first answer"), Turn(text="slow", latency=30.0), resumed)
+    stream_model = add_script(
+        provider, Turn(text="first answer"), Turn(text="slow", latency=30.0), resumed, later
+    )
     models = (f"openai/{tool_model}", f"openai/{stream_model}")
     child = subprocess.Popen(
         [*(sys.executable, "-c", CHILD, str(ROOT), str(sessions_dir)), provider.url, *models],
@@ -467,7 +473,7 @@ def test_sigkill_of_the_runtime_mid_turn_then_resume(sessions_dir: Path, provide
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.strip() == b"mid-turn", child.stderr.read() if child.stderr else line
-        wait_until(lambda: provider.remaining_turns(stream_model) == 1)  # the slow request is in flight
+        wait_until(lambda: provider.remaining_turns(stream_model) == 2)  # the slow request is in flight
         os.kill(child.pid, signal.SIGKILL)
         assert child.wait(10) == -signal.SIGKILL
     finally:
@@ -481,14 +487,17 @@ def test_sigkill_of_the_runtime_mid_turn_then_resume(sessions_dir: Path, provide
         rt.subscribe("*", callback=events)
         for sid in ("mid-tool", "mid-stream"):
             rt.resume_session(sid, api_key="sk-local")  # takes the stale lock over
-            events.wait_for(sid, "agent_recovered")
+            taken_up = rt.resumed_turn(sid)  # the turn cut off goes on (design §3.12)
+            assert taken_up is not None
+            result = taken_up.result(timeout=30)
+            assert result.status == "ok" and result.text == "resumed after the kill"
             texts = [m.text for m in rt.messages(sid)]
             assert texts[:3] == ["first", "first answer", "second"]  # everything acknowledged is there
             assert check_integrity(rt.messages(sid, view="model")).ok
-            result = rt.prompt(sid, "third").result(timeout=30)
-            assert result.status == "ok" and result.text == "resumed after the kill"
+            assert rt.prompt(sid, "third").result(timeout=30).text == "the next turn"
+        # the call that was running is not run again: its outcome is unknown, and the model is told so
         (repaired,) = [m for m in rt.messages("mid-tool") if m.role == "tool"]
-        assert repaired.is_error and repaired.metadata.get("repaired")
+        assert repaired.is_error and repaired.metadata.get("outcome_unknown")
         assert events.of("mid-tool", "agent_recovered")[0].repaired_calls == 1
     for sid in ("mid-tool", "mid-stream"):
         check = check_log(directory, sid, allow_torn=True)
