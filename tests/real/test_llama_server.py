@@ -401,3 +401,29 @@ def test_tool_blocks_and_both_answer_shapes_through_the_native_transport(
     assert answer.message is not None and (answer.message.text.strip() or answer.message.tool_calls)
     assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
     assert answer.message.stop_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_prompt_over_the_window_on_the_messages_api_is_an_overflow_that_states_it(
+    llama_server: LlamaServer,
+) -> None:
+    """llama.cpp refuses a prompt over its slot's context on ``/v1/messages`` too: the native transport's error
+    is classified as an overflow (not retried) and the window it states is read."""
+    from runtime import messages as m
+    from runtime.gateway import CompletionRequest, Gateway, IoLoop, complete_sync
+
+    io = IoLoop()
+    try:
+        request = CompletionRequest(
+            model=ANTHROPIC_MODEL,
+            messages=[m.user("word " * 3_000)],
+            api_base=llama_server.root,
+            api_key="sk-none",
+            max_tokens=16,
+            timeout=600,
+        )
+        answer = complete_sync(Gateway(io), request, timeout=600)
+    finally:
+        io.stop()
+    assert answer.transport == "anthropic"
+    assert answer.error is not None and answer.error.kind == "overflow", answer.error
+    assert answer.error.window == llama_server.ctx_per_slot and answer.attempts == 1
