@@ -22,6 +22,7 @@ from runtime.context.caching import Breakpoints
 from runtime.events import CompactionTrigger, Event
 from runtime.handles import TurnResult
 from runtime.messages import Message, ToolCallPart
+from runtime.store.entries import StepEntry
 
 if TYPE_CHECKING:
     from runtime.turn.state import Handover, PromptLike
@@ -49,12 +50,14 @@ __all__ = [
     "Publish",
     "ReadContext",
     "RecordAnswer",
+    "RecordStep",
     "RefreshTools",
     "Reject",
     "RequestSpec",
     "Resolve",
     "ResolveAbort",
     "RestoreUsage",
+    "Resumed",
     "Route",
     "RunTools",
     "SaveOutput",
@@ -136,6 +139,21 @@ class SyncTurn(Effect, frozen=True):
     ended: bool
 
 
+class RecordStep(Effect, frozen=True):
+    """Record a step of the turn in the log before its effect (design §3.12): told to the store, not
+    waited for (a request or a compaction the log does not show is made again, which does no harm).
+    Nothing to do while the store is not running."""
+
+    record: StepEntry
+
+
+class Resumed(Effect, frozen=True):
+    """The restarted agent took up a turn its process stopped in (``handle``: the handle the runtime hands
+    out under the original prompt id), or there is none to take up (None)."""
+
+    handle: Any
+
+
 class CancelIO(Effect, frozen=True):
     """Cancel the turn's provider call and its running tools, if any."""
 
@@ -191,7 +209,7 @@ class Persist(Awaited, frozen=True, kw_only=True):
     """Append ``messages`` to the session's log. Answer: the store's ``Stored`` (:class:`StoredLike`).
 
     ``with_view``: the answer carries the model's view after the append. ``end_turn``: make the log durable
-    right after (a turn's last message). ``optional``: the turn is ending; with no store running, answer
+    right after (a turn's last message). ``steps``: step records written with them. ``optional``: the turn is ending; with no store running, answer
     :class:`Failed` at once instead of failing the actor.
     """
 
@@ -199,6 +217,7 @@ class Persist(Awaited, frozen=True, kw_only=True):
     with_view: bool = False
     end_turn: bool = False
     optional: bool = False
+    steps: tuple[StepEntry, ...] = ()  # step records written with the messages (a turn's start)
 
 
 class ReadContext(Awaited, frozen=True, kw_only=True):
@@ -271,6 +290,7 @@ class RequestSpec(msgspec.Struct, frozen=True, kw_only=True):
     wait_budget: float
     first: bool
     cache: Breakpoints | None = None  # where its cached prefixes end (None: prompt caching is off)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)  # the client's request options
 
 
 class Route(Awaited, frozen=True):
@@ -289,11 +309,12 @@ class CallModel(Awaited, frozen=True, kw_only=True):
 
 
 class RunTools(Awaited, frozen=True):
-    """Run ``calls`` (in parallel, with the session's limits and approval). Answer: their results, one per
-    call (:class:`ToolResultLike`)."""
+    """Run ``calls`` (in parallel, with the session's limits and approval; each call's start recorded in
+    the log as step ``step``'s, design §3.12). Answer: their results, one per call (:class:`ToolResultLike`)."""
 
     calls: tuple[ToolCallPart, ...]
     turn_id: str
+    step: int
 
 
 # -- answers -------------------------------------------------------------------------------------------------
@@ -324,6 +345,8 @@ class ViewLike(Protocol):
     def dead(self) -> str | None: ...
     @property
     def turn_ended_at(self) -> str | None: ...
+    @property
+    def steps(self) -> tuple[StepEntry, ...]: ...
 
 
 class StoredLike(Protocol):

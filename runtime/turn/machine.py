@@ -41,7 +41,8 @@ from runtime.context.integrity import (
     unfinished_turn,
 )
 from runtime.context.recovery import PROMPT_HIDDEN_NOTE, compaction_did_not_help, prompt_caused_overflow
-from runtime.handles import TurnResult
+from runtime.durable import MAX_RESUMES, TurnRecovery, process_name, recover_turn, step_record, turn_prompt
+from runtime.handles import PromptHandle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id, system
 from runtime.tools.saved import READ_SAVED
 from runtime.turn.effects import (
@@ -65,12 +66,14 @@ from runtime.turn.effects import (
     Publish,
     ReadContext,
     RecordAnswer,
+    RecordStep,
     RefreshTools,
     Reject,
     RequestSpec,
     Resolve,
     ResolveAbort,
     RestoreUsage,
+    Resumed,
     Route,
     RunTools,
     SaveOutput,
@@ -82,11 +85,20 @@ from runtime.turn.effects import (
     VerdictLike,
     ViewLike,
 )
-from runtime.turn.state import TRANSITIONS, AgentState, Handover, IllegalTransition, PromptLike, TurnState
+from runtime.turn.state import (
+    TRANSITIONS,
+    AgentState,
+    Handover,
+    IllegalTransition,
+    PromptLike,
+    TakenUpPrompt,
+    TurnState,
+)
 
 if TYPE_CHECKING:
     from runtime.config import Config
     from runtime.events import CompactionTrigger
+    from runtime.store.entries import StepKind
 
 __all__ = [
     "CHARS_PER_TOKEN_CEILING",
@@ -121,6 +133,12 @@ class ToolsLike(Protocol):
     @property
     def names(self) -> list[str]: ...
     def schemas(self) -> list[dict[str, Any]]: ...
+    def get(self, name: str) -> _ToolLike | None: ...
+
+
+class _ToolLike(Protocol):
+    @property
+    def idempotent(self) -> bool: ...
 
 
 class SpecLike(Protocol):
@@ -312,7 +330,9 @@ class TurnMachine:
     def resume(self, run: TurnState) -> list[Effect]:
         """Take up ``run``, a turn cut off before its end, at its next step: from the log, without a new
         prompt (design §1.2)."""
-        return self._begin(self._continue(run))
+        run.continued = True
+        self.run = run
+        return self._begin(self._guarded(self._continue(run)))
 
     def crash(self, reason: str, incoming: PromptLike | None = None) -> tuple[Handover | None, list[Effect]]:
         """The agent crashed (``reason``). A turn cut off for the first time is handed over (with the prompts
@@ -332,6 +352,7 @@ class TurnMachine:
         run = self.run
         if run is not None:
             effects.append(CancelIO())
+            effects.append(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
             effects += self._end_interrupted(run, "error", reason)
             effects.append(
                 Resolve(
@@ -359,6 +380,7 @@ class TurnMachine:
         run = self.run
         if run is not None:
             effects.append(CancelIO())
+            effects.append(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
             effects += self._end_interrupted(run, "aborted", "session stopped")
             effects.append(
                 Resolve(
@@ -406,6 +428,11 @@ class TurnMachine:
             value = None
 
     # -- helpers ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _record(run: TurnState, kind: StepKind, **fields: str | int) -> RecordStep:
+        """Record a step of ``run`` in the log before its effect (design §3.12)."""
+        return RecordStep(step_record(run.turn_id, kind, **fields))
+
     def _event(self, event_type: type[ev.Event], **fields: Any) -> Publish:
         return Publish(event_type(session_id=self.session_id, **fields))
 
@@ -462,13 +489,14 @@ class TurnMachine:
             message = f"client tools {clash} have the names of tools this session runs itself; rename them"
             yield from self._finish("error", message, code=CLIENT_TOOL_CLASH)
             return
+        begun = (step_record(run.turn_id, "turn", prompt_id=prompt.handle.id),)  # written with the prompt
         inputs = prompt.inputs
         results = tuple(m for m in inputs if m.role == "tool")
         refusal = None if results else self._prompt_refusal(inputs)
         if refusal is not None:
             # Kept on record for the user, hidden from the model, never summarized, never sent (design §5.13).
             hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
-            yield from self._ask(Persist(messages=hidden))
+            yield from self._ask(Persist(messages=hidden, steps=begun))
             yield from self._finish("error", refusal, code=ws.PROMPT_TOO_LARGE)
             return
         if results:
@@ -477,21 +505,26 @@ class TurnMachine:
             run.step_results = results
             clipped = {m.id: m for m in (yield from self._clip_results(run, self._working_set_budget(None)))}
             inputs = tuple(clipped.get(m.id, m) for m in inputs)
-            yield from self._ask(Persist(messages=inputs))
+            yield from self._ask(Persist(messages=inputs, steps=begun))
             yield RefreshTools()
             yield from self._after_tool_results(run)
             return
-        stored: StoredLike = yield from self._ask(Persist(messages=inputs, with_view=True))
+        stored: StoredLike = yield from self._ask(Persist(messages=inputs, with_view=True, steps=begun))
         yield RefreshTools()
         yield from self._before_request(run, stored.view if stored.ok else None)
 
-    def _continue(self, run: TurnState) -> Flow:
-        """Take up a turn its crashed predecessor was in: the next step, from the log (design §1.2)."""
+    def _continue(
+        self, run: TurnState, rerun: tuple[ToolCallPart, ...] = (), answer: Message | None = None
+    ) -> Flow:
+        """Take up a turn cut off by a crash: its calls to run (again), or the next step, from the log
+        (design §1.2, §3.12)."""
         self._busy_with_recovery = False
-        run.continued = True
-        self.run = run
         yield from self._enter(AgentState.RUNNING)
-        yield from self._guarded(self._before_request(run, None))
+        if rerun and answer is not None:
+            run.last_message = answer
+            yield from self._run_tools(run, rerun)
+            return
+        yield from self._before_request(run, None)
 
     def _prompt_refusal(self, messages: tuple[Message, ...]) -> str | None:
         """Why a prompt cannot be sent at all, or None. A prompt many times the window is refused on its
@@ -562,6 +595,7 @@ class TurnMachine:
                 run.overflow_recoveries += 1
             run.compacted = True  # one automatic compaction before any emergency one, and only one
             self.pending_trigger = None
+            yield self._record(run, "compaction", step=run.step)
             trigger: CompactionTrigger = "overflow" if emergency else (decision.trigger or "threshold")
             outcome: OutcomeLike = yield from self._ask(Compact(trigger=trigger, emergency=emergency))
             if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
@@ -666,13 +700,15 @@ class TurnMachine:
             messages=tuple(messages),
             tools=tuple(tools),
             cache=cache,
-            max_tokens=self._answer_cap(estimate),
+            max_tokens=options.answer_cap(self._answer_cap(estimate)),
+            extra=options.extra(tools=bool(tools)),
             estimated_tokens=estimate,
             wait_budget=max(0.0, cfg.capacity.queue_timeout - run.waited),
             first=run.step == 0 or run.last_message is None,
         )
         self.cache_watch.sent(request_shape(self.model, system_prompt or "", tools, messages))
         run.step += 1
+        yield self._record(run, "request", step=run.step)
         run.estimated_tokens = estimate
         transport = yield Route(request)
         run.message_id = new_id()
@@ -794,6 +830,7 @@ class TurnMachine:
             yield from self._learn_window(verdict.learned_window, "overflow")
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
+            yield self._record(run, "compaction", step=run.step)
             outcome: OutcomeLike = yield from self._ask(Compact(trigger="overflow", emergency=True))
             if outcome.dead or not outcome.compacted:
                 failure = compaction_did_not_help(
@@ -840,7 +877,7 @@ class TurnMachine:
     # -- executing_tools ------------------------------------------------------------------------------------
     def _run_tools(self, run: TurnState, calls: tuple[ToolCallPart, ...]) -> Flow:
         yield from self._enter(AgentState.EXECUTING_TOOLS)
-        results: list[ToolResultLike] = yield RunTools(calls, run.turn_id)
+        results: list[ToolResultLike] = yield RunTools(calls, run.turn_id, run.step)
         yield from self._enter(AgentState.RUNNING)
         run.step_results, run.reclipped = tuple(r.message for r in results), False
         run.child_input_tokens += sum(_child_input_tokens(m) for m in run.step_results)
@@ -981,7 +1018,7 @@ class TurnMachine:
         effects.append(self._agent_end(run, status, best_effort=True))
         return effects
 
-    # -- recovery after a crash (design §1.2) ----------------------------------------------------------------
+    # -- recovery after a crash (design §1.2, §3.12) --------------------------------------------------------
     def _recovery(self) -> Flow:
         view = yield ReadContext()
         handover: Handover | None = yield TakeHandover()
@@ -993,35 +1030,107 @@ class TurnMachine:
             )
             if handover is not None:
                 yield Abandon(handover, f"the session could not be read after an agent crash: {view.message}")
+            yield Resumed(None)
             return
         yield RestoreUsage(tuple(view.messages))
         awaited = awaiting_client(view.messages)  # a turn that stopped for the client's tools still waits
-        repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None
-        continuing = run is not None and interrupted
-        # A turn cut off and not taken up (the process stopped) is said to be so in the log, which ends it.
-        notes = repairs if continuing or not interrupted else [*repairs, interrupted_turn_note()]
+        if run is None and interrupted and not awaited:  # the process stopped mid-turn (design §3.12)
+            run = self._taken_up_run(view)
+        if run is not None and interrupted:
+            run.continued = True
+            self.run = run  # (prompts wait meanwhile)
+            taken_up = handover is None
+            if taken_up:  # its caller is gone with the process: the runtime hands its handle out
+                run.span = yield StartSpan(turn_id=run.turn_id, inputs=run.prompt.inputs, model=self.model)
+                yield self._event(ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id)
+            yield Resumed(run.prompt.handle if taken_up else None)
+            yield RefreshTools()
+            yield from self._guarded(self._take_up(run, view, awaited, handover))
+            return
+        repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
+        # A turn cut off and not taken up is said to be so in the log, which ends it.
+        notes = [*repairs, interrupted_turn_note()] if interrupted else repairs
         if notes:
-            yield Persist(messages=tuple(notes), end_turn=not continuing)
+            yield Persist(messages=tuple(notes), end_turn=True)
         yield self._event(
             ev.AgentRecovered,
             messages=len(view.messages),
             repaired_calls=len(repairs),
             interrupted_turn=interrupted,
-            continued=continuing,
+            continued=False,
         )
+        yield Resumed(None)
         if handover is not None:
             self.queue = [*handover.queue, *self.queue]
-        if run is not None and continuing:
-            yield from self._continue(run)
-            return
         if run is not None:  # it crashed after its answer was recorded: the turn is over
             answer = view.messages[-1] if view.messages else None
             yield Resolve(
                 run.prompt,
                 TurnResult(prompt_id=run.prompt.handle.id, status="ok", message=answer, usage=run.usage),
             )
+
+    def _taken_up_run(self, view: ViewLike) -> TurnState | None:
+        """The record of a turn the process stopped in, to take up from the log; None when it is not to be
+        (the host said not to, it was taken up too often already, or the log names no prompt)."""
+        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent)
+        prompt = turn_prompt(view.messages)
+        if not self.spec.config.agent.resume_turns or recovery.resumed >= MAX_RESUMES or prompt is None:
+            return None
+        handle = PromptHandle(recovery.prompt_id or new_id())
+        run = TurnState(prompt=TakenUpPrompt(prompt, handle), step=recovery.steps)
+        if recovery.turn_id is not None:
+            run.turn_id = recovery.turn_id
+        return run
+
+    def _take_up(
+        self, run: TurnState, view: ViewLike, awaited: frozenset[str], handover: Handover | None
+    ) -> Flow:
+        """Go on with ``run`` from the log: the results of calls that may not run again first, then the
+        calls to run (again), or the next request."""
+        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent, awaited=awaited)
+        handled = {c.id for c in recovery.rerun} | {m.tool_call_id for m in recovery.unknown}
+        repairs = [
+            r
+            for r in repair_tool_calls(view.messages)
+            if r.tool_call_id not in awaited and r.tool_call_id not in handled
+        ]
+        notes = (*recovery.unknown, *repairs)
+        if notes:
+            yield from self._ask(Persist(messages=notes))
+        yield self._event(
+            ev.AgentRecovered,
+            messages=len(view.messages),
+            repaired_calls=len(notes),
+            interrupted_turn=True,
+            continued=True,
+        )
+        if handover is not None:
+            self.queue = [*handover.queue, *self.queue]
+        yield from self._announce_resume(run, recovery)
+        answer = next((m for m in reversed(view.messages) if m.role == "assistant"), None)
+        yield from self._continue(run, recovery.rerun, answer)
+
+    def _announce_resume(self, run: TurnState, recovery: TurnRecovery) -> Iterable[Effect]:
+        """Say that ``run`` is taken up (``turn_resumed``), in the log and to subscribers."""
+        return [
+            self._record(run, "resumed", step=recovery.steps),
+            self._event(
+                ev.TurnResumed,
+                turn_id=run.turn_id,
+                prompt_id=run.prompt.handle.id,
+                resume_from=recovery.resume_from,
+                step=recovery.steps,
+                process=process_name(),
+                rerun_calls=len(recovery.rerun),
+                unknown_calls=len(recovery.unknown),
+            ),
+        ]
+
+    def _idempotent(self, name: str) -> bool:
+        tool = self.spec.tools.get(name)
+        return tool is not None and tool.idempotent
 
 
 def _working_set_has_results(context: tuple[Message, ...]) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "IllegalTransition",
     "OptionsLike",
     "PromptLike",
+    "TakenUpPrompt",
     "TurnState",
 ]
 
@@ -64,6 +65,8 @@ class OptionsLike(Protocol):
     def compaction(self) -> bool: ...
     @property
     def client_tool_names(self) -> frozenset[str]: ...
+    def answer_cap(self, runtime_cap: int | None) -> int | None: ...
+    def extra(self, *, tools: bool) -> dict[str, Any]: ...
 
 
 class _HandleLike(Protocol):
@@ -95,8 +98,29 @@ class _NoOptions(msgspec.Struct, frozen=True):
     def client_tool_names(self) -> frozenset[str]:
         return frozenset()
 
+    def answer_cap(self, runtime_cap: int | None) -> int | None:
+        return runtime_cap
+
+    def extra(self, *, tools: bool) -> dict[str, Any]:
+        return {}
+
 
 _DEFAULT_OPTIONS: Final = _NoOptions()
+
+
+@dataclass(frozen=True)
+class TakenUpPrompt:
+    """The prompt of a turn taken up from the log after its process stopped (design §3.12): its message as
+    the model sees it, and a new handle under the original prompt's id."""
+
+    message: Message
+    handle: Any
+    steer: bool = False
+    options: OptionsLike | None = None
+
+    @property
+    def inputs(self) -> tuple[Message, ...]:
+        return (self.message,)
 
 
 @dataclass

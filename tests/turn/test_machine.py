@@ -345,7 +345,12 @@ def test_a_crash_hands_the_turn_over_and_the_successor_takes_it_up_from_the_log(
     w.run([answer("taken up"), answer("later done"), answer("third")], TakeHandover=handover)
     assert w.result(p).text == "taken up" and w.result(waiting).text == "later done"
     (recovered,) = [e for e in w.events if e.type == "agent_recovered"]
-    assert recovered.continued and recovered.repaired_calls == 1
+    # the call never started (no step record says so): it runs again, and the turn goes on (design §3.12)
+    assert recovered.continued and recovered.repaired_calls == 0
+    (resumed,) = [e for e in w.events if e.type == "turn_resumed"]
+    assert resumed.rerun_calls == 1 and resumed.turn_id == handover.run.turn_id
+    assert len([e for e in w.seen if isinstance(e, fx.RunTools)]) == 2
+    assert w.orphans() == []
 
 
 def test_an_illegal_move_raises() -> None:
