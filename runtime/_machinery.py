@@ -143,9 +143,11 @@ class Machinery:
             writer.call(path, self._compact_index)
 
     def _compact_index(self, _path: str) -> None:
-        """Compact this runtime's index segment (on the log writer's thread, in order with its appends)."""
+        """Compact this runtime's index segment (on the log writer's thread, in order with its appends), and
+        the segments no process holds that are as worth it (those of runtimes that are gone)."""
         try:
             self.services.directory.index.compact()
+            self.services.directory.index.compact_idle()
         except Exception:  # the old segment stands whole: nothing is lost, the next removal tries again
             log.exception("sessions index: compaction failed")
 

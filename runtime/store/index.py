@@ -31,7 +31,8 @@ read a segment from, and when a segment's inode changes it forgets everything an
 from the start; a line read at a remembered offset is only trusted from the inode it was found in. A
 process that opened a segment before it was renamed over and then wins its flock sees that its descriptor
 is no longer the segment's and tries again. A runtime compacts its own segment when its dead lines
-outnumber its standing ones (and at least :data:`COMPACT_MIN_DEAD`), after a removal.
+outnumber its standing ones (and at least :data:`COMPACT_MIN_DEAD`), after a removal, and then the
+segments no process holds by the same rule (:meth:`SessionIndex.compact_idle`).
 """
 
 from __future__ import annotations
@@ -429,6 +430,22 @@ class SessionIndex:
             standing = self._standing.get(number, 0)
             dead = self._lines.get(number, 0) - standing - self._floor
         return dead >= max(COMPACT_MIN_DEAD, standing)
+
+    def compact_idle(self) -> list[IndexCompaction]:
+        """Compact the segments no process holds (a runtime's that is gone, a command's) whose dead lines
+        outnumber their standing headers, and are at least :data:`COMPACT_MIN_DEAD`: what was done."""
+        own = self._claimed if self._claim_pid == os.getpid() else None
+        with self._lock:
+            self._refresh()
+            candidates = [
+                number
+                for number, lines in self._lines.items()
+                if self._segment_path(number) != own
+                and lines - self._standing.get(number, 0)
+                >= max(COMPACT_MIN_DEAD, self._standing.get(number, 0))
+            ]
+        done = [self.compact(number) for number in sorted(candidates)]  # (None: held by a live process)
+        return [d for d in done if d is not None]
 
     def compact(self, number: int | None = None) -> IndexCompaction | None:
         """Drop the dead lines of a segment: this process's own (``None``, claimed if need be) or segment

@@ -140,6 +140,29 @@ def test_a_runtime_compacts_its_segment_as_sessions_are_deleted(
     assert SessionIndex(tmp_path).ids() == ["kept"]
 
 
+def test_segments_of_processes_gone_are_compacted_by_a_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index_module, "COMPACT_MIN_DEAD", 1 << 30)  # (nothing compacts on its own here)
+    gone = SessionIndex(tmp_path)
+    gone.claim()  # a runtime's segment 0, then the runtime goes
+    add(gone, "a", *(f"dead-{i}" for i in range(30)))
+    remove(gone, *(f"dead-{i}" for i in range(30)))
+    gone.release()
+    runtime = SessionIndex(tmp_path)
+    runtime.claim()  # takes segment 0 (the first free one): its own now, not idle
+    other = SessionIndex(tmp_path)
+    other.claim()  # segment 1
+    add(other, "b", *(f"dead-b{i}" for i in range(30)))
+    remove(other, *(f"dead-b{i}" for i in range(30)))
+    other.release()
+    monkeypatch.setattr(index_module, "COMPACT_MIN_DEAD", 10)
+    done = runtime.compact_idle()
+    assert [(d.segment, d.lines_after) for d in done] == [(1, 1)]  # segment 0 is the runtime's own
+    assert len(segment_lines(tmp_path, 0)) == 61 and len(segment_lines(tmp_path, 1)) == 1
+    assert sorted(SessionIndex(tmp_path).ids()) == ["a", "b"]
+
+
 def test_a_process_without_a_runtime_compacts_the_segment_it_deletes_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
