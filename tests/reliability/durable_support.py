@@ -167,8 +167,8 @@ def check_turn(
     assert set(results) == set(names), (results, names)
     assert all(n == 1 for n in results.values()), results
     for call_id, ran in runs.items():
-        if not IDEMPOTENT[names[call_id]]:
-            assert ran == 1, f"{call_id} ({names[call_id]}) ran {ran} times"
+        if not IDEMPOTENT[names[call_id]]:  # (0: it started, and its process died before its effect)
+            assert ran <= 1, f"{call_id} ({names[call_id]}) ran {ran} times"
     for request in requests:
         seen = [m.get("tool_call_id") for m in request.messages if m.get("role") == "tool"]
         assert len(seen) == len(set(seen)), f"a request held two results for one call: {seen}"
