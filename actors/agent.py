@@ -209,9 +209,9 @@ class Agent(SessionActor):
                 else:
                     self.publish(event)
             case fx.Resolve(prompt=prompt, result=result):
-                prompt.handle.set_result(result)  # type: ignore[attr-defined]
+                prompt.handle.set_result(result)
             case fx.Reject(prompt=prompt, reason=reason):
-                prompt.handle.set_exception(RuntimeError(reason))  # type: ignore[attr-defined]
+                prompt.handle.set_exception(RuntimeError(reason))
             case fx.ResolveAbort(handle=handle, value=value):
                 handle.set_result(value)
             case fx.SaveOutput(path=path, data=data):
@@ -627,12 +627,10 @@ def abandon(handover: Handover, reason: str, tracing: Tracing | None = None, ses
             code="agent_crashed",
         )
     if run is not None:
-        run.prompt.handle.set_result(  # type: ignore[attr-defined]
+        run.prompt.handle.set_result(
             TurnResult(
                 prompt_id=run.prompt.handle.id, status="error", usage=run.usage, steps=run.step, error=reason
             )
         )
     for queued in handover.queue:
-        queued.handle.set_result(  # type: ignore[attr-defined]
-            TurnResult(prompt_id=queued.handle.id, status="error", error=reason)
-        )
+        queued.handle.set_result(TurnResult(prompt_id=queued.handle.id, status="error", error=reason))

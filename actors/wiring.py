@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from runtime.tools.executor import ToolExecutor
     from runtime.tools.mcp import McpHub, McpServers
     from runtime.tools.registry import ToolRegistry
+    from runtime.turn.state import Handover
 
 A = TypeVar("A", bound=Actor)
 
@@ -83,7 +84,7 @@ class SessionRefs:
     # module (it is below them: imports go one way), so it names neither class.
     compactor_ref: ActorRef[Any] | None = None  # an actors.compactor.Compactor
     agent_ref: ActorRef[Any] | None = None  # an actors.agent.Agent
-    handover: Any = None  # an actors.agent.Handover: a crashed agent's run, for its successor to take up
+    handover: Handover | None = None  # a crashed agent's turn, for its successor to take up
     learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
     # The turn its agent took up from the log when it started (design §3.12): its handle, or None.
     resumed: Handle[PromptHandle | None] = field(default_factory=Handle)

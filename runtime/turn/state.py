@@ -70,8 +70,12 @@ class OptionsLike(Protocol):
 
 
 class _HandleLike(Protocol):
+    """A prompt's handle: its id; its driver answers it (the machine only says with what)."""
+
     @property
     def id(self) -> str: ...
+    def set_result(self, value: Any) -> None: ...
+    def set_exception(self, exc: BaseException) -> None: ...
 
 
 class PromptLike(Protocol):
