@@ -59,6 +59,29 @@ def test_compaction_events_carry_the_spec_fields() -> None:
     assert start.type == "compaction_start" and failed.type == "compaction_failed"
 
 
+def test_events_are_left_out_of_the_garbage_collectors_count() -> None:
+    """A cluster front decodes a thousand sessions' deltas a few milliseconds apart: counted, they set off a
+    full collection of its heap every few seconds, which stops every stream's delivery meanwhile."""
+    import gc
+
+    from runtime.cluster._stream import PUSH, Push, _encoder, decode_push
+
+    made = ev.McpServerStarted(session_id="s", server="fs", transport="stdio", tools=["fs__read"])
+    decoded = ev.decode_event(ev.encode_event(made))
+    assert not gc.is_tracked(made) and not gc.is_tracked(decoded)
+    deltas = [ev.TextDelta(session_id="s", seq=n, turn_id="t", delta="x") for n in range(5_000)]
+    frame = bytes((PUSH,)) + _encoder.encode(Push(1, deltas, [1] * len(deltas)))  # type: ignore[arg-type]
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        batch = decode_push(frame)
+        assert len(batch.events) == 5_000
+        assert gc.get_count()[0] - before < 10  # the batch, its lists: not an object an event
+    finally:
+        gc.enable()
+
+
 def test_unknown_event_type_is_rejected() -> None:
     with pytest.raises(msgspec.ValidationError):
         ev.decode_event(b'{"type": "nope", "session_id": "s"}')
