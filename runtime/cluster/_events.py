@@ -167,9 +167,8 @@ class Relay:
                         waiting[1].append(event)
                         continue
                 seen[event.session_id] = event.seq
-                if open_ and (
-                    types is None or event.type in types
-                ):  # (else the move barrier's session_stopped)
+                # (a type not asked for: the session_stopped the move barrier wanted)
+                if open_ and (types is None or event.type in types):
                     if len(queue) >= size:
                         sub._drop_oldest()
                     queue.append(event)
