@@ -1,17 +1,17 @@
-"""The callbacks of a front's subscriptions, run by a few shared threads (design §10.2).
+"""The callbacks of a front's subscriptions, run by a shared pool of threads (design §10.2).
 
 On one ``Runtime`` a callback subscription has a thread of its own. A front relays the events of every shard
 in batches: waking a thousand subscribers' threads for each batch costs each of them a thread switch and a
 turn at the GIL, the thread that reads the shards' connections waits for the GIL behind all of them, and what
 the shards write meanwhile waits on the connections (tens to hundreds of milliseconds at a thousand sessions
-streaming). Here a subscription with events to read is queued for a small pool of threads, which run its
-callback for what it has and go on to the next.
+streaming). Here a subscription with events to read is queued for a pool (one thread, more while callbacks are
+slow), which runs its callback for what it has and goes on to the next.
 
 A slow callback still only makes its own subscriber lag: while a callback has run for :data:`SLOW_AFTER`
 seconds the pool has a thread more (it ends once idle), and a callback that has run for :data:`OWN_AFTER`
 seconds keeps its thread from then on (its subscription read by that thread alone, as on one ``Runtime``).
-The other subscriptions wait at most :data:`SLOW_AFTER` seconds for a free thread, however many callbacks
-block.
+The other subscriptions wait at most about :data:`SLOW_AFTER` seconds for a free thread, while up to
+:data:`MOST` callbacks block at once.
 
 A :class:`~runtime.bus.Subscription` is driven through its waiter, as the bus's own readers are: when it has
 nothing left to read, its waiter is set to queue it again, and the bus calls the waiter (under its lock) once
