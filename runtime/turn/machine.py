@@ -21,7 +21,6 @@ the steps limit, client tools, steering and the queue.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar
@@ -31,7 +30,7 @@ import msgspec
 from runtime import events as ev
 from runtime.context import working_set as ws
 from runtime.context.caching import CacheWatch, min_cacheable_tokens, place_breakpoints, request_shape
-from runtime.context.estimate import answer_cap, effective_limit
+from runtime.context.estimate import effective_limit
 from runtime.context.integrity import (
     CLIENT_CALLS_KEY,
     awaiting_client,
@@ -45,6 +44,7 @@ from runtime.durable import MAX_RESUMES, TurnRecovery, process_name, recover_tur
 from runtime.handles import PromptHandle, TurnResult
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id, system
 from runtime.tools.saved import READ_SAVED
+from runtime.turn import fit
 from runtime.turn.effects import (
     Abandon,
     ArchiveTools,
@@ -76,7 +76,6 @@ from runtime.turn.effects import (
     Resumed,
     Route,
     RunTools,
-    SaveOutput,
     StartSpan,
     StoredLike,
     SyncTurn,
@@ -101,7 +100,6 @@ if TYPE_CHECKING:
     from runtime.store.entries import StepKind
 
 __all__ = [
-    "CHARS_PER_TOKEN_CEILING",
     "CLIENT_TOOL_CLASH",
     "CounterLike",
     "Flow",
@@ -113,10 +111,6 @@ __all__ = [
 
 CLIENT_TOOL_CLASH: Final = "client_tool_clash"
 """The error code of a turn whose client tools have the names of the session's own."""
-
-# No tokenizer packs more characters than this into one token of real text: a prompt longer than this
-# many characters per token of the window is refused without counting it.
-CHARS_PER_TOKEN_CEILING: Final = 16
 
 Flow = Generator[Effect, Any, None]
 """A flow: yields effects, receives each awaited one's answer (None for the others)."""
@@ -492,7 +486,15 @@ class TurnMachine:
         begun = (step_record(run.turn_id, "turn", prompt_id=prompt.handle.id),)  # written with the prompt
         inputs = prompt.inputs
         results = tuple(m for m in inputs if m.role == "tool")
-        refusal = None if results else self._prompt_refusal(inputs)
+        refusal = None
+        if not results:
+            refusal = fit.prompt_refusal(
+                inputs,
+                count=self.counter.count_message,
+                fixed_tokens=self.measure.fixed_tokens,
+                window=self.context_window,
+                limit=self._limit(),
+            )
         if refusal is not None:
             # Kept on record for the user, hidden from the model, never summarized, never sent (design §5.13).
             hidden = tuple(msgspec.structs.replace(m, agent_visible=False) for m in inputs)
@@ -525,22 +527,6 @@ class TurnMachine:
             yield from self._run_tools(run, rerun)
             return
         yield from self._before_request(run, None)
-
-    def _prompt_refusal(self, messages: tuple[Message, ...]) -> str | None:
-        """Why a prompt cannot be sent at all, or None. A prompt many times the window is refused on its
-        length alone: counting 100 MB of text would hold the dispatcher for seconds."""
-        limit = self._limit()
-        chars = sum(len(m.text) for m in messages)
-        if chars > CHARS_PER_TOKEN_CEILING * (limit + 1):
-            tokens = chars // 4
-        else:
-            tokens = sum(self.counter.count_message(m) for m in messages)
-        return ws.prompt_too_large(
-            prompt_tokens=tokens,
-            fixed_tokens=self.measure.fixed_tokens,
-            window=self.context_window,
-            limit=limit,
-        )
 
     # -- running: the rules of the next request (design §5.13) ---------------------------------------------
     def _before_request(self, run: TurnState, view: ViewLike | None) -> Flow:
@@ -580,7 +566,16 @@ class TurnMachine:
             if decision.action == "fail":
                 code, message = decision.code or "error", decision.message or "the request cannot be sent"
                 if code == ws.WORKING_SET_TOO_LARGE:
-                    again = yield from self._clip_again(run, context, estimate)
+                    again, saves = fit.clip_again(
+                        run,
+                        context,
+                        estimate,
+                        count=self.counter.count_message,
+                        limit=self._limit(),
+                        spill_dir=self.spill_dir,
+                        reader=self._reader(),
+                    )
+                    yield from saves
                     if again is not None:
                         changed, context, estimate = again
                         yield from self._ask(Overlay(changed))
@@ -616,60 +611,16 @@ class TurnMachine:
         )
 
     def _clip_results(self, run: TurnState, budget: int) -> _Step[tuple[Message, ...]]:
-        """The newest step's results, the largest clipped head and tail (from the tools' own text) so that
-        together they take at most ``budget`` tokens. A clipped result's full text is saved beside the
-        session (or already is, in its spill file) and named in its notice with its SHA-256."""
-        results = run.step_results
-        clips = ws.plan_clips([(self.counter.count_message(m), len(m.text)) for m in results], budget)
-        fitted = list(results)
-        reader = READ_SAVED if READ_SAVED in self.spec.tools else None
-        for clip in clips:
-            message = results[clip.index]
-            saved = run.saved.get(message.id)
-            if saved is None:
-                saved, save = self._full_output(message)
-                if save is not None:
-                    yield save
-            run.saved[message.id] = saved
-            fitted[clip.index] = ws.clip_result(
-                message, clip.max_chars, saved_path=saved[0], sha256=saved[1], reader=reader
-            )
-        return tuple(fitted)
+        """The newest step's results clipped to ``budget`` (:func:`~runtime.turn.fit.clip_results`); the
+        full texts it clipped are saved first."""
+        fitted, saves = fit.clip_results(
+            run, budget, count=self.counter.count_message, spill_dir=self.spill_dir, reader=self._reader()
+        )
+        yield from saves
+        return fitted
 
-    def _clip_again(
-        self, run: TurnState, context: tuple[Message, ...], estimate: int
-    ) -> _Step[tuple[tuple[Message, ...], tuple[Message, ...], int] | None]:
-        """Once a step: when the request is still over the limit after compaction (the summary took more
-        room than the first clipping left for it), clip the step's results harder. The results changed, the
-        context with them and its new estimate; None when that cannot help."""
-        ids = {m.id for m in run.step_results}
-        if run.reclipped or not ids:
-            return None
-        run.reclipped = True
-        count = self.counter.count_message
-        current = {m.id: m for m in context if m.id in ids}
-        now = sum(count(m) for m in current.values())
-        limit = self._limit()
-        margin = 16 + limit // 50
-        clipped = yield from self._clip_results(run, now - (estimate - limit) - margin)
-        fitted = [m for m in clipped if m.id in current]
-        changed = tuple(m for m in fitted if m.text != current[m.id].text)
-        saved = now - sum(count(m) for m in fitted)
-        if not changed or saved <= 0:
-            return None
-        replaced = {m.id: m for m in changed}
-        return changed, tuple(replaced.get(m.id, m) for m in context), estimate - saved
-
-    def _full_output(self, message: Message) -> tuple[tuple[str, str], SaveOutput | None]:
-        """Where the full text of a tool result is (path, SHA-256), and the write that puts it there."""
-        spilled = message.metadata.get("spill_path"), message.metadata.get("spill_sha256")
-        if isinstance(spilled[0], str) and isinstance(spilled[1], str):
-            return (spilled[0], spilled[1]), None  # a spilled output's notice: the spill file holds the whole
-        data = message.text.encode("utf-8", errors="replace")
-        sha = hashlib.sha256(data).hexdigest()
-        name = f"{message.name or 'tool'}-{sha[:16]}.txt".replace("/", "_")
-        path = str(self.spill_dir / name)
-        return (path, sha), SaveOutput(path, data)
+    def _reader(self) -> str | None:
+        return READ_SAVED if READ_SAVED in self.spec.tools else None
 
     # -- the request -----------------------------------------------------------------------------------------
     def _request(self, run: TurnState, context: tuple[Message, ...], estimate: int) -> Flow:
@@ -700,7 +651,7 @@ class TurnMachine:
             messages=tuple(messages),
             tools=tuple(tools),
             cache=cache,
-            max_tokens=options.answer_cap(self._answer_cap(estimate)),
+            max_tokens=options.answer_cap(fit.answer_cap_for(self.model, self.context_window, estimate, cfg)),
             extra=options.extra(tools=bool(tools)),
             estimated_tokens=estimate,
             wait_budget=max(0.0, cfg.capacity.queue_timeout - run.waited),
@@ -725,21 +676,6 @@ class TurnMachine:
         yield from self._enter(AgentState.STREAMING)
         reply: ModelReply = yield CallModel(request=request, turn_id=run.turn_id, message_id=run.message_id)
         yield from self._on_reply(run, reply)
-
-    def _answer_cap(self, estimate: int) -> int | None:
-        """The request's ``max_tokens``: the room the window leaves (when the window is known: the model's,
-        a configured one, or one learned from the provider), within the output limits (design §4.5)."""
-        from runtime.models import model_info
-
-        models = self.spec.config.models
-        info = model_info(self.model, models)
-        known = info.source != "fallback" or self.context_window != models.fallback_context_window
-        return answer_cap(
-            window=self.context_window if known else None,
-            prompt_tokens=estimate,
-            configured=self.spec.config.agent.max_output_tokens,
-            model_max=info.max_output_tokens,
-        )
 
     # -- streaming: the provider answered ----------------------------------------------------------------------
     def _on_reply(self, run: TurnState, reply: ModelReply) -> Flow:
