@@ -29,6 +29,7 @@ from runtime.apps.server import ApiServer
 from runtime.cluster import ClusterError, ClusterRuntime, ClusterUnavailable, _feeds, owner
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
+from runtime.store.sessions import SessionDirectory
 from runtime.subagents import UsageReport
 from tests.conftest import Recorder
 from tests.reliability.durable_support import TOOLS, PlanModel, check_turn, counts, session_config
@@ -479,12 +480,18 @@ def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
     cluster.set_model(doomed[0], slow)
     in_flight = cluster.prompt(doomed[0], "the turn in flight")
     recorder.wait_for(lambda evs: any(e.type == "agent_start" and e.session_id == doomed[0] for e in evs), 30)
+    # In flight and written down: the log holds the prompt (the shard's writer thread writes it a moment
+    # after the turn starts, later still on a loaded machine; a prompt not yet written is not yet durable)
+    log = SessionDirectory(cluster.sessions_path).log_path(doomed[0])
+    deadline = time.monotonic() + 30
+    while b"the turn in flight" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
     elsewhere = cluster.prompt(safe[0], "a turn on the other shard")
     numbered = max(e.seq for e in recorder.events if e.session_id == doomed[0])
 
     os.kill(cluster.shard_info(victim_shard).pid, signal.SIGKILL)
     result = in_flight.result(timeout=60)  # taken up on the survivor from the log (design §3.12)
-    assert result.status == "ok" and result.text and result.prompt_id == in_flight.id
+    assert result.status == "ok" and result.text and result.prompt_id == in_flight.id, result
     assert elsewhere.result(timeout=60).status == "ok"  # the other shard's sessions never noticed
 
     assert cluster.shards == [survivor]
