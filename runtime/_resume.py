@@ -25,9 +25,10 @@ __all__ = ["check_log", "continue_numbering", "resumed_servers"]
 log = logging.getLogger("agentcell.runtime")
 
 
-def check_log(directory: SessionDirectory, bus: EventBus, sid: str, repair: str | None) -> None:
+def check_log(directory: SessionDirectory, bus: EventBus, sid: str, repair: str | None) -> str | None:
     """Raise :class:`CorruptLogError` unless the session's log replays; with ``repair="truncate"``, cut
-    it before its first bad line instead (what is cut is kept in the session's artifacts).
+    it before its first bad line instead (what is cut is kept in the session's artifacts). Returns the
+    session's current model as the log says it (a ``set_model`` after its header), or None.
 
     Call it holding the session's lock: the tree it replayed is handed over to the session's store
     (:meth:`SessionDirectory.hand_over`), which takes it instead of reading the log again when the log is
@@ -55,6 +56,7 @@ def check_log(directory: SessionDirectory, bus: EventBus, sid: str, repair: str 
         tree, info = load_tree(path, repair=False)  # what is left must replay (an error now is not a cut)
     if not info.torn:
         directory.hand_over(sid, tree, signature(path))
+    return tree.model
 
 
 def continue_numbering(directory: SessionDirectory, bus: EventBus, sid: str, *, transcript: bool) -> None:

@@ -258,16 +258,18 @@ class Runtime(RuntimeAPI):
         # A store of this runtime that stopped a moment ago lets go of the lock once its last writes are
         # done: wait for those first, or resuming right after stop_session would find the lock still held.
         self.services.writer.flush()
+        model = header.model
         with self.services.directory.lock(sid):
             if self.services.directory.has_log(sid):  # (a session never used has its header in the index)
-                # a corrupt log is an error here, not a session that dies later
-                check_log(self.services.directory, self.bus, sid, repair)  # (hands its tree to the store)
+                # a corrupt log is an error here, not a session that dies later; a model set after the
+                # header is the one it goes on with (a turn taken up from the log included)
+                model = check_log(self.services.directory, self.bus, sid, repair) or model
         try:
             overrides = dict(header.config or {})
             cfg = self.config.with_overrides(overrides)
             spec = self._hosting.spec(
                 sid,
-                model=header.model,
+                model=model,
                 system_prompt=header.system_prompt,
                 tools=tools if tools is not None else (list(header.tools) and "builtin") or None,
                 workspace=workspace if workspace is not None else header.workspace,

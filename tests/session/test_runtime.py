@@ -40,6 +40,21 @@ def test_resume_after_a_restart_keeps_history_and_event_numbering(
         assert rt._session(sid).spec.system_prompt == "Be brief."
 
 
+def test_a_resumed_session_goes_on_with_the_model_it_was_switched_to(
+    sessions_dir: Path, provider: Any, script: Any
+) -> None:
+    first = script(Turn(text="from the first model"))
+    second = script(Turn(text="from the second model"), Turn(text="the second model again"))
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session("switched", model=first, api_base=provider.url, api_key="sk-local")
+        rt.set_model(sid, second)
+        assert rt.prompt(sid, "one").result(timeout=30).text == "from the second model"
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        rt.resume_session(sid, api_key="sk-local")
+        assert rt.prompt(sid, "two").result(timeout=30).text == "the second model again"
+        assert rt._session(sid).spec.model == second
+
+
 def test_unknown_and_invalid_sessions_are_clear_errors(rt: Any) -> None:
     with pytest.raises(SessionNotFound, match="no running session"):
         rt.prompt("nobody", "hi")
