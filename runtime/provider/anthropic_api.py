@@ -38,6 +38,7 @@ from starlette.responses import Response, StreamingResponse
 from runtime.dialects import anthropic
 from runtime.dialects._base import ErrorResponse
 from runtime.provider import errors
+from runtime.provider._http import error_response, fault_status, json_response
 from runtime.provider.prompt_cache import Block, CacheUse, PromptCache
 from runtime.provider.script import Fault, Turn
 from runtime.provider.usage import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, PromptCount, TokenCounter
@@ -580,7 +581,7 @@ class MessagesEndpoint:
         try:
             body = _decode_body.decode(await request.body())
         except msgspec.DecodeError as exc:
-            return _error(anthropic.bad_request(f"There was an issue with your request body: {exc}"))
+            return error_response(anthropic.bad_request(f"There was an issue with your request body: {exc}"))
         raw_model = body.get("model")
         model = (raw_model if isinstance(raw_model, str) and raw_model else "-").removeprefix("anthropic/")
         stream = bool(body.get("stream"))
@@ -592,15 +593,15 @@ class MessagesEndpoint:
 
         if not authorized:
             log(401, "auth")
-            return _error(anthropic.auth_error())
+            return error_response(anthropic.auth_error())
         if not request.headers.get("anthropic-version"):
             log(400, "error")
-            return _error(anthropic.bad_request("anthropic-version: header is required"))
+            return error_response(anthropic.bad_request("anthropic-version: header is required"))
         try:
             parsed = parse(body, self.signer)
         except _Problem as problem:
             log(problem.error.status, "error")
-            return _error(problem.error)
+            return error_response(problem.error)
         chat, tools = as_chat(parsed)
         blocks = prompt_blocks(parsed, provider._counter)
         prompt_tokens = sum(b.tokens for b in blocks) + REPLY_PRIMING
@@ -615,7 +616,7 @@ class MessagesEndpoint:
                 value = {"requests": limiter.rpm, "tokens": limiter.tpm}.get(
                     decision.limit
                 ) or limiter.max_concurrent
-                return _error(
+                return error_response(
                     anthropic.rate_limit_error(
                         model,
                         decision.retry_after,
@@ -667,18 +668,18 @@ class MessagesEndpoint:
         if fault is None and prompt_tokens > window:
             error = anthropic.overflow(prompt_tokens, window, parsed.max_tokens)
             log(error.status, "overflow", count)
-            return _error(error)
+            return error_response(error)
         source = "policy"
         if fault is None:
             turn, source, problem = provider._next_turn(model, chat, tools)
             if problem is not None:
                 log(problem.status, "error", count, source)
-                return _error(anthropic.bad_request(str(problem.body["error"]["message"])))
+                return error_response(anthropic.bad_request(str(problem.body["error"]["message"])))
             fault = turn.fault
         else:
             turn = Turn()
         if fault is not None:
-            log(_fault_status(fault), fault.kind, count, source)
+            log(fault_status(fault, overloaded=529), fault.kind, count, source)
             return await self._fault(request, fault, model, parsed, count)
         min_tokens = provider.cache_min_tokens or anthropic.min_cacheable_tokens(model)
         use = self.cache.use(blocks, min_tokens=min_tokens, now=self.clock())
@@ -694,7 +695,7 @@ class MessagesEndpoint:
         signature = self.signer.sign(turn.reasoning, turn.reasoning_signature) if turn.reasoning else None
         reply = Reply(turn, model, usage_of(prompt_tokens, use, output), signature)
         if not parsed.stream:
-            return _json_response(200, reply.message(), headers or None)
+            return json_response(200, reply.message(), headers or None)
         sse = {**_SSE_HEADERS, **headers}
         frames = reply.events(provider.chunk_chars)
         if provider.chunk_delay <= 0:
@@ -722,26 +723,6 @@ class MessagesEndpoint:
     def _fault_events(self, phrase: str, model: str, count: PromptCount) -> Iterator[bytes]:
         reply = Reply(Turn(text=phrase * 4), model, usage_of(count.prompt_tokens, CacheUse(0, 0, 0), 1), None)
         return reply.events(max(1, self.provider.chunk_chars // 2))
-
-
-def _fault_status(fault: Fault) -> int:
-    statuses = {
-        "rate_limit": 429,
-        "server_error": 500,
-        "overloaded": 529,
-        "auth": 401,
-        "overflow": 400,
-        "stream_error": 200,
-    }
-    return fault.status or statuses.get(fault.kind, 0)
-
-
-def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
-
-
-def _error(error: ErrorResponse) -> Response:
-    return _json_response(error.status, error.body, error.headers)
 
 
 def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:

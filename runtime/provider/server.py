@@ -34,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.provider import errors, policy
+from runtime.provider._http import error_response, fault_status, json_response
 from runtime.provider.anthropic_api import MessagesEndpoint
 from runtime.provider.limits import Decision, ProviderLimiter
 from runtime.provider.script import Fault, FaultKind, ToolCallSpec, Turn
@@ -314,14 +315,14 @@ class LocalProvider:
     # -- HTTP handlers ------------------------------------------------------------------------------
 
     async def _health(self, request: Request) -> Response:
-        return _json_response(200, {"status": "ok"})
+        return json_response(200, {"status": "ok"})
 
     async def _models(self, request: Request) -> Response:
         with self._lock:
             names = [DEFAULT_MODEL, *self._scripts]
         created = int(time.time())
         data = [{"id": n, "object": "model", "created": created, "owned_by": "agentcell"} for n in names]
-        return _json_response(200, {"object": "list", "data": data})
+        return json_response(200, {"object": "list", "data": data})
 
     async def _chat_completions(self, request: Request) -> Response:
         received = time.time()
@@ -329,14 +330,14 @@ class LocalProvider:
         try:
             body = _decode_body.decode(await request.body())
         except msgspec.DecodeError as exc:
-            return _error_response(
+            return error_response(
                 errors.bad_request(f"We could not parse the JSON body of your request: {exc}")
             )
         model = _model_name(body.get("model"))
         stream = bool(body.get("stream"))
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            return _error_response(
+            return error_response(
                 errors.bad_request("'messages' must be an array of objects", param="messages")
             )
 
@@ -345,7 +346,7 @@ class LocalProvider:
 
         if not authorized:
             log(401, "auth")
-            return _error_response(errors.auth_error())
+            return error_response(errors.auth_error())
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         count = self._counter.prompt(messages, tools, model=model)
         limiter = self.limiter
@@ -357,7 +358,7 @@ class LocalProvider:
         decision = limiter.admit(key, tokens, time.monotonic())
         if not decision.admitted:
             log(429, "rate_limit", count)
-            return _error_response(_limit_error(model, decision, limiter))
+            return error_response(_limit_error(model, decision, limiter))
         try:
             response = await self._answer(
                 request, body, model, stream, messages, tools, count, log, decision.headers
@@ -389,18 +390,18 @@ class LocalProvider:
             completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
             error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, int(completion))
             log(error.status, "overflow", count)
-            return _error_response(error)
+            return error_response(error)
         source = "policy"
         if fault is None:
             turn, source, problem = self._next_turn(model, messages, tools)
             if problem is not None:
                 log(problem.status, "error", count, source)
-                return _error_response(problem)
+                return error_response(problem)
             fault = turn.fault
         else:
             turn = Turn()
         if fault is not None:
-            log(_fault_status(fault), fault.kind, count, source)
+            log(fault_status(fault, overloaded=503), fault.kind, count, source)
             return await self._fault_response(request, fault, model, count, stream)
         delay = self.latency if turn.latency is None else turn.latency
         if delay > 0:
@@ -408,7 +409,7 @@ class LocalProvider:
         log(200, "ok", count, source)
         reply = _Reply(turn, model, count, self._counter, self.reasoning_field)
         if not stream:
-            return _json_response(200, reply.completion(), limit_headers or None)
+            return json_response(200, reply.completion(), limit_headers or None)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         frames = reply.sse_frames(self.chunk_chars, include_usage)
         headers = {**_SSE_HEADERS, **limit_headers} if limit_headers else _SSE_HEADERS
@@ -518,15 +519,15 @@ class LocalProvider:
         """The answer of an injected ``fault``, in the words of an endpoint's dialect."""
         match fault.kind:
             case "rate_limit":
-                return _error_response(words.rate_limit())
+                return error_response(words.rate_limit())
             case "server_error":
-                return _error_response(words.server_error(fault.status))
+                return error_response(words.server_error(fault.status))
             case "overloaded":
-                return _error_response(words.overloaded(fault.status))
+                return error_response(words.overloaded(fault.status))
             case "auth":
-                return _error_response(words.auth())
+                return error_response(words.auth())
             case "overflow":
-                return _error_response(words.overflow(max(count.prompt_tokens, self.context_window + 1)))
+                return error_response(words.overflow(max(count.prompt_tokens, self.context_window + 1)))
             case "hang":
                 await self._hang(request)
                 return Response(status_code=504)
@@ -544,7 +545,7 @@ class LocalProvider:
                 return _sse(self._keep_alive_after(request, frames, fault.after_chunks, words.keepalive))
             case "stream_error":
                 if not stream:
-                    return _error_response(words.server_error(None))
+                    return error_response(words.server_error(None))
                 pieces = list(words.frames("This reply breaks off "))
                 head = pieces[: max(0, fault.after_chunks)]
                 return Response(
@@ -656,28 +657,8 @@ def _model_name(raw: Any) -> str:
     return name.removeprefix("openai/")
 
 
-def _fault_status(fault: Fault) -> int:
-    statuses = {
-        "rate_limit": 429,
-        "server_error": 500,
-        "overloaded": 503,
-        "auth": 401,
-        "overflow": 400,
-        "stream_error": 200,
-    }
-    return fault.status or statuses.get(fault.kind, 0)
-
-
-def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
-
-
 def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-def _error_response(error: errors.ErrorResponse) -> Response:
-    return _json_response(error.status, error.body, error.headers)
 
 
 def _pieces(text: str, size: int) -> list[str]:
