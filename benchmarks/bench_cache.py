@@ -52,27 +52,24 @@ def is_summary(body: dict[str, Any]) -> bool:
 def run_session(provider: Any, dialect: str, window: int, turns: int, cache: bool) -> dict[str, Any]:
     from runtime import Runtime
     from runtime.config import Config
-    from tests.scenarios.workload import blob, prompt_text, respond, tool_heavy_plan
+    from tests.scenarios.workload import run_tool_heavy
 
     model = DIALECTS[dialect]
-    provider.add_responder(model.split("/", 1)[1], respond, context_window=window)
     api_base = provider.url if dialect == "openai" else provider.url.removesuffix("/v1")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Config().with_overrides({"gateway.prompt_cache": cache})
         with Runtime(cfg, sessions_dir=tmp) as rt:
-            sid = rt.start_session(
-                model=model,
-                api_base=api_base,
-                api_key="sk-local",
-                tools=[blob],
+            sid = run_tool_heavy(
+                rt,
+                provider,
+                model,
+                api_base,
+                window=window,
+                turns=turns,
                 system_prompt=SYSTEM_PROMPT,
-                config={"models.context_windows": {model: window}},
+                timeout=300,
             )
-            for turn in range(turns):
-                result = rt.prompt(sid, prompt_text(turn, tool_heavy_plan(turn))).result(timeout=300)
-                if result.status != "ok":
-                    raise SystemExit(f"turn {turn} ended {result.status}: {result.error}")
             usage = rt.usage(sid)
     seconds = time.perf_counter() - started
     sides = {name: {"requests": 0, "input": 0, "cached": 0, "written": 0} for name in ("agent", "summarizer")}

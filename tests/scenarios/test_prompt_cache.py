@@ -24,7 +24,7 @@ from runtime.gateway._cost import prices_from_info
 from runtime.gateway._litellm import load_litellm
 from runtime.provider import LocalProvider, policy
 from runtime.provider.usage import REPLY_PRIMING
-from tests.scenarios.workload import blob, prompt_text, respond, tool_heavy_plan
+from tests.scenarios.workload import prompt_text, respond, run_tool_heavy
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -44,19 +44,9 @@ def provider() -> Iterator[LocalProvider]:
 
 
 def run(rt: Any, provider: LocalProvider, model: str, api_base: str, turns: int = TURNS) -> str:
-    provider.add_responder(model.split("/", 1)[1], respond, context_window=WINDOW)
-    sid = rt.start_session(
-        model=model,
-        api_base=api_base,
-        api_key="sk-local",
-        tools=[blob],
-        system_prompt=SYSTEM_PROMPT,
-        config={"models.context_windows": {model: WINDOW}},
+    return run_tool_heavy(
+        rt, provider, model, api_base, window=WINDOW, turns=turns, system_prompt=SYSTEM_PROMPT, timeout=120
     )
-    for turn in range(turns):
-        result = rt.prompt(sid, prompt_text(turn, tool_heavy_plan(turn))).result(timeout=120)
-        assert result.status == "ok", (turn, result.error)
-    return str(sid)
 
 
 def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_allows(

@@ -58,6 +58,36 @@ def tool_heavy_plan(turn: int) -> list[list[int]]:
     return steps
 
 
+def run_tool_heavy(
+    rt: Any,
+    provider: Any,
+    model: str,
+    api_base: str,
+    *,
+    window: int,
+    turns: int,
+    system_prompt: str,
+    timeout: float,
+) -> str:
+    """Start a session of the tool-heavy workload (:func:`tool_heavy_plan`, the model answering as
+    :func:`respond`) at ``window`` tokens, run ``turns`` turns and return its id; a turn that does not end ok
+    is an ``AssertionError`` naming it. The prompt-cache scenarios and ``benchmarks/bench_cache.py``."""
+    provider.add_responder(model.split("/", 1)[1], respond, context_window=window)
+    sid = rt.start_session(
+        model=model,
+        api_base=api_base,
+        api_key="sk-local",
+        tools=[blob],
+        system_prompt=system_prompt,
+        config={"models.context_windows": {model: window}},
+    )
+    for turn in range(turns):
+        result = rt.prompt(sid, prompt_text(turn, tool_heavy_plan(turn))).result(timeout=timeout)
+        if result.status != "ok":
+            raise AssertionError(f"turn {turn} ended {result.status}: {result.error}")
+    return str(sid)
+
+
 def filler(chars: int, tag: str) -> str:
     """``chars`` characters of varied text (about 4-5 characters per token)."""
     if chars <= 0:
