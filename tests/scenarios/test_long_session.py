@@ -8,9 +8,6 @@ runtime's own memory, not the provider's caches and request log.
 from __future__ import annotations
 
 import gc
-import re
-import subprocess
-import sys
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.bench_soak import provider as spawned_provider
 from runtime import Runtime
 from runtime.config import Config
 
@@ -30,21 +28,8 @@ BYTES_PER_TURN = 100  # retained per turn at most (issue 46: 2.7 KB before)
 
 @pytest.fixture(scope="module")
 def provider_url() -> Iterator[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "runtime.provider", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:\d+/v1", line)
-        assert found is not None, line
-        yield found.group(0)
-    finally:
-        child.terminate()
-        child.wait(10)
+    with spawned_provider() as url:  # the local provider in a child process, as bench_soak runs it
+        yield url
 
 
 def _turns(rt: Any, sid: str, start: int, stop: int) -> None:
