@@ -11,6 +11,8 @@ Pure: no I/O, no actors; nothing of the project below it but :mod:`runtime.diale
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import ModuleType
 from typing import Final
 
 from runtime.dialects import (
@@ -34,7 +36,37 @@ from runtime.dialects import (
 )
 from runtime.dialects._base import Dialect, Dimension, ErrorKind, ErrorResponse, OverflowFormat
 
-__all__ = ["DIALECTS", "Dialect", "Dimension", "ErrorKind", "ErrorResponse", "OverflowFormat"]
+__all__ = [
+    "DIALECTS",
+    "MODULES",
+    "OVERFLOW_FORMATS",
+    "Dialect",
+    "Dimension",
+    "ErrorKind",
+    "ErrorResponse",
+    "OverflowFormat",
+]
+
+MODULES: Final[tuple[ModuleType, ...]] = (
+    generic,
+    openai,
+    anthropic,
+    google,
+    llamacpp,
+    vllm,
+    sglang,
+    tgi,
+    ollama,
+    bedrock,
+    mistral,
+    groq,
+    deepseek,
+    xai,
+    openrouter,
+    cohere,
+    lmstudio,
+)
+"""Every dialect's module: the one list of them (what is read of all dialects is derived from it)."""
 
 DIALECTS: Final[tuple[Dialect, ...]] = (
     generic.OPAL,
@@ -60,3 +92,9 @@ DIALECTS: Final[tuple[Dialect, ...]] = (
     generic.OTHER,
 )
 """Every dialect, in the order the classifier tries their phrases and regexes."""
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    name: build for module in MODULES for name, build in getattr(module, "OVERFLOW_FORMATS", {}).items()
+}
+"""Every dialect's overflow errors by format name (each module's ``OVERFLOW_FORMATS``): what the local
+provider answers with (``LocalProvider(overflow_format=...)``, ``--overflow-format``)."""

@@ -26,6 +26,7 @@ from runtime.dialects._base import (
     Dimension,
     ErrorKind,
     ErrorResponse,
+    OverflowFormat,
     number,
     parse_instant,
     request_id,
@@ -242,3 +243,10 @@ def too_many_breakpoints(found: int) -> ErrorResponse:
     return bad_request(
         f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
     )
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "anthropic": overflow,
+    "request_too_large": request_too_large,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
 
 BEDROCK: Final = Dialect(
     name="bedrock",
@@ -29,3 +30,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         {"message": "Input is too long for requested model."},
         {"x-amzn-errortype": "ValidationException:http://internal.amazon.com/coral/com.amazon.bedrock/"},
     )
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "bedrock": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

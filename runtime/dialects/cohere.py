@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse, request_id
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat, request_id
 
 COHERE: Final = Dialect(
     name="cohere",
@@ -24,3 +25,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "https://docs.cohere.com/reference/chat for more details."
     )
     return ErrorResponse(400, {"id": request_id(""), "message": message})
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "cohere": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

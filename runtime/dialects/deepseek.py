@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from runtime.dialects import openai
-from runtime.dialects._base import Dialect, ErrorResponse
+from runtime.dialects._base import Dialect, ErrorResponse, OverflowFormat
 
 DEEPSEEK: Final = Dialect(
     name="deepseek",
@@ -22,3 +23,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "Please reduce the length of the messages or completion."
     )
     return ErrorResponse(400, openai.error_body(message, "invalid_request_error", "invalid_request_error"))
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "deepseek": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

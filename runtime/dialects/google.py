@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
 
 GEMINI: Final = Dialect(
     name="gemini",
@@ -47,3 +48,10 @@ def vertex_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "https://cloud.google.com/vertex-ai/generative-ai/docs/learn/models"
     )
     return ErrorResponse(400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "gemini": gemini_overflow,
+    "vertex": vertex_overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

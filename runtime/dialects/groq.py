@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from runtime.dialects import openai
-from runtime.dialects._base import Dialect, ErrorResponse
+from runtime.dialects._base import Dialect, ErrorResponse, OverflowFormat
 
 GROQ: Final = Dialect(
     name="groq",
@@ -20,3 +21,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     return ErrorResponse(
         400, openai.error_body(message, "invalid_request_error", "context_length_exceeded", "messages")
     )
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "groq": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
 
 LLAMACPP: Final = Dialect(
     name="llama.cpp",
@@ -42,3 +43,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         }
     }
     return ErrorResponse(400, body)
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "llamacpp": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
 
 LMSTUDIO: Final = Dialect(
     name="lm studio",
@@ -24,3 +25,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "larger context length, or provide a shorter input"
     )
     return ErrorResponse(400, {"error": message})
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "lmstudio": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

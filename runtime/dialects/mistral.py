@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse
+from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
 
 MISTRAL: Final = Dialect(
     name="mistral",
@@ -26,3 +27,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "code": "3051",
     }
     return ErrorResponse(400, body)
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "mistral": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

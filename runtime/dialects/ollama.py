@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from runtime.dialects import openai
-from runtime.dialects._base import Dialect, ErrorResponse
+from runtime.dialects._base import Dialect, ErrorResponse, OverflowFormat
 
 OLLAMA: Final = Dialect(
     name="ollama",
@@ -35,3 +36,10 @@ def new_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
         "adjust the context length in settings, or use a model with a longer context length"
     )
     return ErrorResponse(400, openai.error_body(message, "invalid_request_error", None))
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "ollama": overflow,
+    "ollama_new": new_overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

@@ -22,6 +22,7 @@ from runtime.dialects._base import (
     Dialect,
     Dimension,
     ErrorResponse,
+    OverflowFormat,
     number,
     parse_duration,
 )
@@ -207,3 +208,11 @@ def rate_limit_headers(name: str, limit: float, remaining: float, reset: float) 
         f"{PREFIX}remaining-{name}": str(max(0, math.floor(remaining))),
         f"{PREFIX}reset-{name}": format_reset(reset),
     }
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "openai": overflow,
+    "azure": overflow,
+    "openai_new": new_overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

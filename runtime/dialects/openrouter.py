@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse
+from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 OPENROUTER: Final = Dialect(
     name="openrouter",
@@ -30,3 +31,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     return ErrorResponse(
         400, {"error": {"message": message, "code": 400, "metadata": {"provider_name": None}}}
     )
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "openrouter": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse
+from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 SGLANG: Final = Dialect(
     name="sglang",
@@ -28,3 +29,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     message = f"The input ({prompt} tokens) is longer than the model's context length ({window} tokens)."
     body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
     return ErrorResponse(400, body)
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "sglang": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

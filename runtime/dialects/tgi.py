@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse
+from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 TGI: Final = Dialect(
     name="tgi",
@@ -28,3 +29,9 @@ def overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     """Hugging Face Text Generation Inference: a 422 from the router's input validation."""
     message = f"Input validation error: `inputs` must have less than {window} tokens. Given: {prompt}"
     return ErrorResponse(422, {"error": message, "error_type": "validation"})
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "tgi": overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

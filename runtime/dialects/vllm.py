@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import OUT, WIN, Dialect, ErrorResponse
+from runtime.dialects._base import OUT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 VLLM: Final = Dialect(
     name="vllm",
@@ -60,3 +61,10 @@ def new_overflow(prompt: int, window: int, completion: int) -> ErrorResponse:
     )
     body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
     return ErrorResponse(400, body)
+
+
+OVERFLOW_FORMATS: Final[Mapping[str, OverflowFormat]] = {
+    "vllm": overflow,
+    "vllm_new": new_overflow,
+}
+"""This dialect's overflow errors by format name (the local provider's ``overflow_format``)."""

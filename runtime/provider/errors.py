@@ -12,24 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from runtime.dialects import (
-    anthropic,
-    bedrock,
-    cohere,
-    deepseek,
-    google,
-    groq,
-    llamacpp,
-    lmstudio,
-    mistral,
-    ollama,
-    openai,
-    openrouter,
-    sglang,
-    tgi,
-    vllm,
-    xai,
-)
+from runtime.dialects import OVERFLOW_FORMATS, anthropic, openai
 from runtime.dialects._base import ErrorResponse, OverflowFormat
 
 __all__ = [
@@ -44,32 +27,6 @@ __all__ = [
     "rate_limit_error",
     "server_error",
 ]
-
-OVERFLOW_FORMATS: dict[str, OverflowFormat] = {
-    "openai": openai.overflow,
-    "azure": openai.overflow,
-    "openai_new": openai.new_overflow,
-    "anthropic": anthropic.overflow,
-    "gemini": google.gemini_overflow,
-    "vertex": google.vertex_overflow,
-    "llamacpp": llamacpp.overflow,
-    "vllm": vllm.overflow,
-    "vllm_new": vllm.new_overflow,
-    "sglang": sglang.overflow,
-    "tgi": tgi.overflow,
-    "ollama": ollama.overflow,
-    "ollama_new": ollama.new_overflow,
-    "bedrock": bedrock.overflow,
-    "mistral": mistral.overflow,
-    "groq": groq.overflow,
-    "deepseek": deepseek.overflow,
-    "xai": xai.overflow,
-    "openrouter": openrouter.overflow,
-    "cohere": cohere.overflow,
-    "lmstudio": lmstudio.overflow,
-    "request_too_large": anthropic.request_too_large,
-}
-"""Overflow dialects by name (``LocalProvider(overflow_format=...)``, ``--overflow-format``)."""
 
 
 def overflow_error(fmt: str, prompt: int, window: int, completion: int = 0) -> ErrorResponse:
