@@ -449,9 +449,16 @@ class Agent(SessionActor):
         # The gateway's loop thread runs on_delta and on_retry, one after the other.
         streamed = [False]
         message_id = [effect.message_id]  # a new one when an attempt that streamed is retried
+        # One call allowed: the calls after the first are not shown (the machine drops them, design §3.6).
+        first_call: list[int | None] | None = [None] if effect.request.one_call else None
 
         def on_delta(delta: Delta) -> None:
             streamed[0] = True
+            if first_call is not None and delta.kind == "tool_call":
+                if first_call[0] is None:
+                    first_call[0] = delta.index
+                elif delta.index != first_call[0]:
+                    return
             if delta.kind == "text":
                 publish(ev.TextDelta(session_id=sid, turn_id=turn, delta=delta.text))
             elif delta.kind == "reasoning":
@@ -479,6 +486,8 @@ class Agent(SessionActor):
         def reset_then_report(info: RetryInfo) -> None:
             if streamed[0]:  # what the failed attempt streamed is void: subscribers drop it
                 streamed[0] = False
+                if first_call is not None:
+                    first_call[0] = None
                 message_id[0] = new_id()
                 publish(
                     ev.StreamReset(

@@ -42,6 +42,7 @@ __all__ = [
     "ARCHIVED_TEXT",
     "CLIENT_CALLS_KEY",
     "CURRENT_REQUEST_MARK",
+    "DROPPED_CALLS_KEY",
     "INTERRUPTED_TEXT",
     "INTERRUPTED_TURN_TEXT",
     "CallRef",
@@ -54,6 +55,7 @@ __all__ = [
     "malformed_arguments_result",
     "malformed_arguments_text",
     "model_view",
+    "one_call",
     "repair_tool_calls",
     "request_view",
     "unfinished_turn",
@@ -67,6 +69,10 @@ CURRENT_REQUEST_MARK = f"<{CURRENT_REQUEST_TAG}>"
 CLIENT_CALLS_KEY = "client_calls"
 """Metadata of an assistant message: the ids of its tool calls that the client runs (the Responses API's
 function tools), whose results come from outside the runtime."""
+
+DROPPED_CALLS_KEY = "dropped_tool_calls"
+"""Metadata of an assistant message: the tool calls the model made beyond the first in a request that
+allowed one (``parallel_tool_calls: false``), each ``{id, name, arguments}``; never run, never shown."""
 
 INTERRUPTED_TEXT = (
     "Error: tool call was interrupted (aborted or crashed) before it produced a result. "
@@ -92,6 +98,25 @@ class IntegrityReport(msgspec.Struct, frozen=True):
     @property
     def ok(self) -> bool:
         return not (self.orphans or self.duplicates or self.strays)
+
+
+def one_call(message: Message) -> Message:
+    """``message`` with its first tool call only, for a request that allowed one call (the Responses API's
+    ``parallel_tool_calls: false``, which a model need not keep to): the answer OpenAI's API gives, its
+    other calls recorded under :data:`DROPPED_CALLS_KEY` (design §3.6). A message with at most one call is
+    returned as it is."""
+    calls = message.tool_calls
+    if len(calls) < 2:
+        return message
+    dropped = {id(c) for c in calls[1:]}
+    return msgspec.structs.replace(
+        message,
+        parts=tuple(p for p in message.parts if id(p) not in dropped),
+        metadata={
+            **message.metadata,
+            DROPPED_CALLS_KEY: [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls[1:]],
+        },
+    )
 
 
 def check_integrity(context: Sequence[Message]) -> IntegrityReport:

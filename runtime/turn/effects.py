@@ -291,6 +291,7 @@ class RequestSpec(msgspec.Struct, frozen=True, kw_only=True):
     first: bool
     cache: Breakpoints | None = None  # where its cached prefixes end (None: prompt caching is off)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)  # the client's request options
+    one_call: bool = False  # the client allows one tool call (the stream shows the first call only)
 
 
 class Route(Awaited, frozen=True):

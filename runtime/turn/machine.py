@@ -35,6 +35,7 @@ from runtime.context.integrity import (
     CLIENT_CALLS_KEY,
     awaiting_client,
     interrupted_turn_note,
+    one_call,
     repair_tool_calls,
     request_view,
     unfinished_turn,
@@ -653,6 +654,7 @@ class TurnMachine:
             cache=cache,
             max_tokens=options.answer_cap(fit.answer_cap_for(self.model, self.context_window, estimate, cfg)),
             extra=options.extra(tools=bool(tools)),
+            one_call=not options.parallel_tool_calls,
             estimated_tokens=estimate,
             wait_budget=max(0.0, cfg.capacity.queue_timeout - run.waited),
             first=run.step == 0 or run.last_message is None,
@@ -699,6 +701,8 @@ class TurnMachine:
         assert message is not None  # a result without an error carries the answer
         if run.message_id is not None:  # the id RequestStart announced (a stream's client names it early)
             message = msgspec.structs.replace(message, id=run.message_id)
+        if not run.options.parallel_tool_calls:  # one call a step, whatever the model did (design §3.6)
+            message = one_call(message)
         client_names = run.options.client_tool_names if run.options.client_tools else frozenset()
         client_calls = [c.id for c in message.tool_calls if c.name in client_names]
         if client_calls:  # recorded, so that a restart knows these calls wait for the client's results

@@ -64,6 +64,8 @@ class OptionsLike(Protocol):
     @property
     def compaction(self) -> bool: ...
     @property
+    def parallel_tool_calls(self) -> bool: ...
+    @property
     def client_tool_names(self) -> frozenset[str]: ...
     def answer_cap(self, runtime_cap: int | None) -> int | None: ...
     def extra(self, *, tools: bool) -> dict[str, Any]: ...
@@ -97,6 +99,7 @@ class _NoOptions(msgspec.Struct, frozen=True):
     client_tools: tuple[dict[str, Any], ...] = ()
     instructions: str | None = None
     compaction: bool = True
+    parallel_tool_calls: bool = True
 
     @property
     def client_tool_names(self) -> frozenset[str]:

@@ -88,3 +88,104 @@ def test_reasoning_effort_verbosity_and_one_tool_call_a_step_reach_the_model(
     )
     assert done.output_text == "done"
     assert "reasoning_effort" not in bodies(provider, model)[-1]  # each response's own options
+
+
+def two_calls_then(text: str) -> tuple[Turn, Turn]:
+    """A model that ignores ``parallel_tool_calls: false``: two calls in one answer, then ``text``."""
+    calls = (
+        ToolCallSpec(name="lookup", arguments='{"q": "a"}', id="c1"),
+        ToolCallSpec(name="lookup", arguments='{"q": "b"}', id="c2"),
+    )
+    return Turn(tool_calls=calls), Turn(text=text)
+
+
+def assistant_calls(body: dict[str, Any]) -> list[list[str]]:
+    """The tool call ids of each assistant message of a chat request, and the ids the results answer."""
+    return [
+        [c["id"] for c in m.get("tool_calls") or []]
+        if m["role"] == "assistant"
+        else [f"->{m['tool_call_id']}"]
+        for m in body["messages"]
+        if m["role"] in ("assistant", "tool")
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+def test_a_model_that_makes_two_calls_when_one_is_allowed_gets_its_first_shown_run_and_answered(
+    client: openai.OpenAI, provider: Any, script: Any, stream: bool
+) -> None:
+    model = script(*two_calls_then("done"))
+    asked = {"model": model, "input": "Look both up.", "tools": [TOOL], "parallel_tool_calls": False}
+    if stream:
+        events = list(client.responses.create(**asked, stream=True))  # type: ignore[call-overload]
+        added = [e.item for e in events if e.type == "response.output_item.added"]
+        assert [(i.type, i.call_id) for i in added] == [("function_call", "c1")]  # c2 is never streamed
+        assert not [
+            e for e in events if e.type == "response.function_call_arguments.delta" and "b" in e.delta
+        ]
+        response = events[-1].response
+    else:
+        response = client.responses.create(**asked)  # type: ignore[call-overload]
+    assert [(i.type, i.call_id, i.arguments) for i in response.output] == [
+        ("function_call", "c1", '{"q": "a"}')
+    ]
+    # the client answers the one call it was given, and the conversation goes on: no call waits unanswered
+    done = client.responses.create(
+        model=model,
+        previous_response_id=response.id,
+        input=[{"type": "function_call_output", "call_id": "c1", "output": "42"}],
+    )
+    assert done.status == "completed" and done.output_text == "done"
+    assert assistant_calls(bodies(provider, model)[-1]) == [["c1"], ["->c1"]]
+
+
+def test_with_parallel_tool_calls_allowed_both_calls_are_the_clients(
+    client: openai.OpenAI, provider: Any, script: Any
+) -> None:
+    model = script(*two_calls_then("done"))
+    response = client.responses.create(model=model, input="Look both up.", tools=[TOOL])  # type: ignore[list-item]
+    assert [i.call_id for i in response.output if i.type == "function_call"] == ["c1", "c2"]
+    done = client.responses.create(
+        model=model,
+        previous_response_id=response.id,
+        input=[
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+            {"type": "function_call_output", "call_id": "c2", "output": "43"},
+        ],
+    )
+    assert done.output_text == "done"
+    assert assistant_calls(bodies(provider, model)[-1]) == [["c1", "c2"], ["->c1"], ["->c2"]]
+
+
+def test_the_runtimes_own_tools_run_one_call_a_step_when_one_is_allowed(
+    rt: Any, session: Any, script: Any, workspace: Any
+) -> None:
+    from runtime.messages import user
+
+    (workspace / "a.txt").write_text("alpha")
+    (workspace / "b.txt").write_text("beta")
+    model = script(
+        Turn(
+            tool_calls=(
+                ToolCallSpec(name="read_file", arguments='{"path": "a.txt"}', id="r1"),
+                ToolCallSpec(name="read_file", arguments='{"path": "b.txt"}', id="r2"),
+            )
+        ),
+        Turn(text="read"),
+    )
+    sid = session(model)
+    ran: list[str] = []
+    sub = rt.subscribe(
+        sid, callback=lambda e: ran.append(e.call_id) if e.type == "tool_execution_start" else None
+    )
+    result = rt.send(sid, [user("Read both.")], options=TurnOptions(parallel_tool_calls=False)).result(
+        timeout=30
+    )
+    sub.close()
+    assert result.status == "ok" and result.text == "read"
+    assert ran == ["r1"]  # the second call never ran
+    call = next(m for m in rt.messages(sid) if m.role == "assistant" and m.tool_calls)
+    assert [c.id for c in call.tool_calls] == ["r1"]
+    assert call.metadata["dropped_tool_calls"] == [
+        {"id": "r2", "name": "read_file", "arguments": '{"path": "b.txt"}'}
+    ]
