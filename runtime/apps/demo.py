@@ -311,6 +311,7 @@ def _delegate(
 
     monitor.sending(lead, DELEGATION)
     result = _prompt(rt, monitor, lead, DELEGATION, 1)
+    monitor.wait_for_turns({lead: 1}, timeout=10)  # its reply's line, from the subscription's thread
     (child,) = rt.children(lead) or ("?",)
     steps = sum(m.role == "assistant" for m in rt.messages(child)) if child != "?" else 0
     if result is not None and result.status == "ok":  # (its reply is among its events' lines)

@@ -447,6 +447,7 @@ def test_a_steering_message_joins_the_running_turn_after_its_tools(
     last = requests_for(provider, model)[-1].messages
     assert [m["role"] for m in last[-3:]] == ["assistant", "tool", "user"]
     assert last[-1]["content"] == "also check the tests"
+    recorder.wait_type("message_queued")  # (a callback subscriber's thread may still be delivering it)
     (queued,) = recorder.of("message_queued", sid)
     assert queued.steer
     assert len(recorder.of("agent_start", sid)) == 1  # one turn, not two
