@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import time
@@ -18,7 +19,16 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["GGUF", "INSTALL_HINT", "LlamaServer", "server_binary", "smollm2_gguf", "start_llama_server"]
+__all__ = [
+    "GGUF",
+    "INSTALL_HINT",
+    "LlamaServer",
+    "ServerCounts",
+    "server_binary",
+    "server_counts",
+    "smollm2_gguf",
+    "start_llama_server",
+]
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = (
@@ -70,6 +80,27 @@ class LlamaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class ServerCounts:
+    """What llama.cpp's own log says of the completions it was asked for: ``requests`` (each task a slot
+    took up: the agents' requests and the summarizers' alike) and ``refused``, the error of each request it
+    refused as larger than its context (``request (N tokens) exceeds the available context size (M
+    tokens)``, or ``input (N tokens) is larger than the max context size``)."""
+
+    requests: int
+    refused: tuple[str, ...]
+
+
+_TASK = re.compile(r"\| processing task")
+_REFUSED = re.compile(r"error: ((?:request|input) \(\d+ tokens\) (?:exceeds|is larger than)[^\n]*)")
+
+
+def server_counts(log: Path) -> ServerCounts:
+    """Count the requests and refusals in a ``llama-server`` log (see :class:`ServerCounts`)."""
+    text = log.read_text(errors="replace")
+    return ServerCounts(len(_TASK.findall(text)), tuple(_REFUSED.findall(text)))
 
 
 def _free_port() -> int:

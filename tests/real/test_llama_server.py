@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks._llama import server_counts
+from benchmarks.bench_real import agents_refused
 from tests.conftest import Recorder
 from tests.real.conftest import LlamaServer
 
@@ -65,9 +67,25 @@ def _turns(rt: Any, sid: str, count: int, timeout: float = 600) -> list[Any]:
 
 
 def _refusals(events: Recorder, sid: str) -> int:
-    """Requests the server refused as larger than its context (each is an error the gateway classified as
-    overflow, seen here as the emergency compaction it triggered)."""
-    return sum(1 for e in events.of("compaction_start", sid) if e.trigger == "overflow")
+    """The session's requests the server refused as larger than its context: a request with no answer
+    (no ``turn_end``) that the emergency compaction of an overflow error followed. An emergency compaction
+    a turn makes before its request (it would not fit the session's limit) is no refusal."""
+    mine = [e for e in events.events if e.session_id == sid]
+    return len(agents_refused(mine))
+
+
+class _ServerLog:
+    """The requests a shared server refused from now on, read from its own log (the summarizers' too)."""
+
+    def __init__(self, server: LlamaServer) -> None:
+        self.server = server
+        self.before = server_counts(server.log)
+
+    def refused(self) -> list[str]:
+        return list(server_counts(self.server.log).refused[len(self.before.refused) :])
+
+    def requests(self) -> int:
+        return server_counts(self.server.log).requests - self.before.requests
 
 
 def test_a_newcomers_session_finds_the_window_and_never_overflows(
@@ -265,6 +283,41 @@ def test_sessions_share_the_servers_four_slots(
         t.join(timeout=600)
     assert outcomes == {sid: ["ok"] * 4 for sid in sids}
     assert all(_refusals(events, sid) == 0 for sid in sids)
+
+
+def test_sessions_compacting_on_small_slots_are_never_refused_once_they_know_the_window(
+    real_rt: Any, events: Recorder, llama_server_np4: LlamaServer
+) -> None:
+    """Four newcomers' sessions at once on four slots of 1,024 tokens, each compacting its context with the
+    real model as summarizer again and again (answers of at most 128 tokens, a prompt of ~250 tokens of
+    notes every third turn): every turn ends ok and the server refuses none of their requests, the agents'
+    nor the summarizers' (its own log says so), the windows known from the first turn."""
+    log = _ServerLog(llama_server_np4)
+    sids = [
+        real_rt.start_session(model=MODEL, api_base=llama_server_np4.url, system_prompt=SYSTEM, config=SHORT)
+        for _ in range(4)
+    ]
+    assert {real_rt.context_stats(s).window for s in sids} == {1024}
+    outcomes: dict[str, list[str]] = {}
+
+    def drive(sid: str, offset: int) -> None:
+        statuses = []
+        for i, topic in enumerate(TOPICS[offset : offset + 6]):
+            notes = f"My notes: {NOTES} " if i % 3 == 2 else ""
+            statuses.append(real_rt.prompt(sid, f"{notes}Tell me about {topic}.").result(timeout=900).status)
+        outcomes[sid] = statuses
+
+    threads = [threading.Thread(target=drive, args=(sid, 6 * i % 24)) for i, sid in enumerate(sids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=1500)
+    assert outcomes == {sid: ["ok"] * 6 for sid in sids}
+    compacted = [len(events.of("compaction_end", sid)) for sid in sids]
+    assert sum(compacted) >= 4, f"the windows were not exercised: compactions {compacted}"
+    assert log.refused() == [], f"the server refused requests of {log.requests()}"
+    assert [_refusals(events, sid) for sid in sids] == [0, 0, 0, 0]
+    assert not events.of("window_learned")  # the windows came from the server before the first turn
 
 
 def test_the_responses_front_door_on_a_real_model(
