@@ -90,6 +90,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_de
 
 
 class SessionStarted(Event, frozen=True, tag="session_started"):
+    """A session is hosted: started (``start_session``), or resumed from its log (``resume_session``,
+    ``resumed``), with ``model`` and its ``context_window`` in tokens. A session started and never used gets
+    it rebuilt from its header (seq 1) when its transcript opens later (design §2.3)."""
+
     opens_transcript = False
 
     model: str
@@ -98,25 +102,41 @@ class SessionStarted(Event, frozen=True, tag="session_started"):
 
 
 class SessionStopped(Event, frozen=True, tag="session_stopped"):
+    """The session is no longer hosted: ``stop_session``, or the runtime stopping (one for each session it
+    hosts). A running turn ended ``aborted`` before it. ``reason`` is ``stopped``."""
+
     opens_transcript = False
 
     reason: str = "stopped"
 
 
 class SessionHibernated(Event, frozen=True, tag="session_hibernated"):
+    """The session parked its actors (idle for ``persistence.hibernate_after`` seconds, or ``hibernate()``):
+    its state is its log, and its next use starts them again (design §8)."""
+
     opens_transcript = False
 
 
 class SessionDead(Event, frozen=True, tag="session_dead"):
+    """The session is dead, as a turn finds it or leaves it: a ``hard_reset`` compaction could not bring its
+    context under the window (design §5.8). ``message`` says why; the turn ends with the error
+    ``session_dead``. A manual compaction that succeeds revives the session."""
+
     message: str
 
 
 class ModelChanged(Event, frozen=True, tag="model_changed"):
+    """``set_model`` switched the session to ``model``, whose window is ``context_window`` tokens; the log
+    records it, and the next request goes to it."""
+
     model: str
     context_window: int
 
 
 class Branched(Event, frozen=True, tag="branched"):
+    """``branch`` moved the session's leaf to the message ``leaf_id`` (None: before the first message): the
+    next message goes under it, and nothing is removed (design §2.2)."""
+
     leaf_id: str | None
 
 
@@ -124,11 +144,22 @@ class Branched(Event, frozen=True, tag="branched"):
 
 
 class AgentStart(Event, frozen=True, tag="agent_start"):
+    """A turn begins, for a prompt (at once, or when it leaves the queue) or for a turn a crash cut off that
+    is taken up (``turn_resumed`` follows, design §3.12). ``turn_id`` names the turn in every event of it;
+    ``prompt_id`` is the id of the handle (or the HTTP ``prompt_id``) its result answers. Its last event is
+    its ``agent_end``."""
+
     turn_id: str
     prompt_id: str | None = None
 
 
 class RequestStart(Event, frozen=True, tag="request_start"):
+    """The turn sends a step's request to the model. ``attempt``: the step's number in the turn (its n-th
+    model request, from 1; a retry of the same request is ``provider_retry``); ``messages``: the messages it
+    carries; ``estimated_tokens``: the runtime's count of it (design §4.2); ``transport``: the gateway
+    transport it goes over; ``message_id``: the id its answer will be appended with. Waiting for capacity
+    (``request_queued``) comes after it."""
+
     turn_id: str
     attempt: int
     model: str
@@ -157,6 +188,9 @@ class RequestAdmitted(Event, frozen=True, tag="request_admitted"):
 
 
 class TextDelta(Event, frozen=True, tag="text_delta"):
+    """A piece of the answer's text as the model streams it (``delta``). ``stream_reset`` voids the pieces of
+    an attempt that failed."""
+
     fragment = True
 
     turn_id: str
@@ -164,6 +198,8 @@ class TextDelta(Event, frozen=True, tag="text_delta"):
 
 
 class ReasoningDelta(Event, frozen=True, tag="reasoning_delta"):
+    """A piece of the model's reasoning as it streams (``delta``), for models that show it (design §3.3)."""
+
     fragment = True
 
     turn_id: str
@@ -171,6 +207,10 @@ class ReasoningDelta(Event, frozen=True, tag="reasoning_delta"):
 
 
 class ToolCallDelta(Event, frozen=True, tag="tool_call_delta"):
+    """A piece of a tool call as the model streams it: ``index`` is the call's place in the answer,
+    ``call_id`` and ``name`` come with its first piece (None after), ``arguments_delta`` is a piece of its
+    JSON arguments."""
+
     fragment = True
 
     turn_id: str
@@ -191,6 +231,10 @@ class StreamReset(Event, frozen=True, tag="stream_reset"):
 
 
 class StreamStalled(Event, frozen=True, tag="stream_stalled"):
+    """The model's stream has sent nothing for ``seconds`` (``agent.stream_stall_seconds``): said once a
+    silence; the call goes on (its own limits, ``retry.stall_timeout``, decide whether to give up and
+    retry)."""
+
     turn_id: str
     seconds: float
 
@@ -210,6 +254,9 @@ PREVIEW_CHARS = 120
 
 
 class ToolExecutionStart(Event, frozen=True, tag="tool_execution_start"):
+    """A tool worker takes a call up (before its approval, if it needs one): ``call_id``, the tool's ``name``
+    and its ``arguments`` as the model wrote them (JSON)."""
+
     turn_id: str
     call_id: str
     name: str
@@ -217,6 +264,9 @@ class ToolExecutionStart(Event, frozen=True, tag="tool_execution_start"):
 
 
 class ToolOutput(Event, frozen=True, tag="tool_output"):
+    """A piece of a tool's output as it runs (``chunk``; a shell command's, as it prints), before its
+    result."""
+
     fragment = True
 
     turn_id: str
@@ -225,6 +275,11 @@ class ToolOutput(Event, frozen=True, tag="tool_output"):
 
 
 class ToolExecutionEnd(Event, frozen=True, tag="tool_execution_end"):
+    """A tool call has its result: ``is_error`` (a failure, a denial, a time-out), ``duration`` in seconds,
+    ``output_chars`` the characters of the result the model gets, ``truncated`` when the output was cut to the
+    limits (the rest saved for ``read_saved``, design §3.5). Its ``message_appended`` follows once the step's
+    results are in the log."""
+
     turn_id: str
     call_id: str
     name: str
@@ -235,6 +290,10 @@ class ToolExecutionEnd(Event, frozen=True, tag="tool_execution_end"):
 
 
 class ApprovalRequest(Event, frozen=True, tag="approval_request"):
+    """A tool call waits for approval (``require_approval``, or an ``approval`` hook): the hook is asked, or,
+    without one, a client answers with ``approve(session, call_id, ...)`` (denied after 300 s). ``name`` and
+    ``arguments`` are the call's."""
+
     turn_id: str
     call_id: str
     name: str
@@ -242,18 +301,29 @@ class ApprovalRequest(Event, frozen=True, tag="approval_request"):
 
 
 class ApprovalResponse(Event, frozen=True, tag="approval_response"):
+    """The answer to an ``approval_request``: ``approved``, and why not (``reason``: the hook's words, a
+    failing hook, or the time-out). A denied call's result says so to the model."""
+
     call_id: str
     approved: bool
     reason: str | None = None
 
 
 class TurnEnd(Event, frozen=True, tag="turn_end"):
+    """A step's model response is complete (not the turn: that is ``agent_end``): its ``stop_reason``
+    (``stop``, ``tool_calls``, ``length``, ...) and that response's ``usage``."""
+
     turn_id: str
     stop_reason: str
     usage: Usage = msgspec.field(default_factory=Usage)
 
 
 class AgentEnd(Event, frozen=True, tag="agent_end"):
+    """The turn is over, the last of its events: ``status`` ``ok``, ``aborted`` or ``error`` (an ``error``
+    event before it says why), ``usage`` the turn's own (every step, design §4.1), ``context_window`` and
+    ``context_tokens`` (the context after its last response). Its handle resolves once it is queued to every
+    subscriber."""
+
     turn_id: str
     status: Literal["ok", "aborted", "error"]
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -262,6 +332,10 @@ class AgentEnd(Event, frozen=True, tag="agent_end"):
 
 
 class MessageQueued(Event, frozen=True, tag="message_queued"):
+    """A prompt arrived while a turn runs: it waits in the queue at ``position`` (from 1) and runs as a turn
+    of its own, or, with ``steer``, it is handed to the running turn at its next step boundary (``position``
+    among the steering messages)."""
+
     prompt_id: str
     position: int
     steer: bool = False  # a steering message: applied at the running turn's next step boundary
@@ -276,11 +350,19 @@ class StatusUpdate(Event, frozen=True, tag="status_update"):
 
 
 class AgentAbort(Event, frozen=True, tag="agent_abort"):
+    """The turn was aborted (``abort``, a client, or the parent of a sub-agent): ``repaired_calls`` tool calls
+    left without a result got one saying so (design §3.6). Its ``agent_end`` (``aborted``) follows."""
+
     turn_id: str | None
     repaired_calls: int = 0
 
 
 class AgentRecovered(Event, frozen=True, tag="agent_recovered"):
+    """The session's agent started from the log (after a crash of it or of the session, or a resume):
+    ``messages`` in the model's view, ``repaired_calls`` results given to calls that had none,
+    ``interrupted_turn`` when the log ended inside a turn, ``continued`` when that turn is taken up (else the
+    log records it ended, design §3.12)."""
+
     messages: int
     repaired_calls: int = 0
     interrupted_turn: bool = False  # the log ended inside a turn (a crash cut it off)
@@ -304,6 +386,10 @@ class TurnResumed(Event, frozen=True, tag="turn_resumed"):
 
 
 class ProviderRetry(Event, frozen=True, tag="provider_retry"):
+    """A model call failed in a way worth retrying (a 429, a 5xx, a reset, a stall) and is tried again after
+    ``delay`` seconds: ``attempt`` is the failed attempt (from 1) of ``max_attempts``, ``error`` and
+    ``status_code`` say how it failed (design §3.7). ``turn_id`` is None for a compaction's summarizer."""
+
     turn_id: str | None
     attempt: int
     max_attempts: int
@@ -313,6 +399,12 @@ class ProviderRetry(Event, frozen=True, tag="provider_retry"):
 
 
 class ErrorOccurred(Event, frozen=True, tag="error"):
+    """Something failed in the session (its wire name is ``error``): ``message`` for a person, ``code`` for a
+    program (``rate_limited``, ``max_steps``, ``context_overflow_after_compaction``, ``session_dead``,
+    ``persistence_failed``, ``agent_crashed``, ``session_crashed``, ``store_open``, ``recovery``,
+    ``internal``, or the provider error's kind), ``turn_id`` when a turn ends with it (its ``agent_end``
+    follows), ``retryable`` when sending the prompt again may succeed."""
+
     message: str
     code: str = "error"
     turn_id: str | None = None
@@ -323,6 +415,11 @@ class ErrorOccurred(Event, frozen=True, tag="error"):
 
 
 class UsageUpdate(Event, frozen=True, tag="usage_update"):
+    """The session's usage after a response (the agent's or a summarizer's), a compaction or a model switch:
+    ``usage`` that response's (empty for the other two), ``totals`` the session's so far, ``context_window``,
+    and ``context_tokens`` the context's size now (the last response's input tokens; ``estimated`` when it is
+    the runtime's count instead, after a compaction, design §4.6)."""
+
     usage: Usage
     totals: Usage
     context_window: int
@@ -331,6 +428,10 @@ class UsageUpdate(Event, frozen=True, tag="usage_update"):
 
 
 class Calibration(Event, frozen=True, tag="calibration"):
+    """A response's input tokens against the runtime's estimate of its request (design §4.4):
+    ``estimated_tokens``, ``actual_tokens``, ``error`` ((estimated - actual) / actual) and ``ratio``, the
+    calibration the session's counts use from now on (1.0 while unknown)."""
+
     estimated_tokens: int
     actual_tokens: int
     error: float
@@ -352,6 +453,9 @@ class CacheBreak(Event, frozen=True, tag="cache_break"):
 
 
 class UsageOverflow(Event, frozen=True, tag="usage_overflow"):
+    """A response reported more input tokens (``input_tokens``) than the session's ``context_window``: the
+    provider cut the context silently (design §6.2). A compaction (trigger ``usage_overflow``) follows."""
+
     input_tokens: int
     context_window: int
 
@@ -370,12 +474,22 @@ class WindowLearned(Event, frozen=True, tag="window_learned"):
 
 
 class CompactionStart(Event, frozen=True, tag="compaction_start"):
+    """A compaction begins (design §5.10): its ``trigger`` (``threshold``, ``overflow``, ``manual``,
+    ``usage_overflow``), ``messages_before`` in the model's view and ``tokens_before``, a full count of the
+    request the context would make. ``compaction_end``, ``compaction_failed`` or ``compaction_skipped``
+    follows."""
+
     trigger: CompactionTrigger
     messages_before: int
     tokens_before: int
 
 
 class CompactionEnd(Event, frozen=True, tag="compaction_end"):
+    """A compaction is done and in the log: the model's view went from ``messages_before`` to
+    ``messages_after`` messages and from ``tokens_before`` to ``tokens_after`` tokens, with a summary of
+    ``summary_chars`` characters, in ``mode`` (``summarize``, ``hard_reset``, ``truncate``); ``fallback`` when
+    a deterministic summary stood in for a summarizer that failed (design §5.5)."""
+
     trigger: CompactionTrigger
     messages_before: int
     messages_after: int
@@ -387,6 +501,11 @@ class CompactionEnd(Event, frozen=True, tag="compaction_end"):
 
 
 class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
+    """A compaction failed and the conversation is unchanged: ``error`` for a person, ``reason`` for a program
+    (``summarizer_failed``, ``no_progress``, ``store_error``, ``interrupted``, ...), ``context_exceeded`` when
+    it could not get under the window (the session is marked dead, ``session_dead``), ``tokens`` the context's
+    count before it, ``window`` the session's, ``trigger`` as its ``compaction_start`` said."""
+
     error: str
     reason: str = "error"
     context_exceeded: bool = False
@@ -408,12 +527,19 @@ class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
 
 
 class ToolResultsArchived(Event, frozen=True, tag="tool_results_archived"):
+    """Old tool steps were archived (design §5.9): ``archived`` results are hidden from the model and one
+    ``tool_summary`` message of ``summary_chars`` characters stands in for them, written by ``strategy``
+    (``llm`` or ``heuristic``). They stay in the log and the user's view."""
+
     archived: int
     strategy: str
     summary_chars: int
 
 
 class ToolOutputsCleared(Event, frozen=True, tag="tool_outputs_cleared"):
+    """Old tool outputs were replaced by a placeholder in the model's view
+    (``compaction.clear_old_tool_outputs``, design §5.9): ``cleared`` results, ``tokens_freed`` tokens."""
+
     cleared: int
     tokens_freed: int
 
@@ -422,6 +548,9 @@ class ToolOutputsCleared(Event, frozen=True, tag="tool_outputs_cleared"):
 
 
 class SubscriberLagged(Event, frozen=True, tag="subscriber_lagged"):
+    """Told to one subscriber only, before its next event of the session: its queue was full and it lost the
+    ``dropped`` oldest of this session's events (design §1.4). Publishers never wait for a reader."""
+
     dropped: int
 
 
@@ -437,11 +566,20 @@ class LogRecovered(Event, frozen=True, tag="log_recovered"):
 
 
 class PersistenceFailed(Event, frozen=True, tag="persistence_error"):
+    """A write failed (its wire name is ``persistence_error``): the session's log (the turn that wrote ends
+    with ``persistence_failed``), its event transcript, or the sessions index. ``path`` is the file, ``error``
+    the system's error; the session refuses new prompts, naming them, until a write beside its log succeeds
+    again (design §9)."""
+
     path: str
     error: str
 
 
 class ActorRestarted(Event, frozen=True, tag="actor_restarted"):
+    """One of the session's actors crashed and its supervisor restarted it, with those started after it
+    (design §1.2): ``actor`` (``store``, ``usage``, ``overflow``, ``compactor``, ``agent``), ``error`` (the
+    exception, or ``stopped``), ``restarts`` within the intensity window."""
+
     actor: str
     error: str
     restarts: int

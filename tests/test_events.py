@@ -133,3 +133,30 @@ def test_the_transcript_dashboard_and_metrics_read_the_declarations() -> None:
         "tool_execution_end",
         "session_stopped",
     } == metrics.EVENT_TYPES
+
+
+def test_every_event_is_documented_where_it_is_declared() -> None:
+    """The class is the event's documentation (design §7.6): when it is emitted and what its fields mean."""
+    missing = [cls.__name__ for cls in ev.EVENTS if not (cls.__doc__ or "").strip()]
+    assert missing == []
+
+
+def test_the_fields_the_docs_give_an_event_are_its_fields() -> None:
+    """README and design name events with some of their fields (``compaction_end{tokens_after, ...}``): those
+    are checked against the declarations, not kept as a second list."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    fields = {cls.wire_name(): {f.name for f in msgspec.structs.fields(cls)} for cls in ev.EVENTS}
+    seen = 0
+    for doc in ("README.md", "docs/design.md"):
+        for match in re.finditer(r"`([a-z_]+)\{([^}`]*)\}", (root / doc).read_text(encoding="utf-8")):
+            name = match.group(1)
+            if name not in fields:
+                continue
+            named = [part.strip().split(":")[0].split("=")[0].strip() for part in match.group(2).split(",")]
+            named = [n for n in named if n not in ("...", "…")]  # (some of its fields)
+            assert set(named) <= fields[name], f"{doc}: {match.group(0)} names fields {name} does not have"
+            seen += 1
+    assert seen >= 10  # (the check reads what it means to)
