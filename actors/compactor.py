@@ -682,6 +682,9 @@ class Compactor(SessionActor):
         cfg = self.cfg
         plan = None
         if cfg.tool_summary_strategy != "off":
+            assert job.estimate is not None
+            caching = self.spec.config.gateway.prompt_cache
+            min_freed, below = ts.archive_bounds(self.context_window, cfg, caching=caching)
             plan = ts.plan_tool_archive(
                 messages,
                 cutoff=cfg.tool_call_cutoff,
@@ -689,8 +692,10 @@ class Compactor(SessionActor):
                 input_chars=cfg.tool_summary_input_chars,
                 output_chars=cfg.tool_summary_output_chars,
                 heuristic_chars=cfg.heuristic_summary_chars,
-                min_freed=self._archive_min_freed(),
+                min_freed=min_freed,
                 count=self.counter.count_message,
+                tokens=job.estimate.tokens,
+                below=below,
             )
         if plan is None:
             self._clear_tool_outputs(job, job.view)
@@ -704,13 +709,6 @@ class Compactor(SessionActor):
         job.answers = [None]
         job.outstanding = 1
         self._summarize(job, 0, self.summarizer_model, request.system, request.prompt, request.max_tokens)
-
-    def _archive_min_freed(self) -> int:
-        """The fewest tokens an archive must free (design §4.7, 5.9): ``archive_min_freed_tokens``, by
-        default a quarter of the window while cache hints are on (a cached prefix is worth keeping), else 0."""
-        if self.cfg.archive_min_freed_tokens is not None:
-            return self.cfg.archive_min_freed_tokens
-        return self.context_window // 4 if self.spec.config.gateway.prompt_cache else 0
 
     def _finish_archive(self, job: _Job) -> None:
         answer = job.answers[0] if job.answers else None

@@ -84,7 +84,7 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     auto: bool = True  # 5.1
     mode: Literal["summarize", "hard_reset", "truncate"] = "summarize"  # 5.8
     threshold: Fraction = 0.80  # 5.1
-    reserve_tokens: NonNegInt = 16_384  # 5.1
+    reserve_tokens: NonNegInt | None = None  # 5.1: None = auto (16,384, at most window / 8)
     max_tokens: PosInt | None = None  # 5.1: used when the window is unknown
     max_messages: PosInt | None = None  # 5.1: message-count trigger, off by default
     keep_recent_tokens: PosInt | None = None  # 5.2: None = auto (window / 4)
@@ -99,8 +99,9 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     fallback: bool = True  # 5.5 (hard_reset never falls back)
     min_reduction: Fraction = 0.10  # 5.6
     tool_call_cutoff: PosInt = 10  # 5.9
-    # 5.9, 4.7: an archive must free this many tokens (None: a quarter of the window while gateway.prompt_cache
-    # is on, else 0): it rewrites the conversation from its oldest archived step, breaking the cached prefix
+    # 5.9, 4.7: an archive must free this many tokens (None: while gateway.prompt_cache is on, a quarter of the
+    # window, and only while the context is under half the compaction threshold; else 0): it rewrites the
+    # conversation from its oldest archived step, breaking the cached prefix
     archive_min_freed_tokens: NonNegInt | None = None
     tool_summary_strategy: Literal["llm", "heuristic", "off"] = "llm"  # 5.9
     tool_summary_input_chars: PosInt = 12_000  # 5.9

@@ -13,7 +13,7 @@ def test_defaults_match_the_spec() -> None:
     c = Config()
     assert c.compaction.auto is True
     assert c.compaction.threshold == 0.80
-    assert c.compaction.reserve_tokens == 16_384
+    assert c.compaction.reserve_tokens is None  # auto: 16,384, at most an eighth of the window
     assert c.compaction.default_keep_recent_tokens == 20_000
     assert c.compaction.tool_call_cutoff == 10
     assert c.compaction.min_reduction == 0.10

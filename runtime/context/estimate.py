@@ -32,6 +32,8 @@ __all__ = [
     "CONFIGURED",
     "ESTIMATED",
     "MIN_ANSWER_TOKENS",
+    "RESERVE_TOKENS",
+    "RESERVE_WINDOW_DIVISOR",
     "UNTRUSTED_STOP_REASONS",
     "ContextEstimate",
     "ContextStats",
@@ -137,9 +139,19 @@ def estimate_context(
 # The compaction trigger (design §5.1)
 
 
+RESERVE_TOKENS: Final = 16_384
+"""The automatic reserve (design §5.1) of a large window: room for a long answer (an eighth of 131,072)."""
+RESERVE_WINDOW_DIVISOR: Final = 8
+"""The automatic reserve is at most this fraction of the window: a small window keeps the same share for its
+answer as a large one, instead of giving half of itself to it (a 32,000 window compacting at 12,800)."""
+
+
 def reserve_tokens(window: int, config: CompactionConfig) -> int:
-    """The output buffer kept free below the window: ``reserve_tokens``, at most half the window (so a
-    small model still has room for a conversation)."""
+    """The output buffer kept free below the window (design §5.1): automatically :data:`RESERVE_TOKENS`, at
+    most an eighth of the window; a configured ``reserve_tokens``, at most half the window (so a small model
+    still has room for a conversation)."""
+    if config.reserve_tokens is None:
+        return min(RESERVE_TOKENS, window // RESERVE_WINDOW_DIVISOR)
     return min(config.reserve_tokens, window // 2)
 
 

@@ -26,6 +26,7 @@ import msgspec
 
 from runtime.config import CompactionConfig
 from runtime.context.compaction import CountTokens, SummaryRequest
+from runtime.context.estimate import compaction_threshold
 from runtime.context.prompts import (
     TOOL_SUMMARIZER_SYSTEM,
     TOOL_SUMMARY_PREFIX,
@@ -52,6 +53,7 @@ __all__ = [
     "MIN_RESULT_CHARS",
     "ArchivePlan",
     "ClearPlan",
+    "archive_bounds",
     "finish_tool_archive",
     "plan_tool_archive",
     "plan_tool_output_clearing",
@@ -93,6 +95,25 @@ class ClearPlan(msgspec.Struct, frozen=True):
     tokens_freed: int
 
 
+def archive_bounds(window: int, config: CompactionConfig, *, caching: bool) -> tuple[int, int | None]:
+    """When an archive may be made (design §4.7, 5.9): the fewest tokens it must free, and the context size
+    (as the compaction trigger estimates it) at or over which none is made (None: any size).
+
+    A configured ``archive_min_freed_tokens`` is the minimum, at any size. By default, while the provider
+    caches prefixes (``caching``: gateway.prompt_cache), an archive, which rewrites the conversation from its
+    oldest archived step and so makes the next request's prompt new to the cache, must free a quarter of
+    the window and is made only in the first half of the way to the compaction threshold: past it, a
+    compaction is near, sheds the same old results with a summary request read from the cache, and an
+    archive would only add a prompt the cache has not seen (and a summarizer call of its own) before it.
+    Without a cache an archive costs no cached prefix: any size, any time."""
+    if config.archive_min_freed_tokens is not None:
+        return config.archive_min_freed_tokens, None
+    if not caching:
+        return 0, None
+    threshold = compaction_threshold(window, config) if config.auto else None
+    return window // 4, None if threshold is None else threshold // 2
+
+
 def plan_tool_archive(
     messages: Sequence[Message],
     *,
@@ -103,6 +124,8 @@ def plan_tool_archive(
     heuristic_chars: int = _DEFAULTS.heuristic_summary_chars,
     min_freed: int = 0,
     count: CountTokens | None = None,
+    tokens: int | None = None,
+    below: int | None = None,
 ) -> ArchivePlan | None:
     """Plan archiving when the agent-visible tool results exceed ``cutoff``.
 
@@ -111,9 +134,10 @@ def plan_tool_archive(
     archiving, nothing can be (only the newest step is over), the strategy is ``off``, or the steps would
     free fewer than ``min_freed`` tokens (as ``count`` counts them): an archive rewrites the conversation
     from its oldest step on, so where the provider caches the prefix it must free enough to be worth the
-    cache it breaks (design §4.7). The defaults are :class:`CompactionConfig`'s.
+    cache it breaks (design §4.7), nor when the context (``tokens``) is at or over ``below`` (see
+    :func:`archive_bounds`). The defaults are :class:`CompactionConfig`'s.
     """
-    if strategy == "off":
+    if strategy == "off" or (below is not None and tokens is not None and tokens >= below):
         return None
     visible = [m for m in messages if m.role == "tool" and m.agent_visible]
     excess = len(visible) - cutoff

@@ -79,9 +79,9 @@ def tokens_of(msgs: list[m.Message]) -> int:
 def test_keep_recent_budget_defaults_and_clamps() -> None:
     assert keep_recent_budget(200_000, CONFIG) == 50_000  # window / 4
     assert keep_recent_budget(None, CONFIG) == 20_000  # no window
-    # Clamped to half the effective limit (window - reserve).
+    # Clamped to half the effective limit (window - reserve; the reserve an eighth of a 100,000 window).
     tight = CompactionConfig(keep_recent_tokens=90_000)
-    assert keep_recent_budget(100_000, tight) == (100_000 - 16_384) // 2
+    assert keep_recent_budget(100_000, tight) == (100_000 - 12_500) // 2
     assert keep_recent_budget(None, CompactionConfig(max_tokens=10_000)) == 5_000
     # Emergency keeps window / 5; a manual override wins but is clamped too.
     assert keep_recent_budget(200_000, CONFIG, emergency=True) == 40_000

@@ -22,6 +22,7 @@ from runtime.context.estimate import (
     context_stats,
     effective_limit,
     estimate_context,
+    reserve_tokens,
     should_compact,
 )
 from runtime.messages import Message, StopReason, Usage, assistant, tool_result, user
@@ -131,7 +132,7 @@ def test_only_messages_after_the_response_are_counted() -> None:
 
 
 def test_effective_limit_and_threshold() -> None:
-    config = CompactionConfig()  # reserve 16,384, threshold 0.8
+    config = CompactionConfig()  # reserve 16,384 (at most an eighth of the window), threshold 0.8
     assert effective_limit(200_000, config) == 200_000 - 16_384
     assert compaction_threshold(200_000, config) == int(0.8 * (200_000 - 16_384))
     # No window: the configured max tokens, or no token limit at all.
@@ -139,8 +140,23 @@ def test_effective_limit_and_threshold() -> None:
     assert effective_limit(None, CompactionConfig(max_tokens=50_000)) == 50_000
     # max_tokens also caps a known window's limit.
     assert effective_limit(200_000, CompactionConfig(max_tokens=50_000)) == 50_000
-    # A window smaller than twice the reserve keeps at least half of itself.
-    assert effective_limit(8_192, config) == 4_096
+    # A window smaller than twice a configured reserve keeps at least half of itself.
+    assert effective_limit(8_192, CompactionConfig(reserve_tokens=16_384)) == 4_096
+
+
+def test_the_automatic_reserve_is_an_eighth_of_a_small_window_so_it_compacts_late_enough() -> None:
+    """design §5.1: 16,384 tokens for an answer, at most an eighth of the window. A 32,000-token window
+    compacts at 22,400 tokens (it compacted at 12,800 with half of itself reserved); a configured reserve
+    is taken as it is, at most half the window."""
+    auto = CompactionConfig()
+    assert reserve_tokens(200_000, auto) == 16_384
+    assert reserve_tokens(128_000, auto) == 16_000
+    assert reserve_tokens(32_000, auto) == 4_000
+    assert compaction_threshold(32_000, auto) == 22_400
+    assert reserve_tokens(2_048, auto) == 256  # llama.cpp's small default slot
+    assert reserve_tokens(32_000, CompactionConfig(reserve_tokens=16_384)) == 16_000
+    assert reserve_tokens(200_000, CompactionConfig(reserve_tokens=16_384)) == 16_384
+    assert reserve_tokens(32_000, CompactionConfig(reserve_tokens=0)) == 0
 
 
 def test_should_compact_at_the_threshold() -> None:

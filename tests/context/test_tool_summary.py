@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import pytest
 
 from runtime import messages as m
+from runtime.config import CompactionConfig
 from runtime.context.prompts import TOOL_SUMMARY_PREFIX
 from runtime.context.tool_summary import (
+    archive_bounds,
     finish_tool_archive,
     plan_tool_archive,
     plan_tool_output_clearing,
@@ -66,6 +69,23 @@ def test_an_archive_waits_until_it_frees_what_breaking_the_cache_costs() -> None
     plan = plan_tool_archive(many, cutoff=10, strategy="heuristic", min_freed=1_000, count=count)
     assert plan is not None and plan.results == 20
     assert sum(count(msg) for msg in plan.archived) >= 1_000
+
+
+def test_with_a_cache_an_archive_is_made_only_in_the_first_half_of_the_way_to_the_compaction() -> None:
+    """design §5.9: while the provider caches, an archive must free a quarter of the window and is not made
+    once the context is half way to the compaction threshold (the compaction near it sheds the same results
+    from the cached prefix); a configured minimum, no cache or no automatic compaction: no such bound."""
+    auto = CompactionConfig()
+    assert archive_bounds(32_000, auto, caching=True) == (8_000, 11_200)  # threshold 22,400
+    assert archive_bounds(128_000, auto, caching=True) == (32_000, 44_800)
+    assert archive_bounds(32_000, auto, caching=False) == (0, None)
+    assert archive_bounds(32_000, CompactionConfig(archive_min_freed_tokens=0), caching=True) == (0, None)
+    assert archive_bounds(32_000, CompactionConfig(auto=False), caching=True) == (8_000, None)
+    history = tool_steps(30)
+    plan = partial(plan_tool_archive, history, cutoff=10, strategy="heuristic")
+    assert plan(tokens=11_199, below=11_200) is not None
+    assert plan(tokens=11_200, below=11_200) is None
+    assert plan(tokens=10**6, below=None) is not None
 
 
 def test_oldest_steps_are_archived_down_to_the_cutoff() -> None:

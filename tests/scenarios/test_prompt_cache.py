@@ -80,7 +80,10 @@ def test_a_long_tool_heavy_session_reads_from_the_cache_what_automatic_caching_a
         assert summary.body["tools"] == agent[0].body["tools"]
     total = sum(r.prompt_tokens for r in requests)
     cached = sum(r.cached_tokens for r in requests)
-    assert cached / total >= 0.75, cached / total
+    # At 32,000 tokens the session compacts at 22,400 (an eighth of the window reserved, design §5.1) and
+    # leaves old tool results to the compaction rather than archiving them near it (§5.9): 90% here (83%
+    # with half the window reserved; 85% archiving on the way).
+    assert cached / total >= 0.88, cached / total
 
     # The session's usage is what the provider said, its summarizer's calls included, and its cost is priced
     # cache-aware from litellm's map.
