@@ -161,7 +161,8 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     """Token usage of one provider response, normalized across providers.
 
     ``input_tokens`` is the whole prompt; ``cache_read_tokens`` and ``cache_write_tokens`` are the parts of
-    it read from and written to the provider's cache. ``cost`` is the response's cost in USD (what the
+    it read from and written to the provider's cache, ``cache_write_1h_tokens`` the part of the writes kept
+    for an hour (Anthropic's ``ttl: "1h"``, billed at its own rate; the rest for 5 minutes). ``cost`` is the response's cost in USD (what the
     provider stamped, else priced from litellm's map), ``costs`` its split by kind of token (priced from the
     map; None when the model has no prices there).
     """
@@ -171,6 +172,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     reasoning_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     cost: float | None = None
     transport: str | None = None
     """The gateway transport that made the call (``litellm``, ``openai_compat``); kept by a sum only when
@@ -199,6 +201,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            cache_write_1h_tokens=self.cache_write_1h_tokens + other.cache_write_1h_tokens,
             cost=cost,
             transport=self.transport if self.transport == other.transport else None,
             costs=costs,

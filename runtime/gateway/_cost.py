@@ -26,6 +26,13 @@ class Rates(msgspec.Struct, frozen=True):
     output: float
     cache_read: float
     cache_write: float
+    cache_write_1h: float | None = None
+    """A write kept for an hour (Anthropic bills it at 2x input, a 5-minute write at 1.25x): the map's
+    ``cache_creation_input_token_cost_above_1hr``; None when it has none (then at ``cache_write``)."""
+
+    @property
+    def hour_write(self) -> float:
+        return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
 
 
 class Prices(msgspec.Struct, frozen=True):
@@ -45,6 +52,7 @@ class Prices(msgspec.Struct, frozen=True):
             if usage.input_tokens > threshold:
                 rates = tier
         uncached = max(0, usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens)
+        hour = min(usage.cache_write_1h_tokens, usage.cache_write_tokens)
         if self.reasoning is not None and usage.reasoning_tokens:
             reasoning = min(usage.reasoning_tokens, usage.output_tokens)
             completion = (usage.output_tokens - reasoning) * rates.output + reasoning * self.reasoning
@@ -53,7 +61,7 @@ class Prices(msgspec.Struct, frozen=True):
         return CostSplit(
             input=uncached * rates.input,
             cache_read=usage.cache_read_tokens * rates.cache_read,
-            cache_write=usage.cache_write_tokens * rates.cache_write,
+            cache_write=(usage.cache_write_tokens - hour) * rates.cache_write + hour * rates.hour_write,
             output=completion,
             without_cache=usage.input_tokens * rates.input + completion,
         )
@@ -115,11 +123,13 @@ def _rates(info: Mapping[str, Any], suffix: str, *, fallback: Rates | None = Non
     input_rate = given if given is not None else base.input
     read = _price(info.get(f"cache_read_input_token_cost{suffix}"))
     write = _price(info.get(f"cache_creation_input_token_cost{suffix}"))
+    hour = _price(info.get(f"cache_creation_input_token_cost_above_1hr{suffix}"))
     return Rates(
         input=input_rate,
         output=taken if taken is not None else base.output,
         cache_read=read if read is not None else (base.cache_read if fallback else input_rate),
         cache_write=write if write is not None else (base.cache_write if fallback else input_rate),
+        cache_write_1h=hour if hour is not None else base.cache_write_1h,
     )
 
 

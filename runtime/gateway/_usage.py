@@ -25,12 +25,16 @@ def normalize_usage(raw: Any, *, cost: float | None = None) -> Usage:
     cache_write = _int(field(raw, "cache_creation_input_tokens")) or _int(
         field(prompt_details, "cache_creation_tokens")
     )
+    # The writes kept for an hour: Anthropic's ``cache_creation`` split, as litellm carries it or as sent
+    by_ttl = field(prompt_details, "cache_creation_token_details") or field(raw, "cache_creation")
+    hour = min(cache_write, _int(field(by_ttl, "ephemeral_1h_input_tokens")))
     return Usage(
         input_tokens=prompt,
         output_tokens=completion,
         reasoning_tokens=reasoning,
         cache_read_tokens=cache_read,
         cache_write_tokens=cache_write,
+        cache_write_1h_tokens=hour,
         cost=cost,
     )
 

@@ -853,6 +853,57 @@ def test_a_cost_stamped_on_the_usage_is_taken_as_it_is() -> None:
     assert usage_with_cost(None, prices, "x").cost is None
 
 
+def test_an_hours_cache_writes_are_priced_at_the_hour_rate_as_litellm_prices_them() -> None:
+    """Anthropic bills a write kept for an hour at 2x input, one kept 5 minutes at 1.25x: usage that says
+    how many were written for an hour (``cache_creation``: the native transport's and litellm's) costs what
+    litellm's own ``cost_per_token`` says, which prices each lifetime from its map."""
+    import litellm
+    from litellm.types.utils import CacheCreationTokenDetails, PromptTokensDetailsWrapper
+
+    from runtime.gateway._cost import prices_for
+    from runtime.gateway._usage import normalize_usage
+    from runtime.gateway.transports.anthropic import raw_usage
+
+    prices = prices_for(litellm, "claude-sonnet-4-5")
+    assert prices is not None
+    rates = prices.base
+    assert rates.hour_write == pytest.approx(2 * rates.input) and rates.cache_write == pytest.approx(
+        1.25 * rates.input
+    )
+    details = CacheCreationTokenDetails(ephemeral_5m_input_tokens=500, ephemeral_1h_input_tokens=1500)
+    usage = litellm.Usage(
+        prompt_tokens=5000,
+        completion_tokens=50,
+        total_tokens=5050,
+        prompt_tokens_details=PromptTokensDetailsWrapper(
+            cached_tokens=1000, cache_creation_tokens=2000, cache_creation_token_details=details
+        ),
+        cache_creation_input_tokens=2000,
+        cache_read_input_tokens=1000,
+    )
+    prompt_cost, completion_cost = litellm.cost_per_token(model="claude-sonnet-4-5", usage_object=usage)
+    ours = normalize_usage(usage)
+    assert (ours.cache_write_tokens, ours.cache_write_1h_tokens) == (2000, 1500)
+    assert prices.cost(ours) == pytest.approx(prompt_cost + completion_cost, rel=1e-9)
+    assert prices.split(ours).cache_write == pytest.approx(500 * rates.cache_write + 1500 * rates.hour_write)
+    # the same usage as Anthropic's Messages API sends it, read by the native transport
+    native = normalize_usage(
+        raw_usage(
+            {
+                "input_tokens": 2000,
+                "output_tokens": 50,
+                "cache_read_input_tokens": 1000,
+                "cache_creation_input_tokens": 2000,
+                "cache_creation": {"ephemeral_5m_input_tokens": 500, "ephemeral_1h_input_tokens": 1500},
+            }
+        )
+    )
+    assert native.cache_write_1h_tokens == 1500
+    assert prices.cost(native) == pytest.approx(prompt_cost + completion_cost, rel=1e-9)
+    # a sum of usages keeps the split
+    assert (ours + native).cache_write_1h_tokens == 3000
+
+
 @pytest.mark.parametrize(
     "model",
     [

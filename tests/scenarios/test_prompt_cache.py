@@ -146,6 +146,26 @@ def test_anthropic_breakpoints_are_at_most_four_never_short_and_read_the_session
     assert usage.cache_read_tokens == sum(r.cached_tokens for r in requests)
 
 
+def test_an_anthropic_session_caching_for_an_hour_pays_the_hour_rate_for_its_writes(
+    provider: LocalProvider, tmp_path: Any
+) -> None:
+    """``gateway.cache_ttl = "1h"``: the breakpoints ask Anthropic to keep prefixes an hour, which it bills at
+    2x input rather than a 5-minute write's 1.25x; the session's cost counts each write at that rate."""
+    model = "anthropic/claude-sonnet-4-5"
+    config = Config().with_overrides({"gateway.cache_ttl": "1h"})
+    with Runtime(config, sessions_dir=tmp_path) as rt:
+        sid = run(rt, provider, model, provider.url.removesuffix("/v1"), turns=3)
+        usage = rt.usage(sid)
+    requests = [r for r in provider.request_log if r.outcome == "ok"]
+    assert usage.cache_write_tokens == sum(r.cache_write_tokens for r in requests) > 0
+    assert usage.cache_write_1h_tokens == usage.cache_write_tokens  # every breakpoint asked for an hour
+    prices = prices_from_info(load_litellm().model_cost["claude-sonnet-4-5"])
+    assert prices is not None and prices.base.cache_write_1h is not None
+    assert usage.costs is not None
+    assert usage.costs.cache_write == pytest.approx(usage.cache_write_tokens * prices.base.cache_write_1h)
+    assert prices.base.cache_write_1h > prices.base.cache_write
+
+
 def test_a_changed_system_prompt_a_model_switch_and_a_compaction_are_reported_as_cache_breaks(
     provider: LocalProvider, tmp_path: Any
 ) -> None:

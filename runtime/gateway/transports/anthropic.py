@@ -99,20 +99,24 @@ class _Answer:
         )
 
 
-def raw_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+def raw_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     """Anthropic's usage in the shape :func:`~runtime.gateway._usage.normalize_usage` reads: the prompt is the
-    uncached input plus what was read from and written to the cache."""
+    uncached input plus what was read from and written to the cache (of which ``cache_creation`` says what
+    was written for an hour)."""
 
     def count(key: str) -> int:
         value = usage.get(key)
         return value if isinstance(value, int) and value > 0 else 0
 
     read, write = count("cache_read_input_tokens"), count("cache_creation_input_tokens")
+    by_ttl = usage.get("cache_creation")
+    hour = by_ttl.get("ephemeral_1h_input_tokens") if isinstance(by_ttl, Mapping) else None
     return {
         "prompt_tokens": count("input_tokens") + read + write,
         "completion_tokens": count("output_tokens"),
         "cache_read_input_tokens": read,
         "cache_creation_input_tokens": write,
+        "cache_creation": {"ephemeral_1h_input_tokens": hour if isinstance(hour, int) and hour > 0 else 0},
     }
 
 
