@@ -7,7 +7,9 @@
   ``anthropic-version`` header, and a key in ``x-api-key`` (or ``authorization: Bearer``). Every
   ``tool_use`` needs its ``tool_result`` in the next user turn, and a ``tool_result`` its ``tool_use``.
 - **Thinking** comes back as a ``thinking`` block with a ``signature``; a thinking block sent back must carry
-  the signature the provider gave that very thinking, else a 400 (Anthropic rejects a changed one).
+  the signature the provider gave that very thinking, else a 400 (Anthropic rejects a changed one). With
+  ``thinking`` enabled, the assistant message whose tool calls the request's last message answers must start
+  with its thinking block, else a 400 (Anthropic's rule for a tool loop).
 - **Caching** by Anthropic's rules (:mod:`runtime.provider.prompt_cache`): only a prefix that ends at a
   ``cache_control`` breakpoint, at most 4 (a 5th is a 400), at least the model's minimum
   (``LocalProvider.cache_min_tokens`` overrides it), for 5 minutes or an hour. Usage reports
@@ -205,6 +207,9 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
             _check_block(block, role, f"messages.{i}.content.{j}", signer)
         messages.append((role, blocks))
     _check_tool_pairs(messages)
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        _check_thinking_leads(messages)
     raw_tools = body.get("tools") or []
     if not isinstance(raw_tools, list):
         raise _bad("tools: Input should be a valid list")
@@ -298,6 +303,26 @@ def _check_tool_pairs(messages: list[tuple[str, list[dict[str, Any]]]]) -> None:
                 f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` blocks: {stray[0]}. Each "
                 "`tool_result` block must have a corresponding `tool_use` block in the previous message."
             )
+
+
+def _check_thinking_leads(messages: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """With thinking enabled, the assistant message whose tool calls the final user message answers must
+    start with its thinking (the block the model gave, sent back), as Anthropic requires: else its 400."""
+    if len(messages) < 2:
+        return
+    role, blocks = messages[-1]
+    if role != "user" or not any(b.get("type") == "tool_result" for b in blocks):
+        return
+    index = len(messages) - 2
+    before, content = messages[index]
+    first = content[0].get("type") if content else None
+    if before == "assistant" and first not in ("thinking", "redacted_thinking"):
+        raise _bad(
+            f"messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. "
+            "When `thinking` is enabled, a final `assistant` message must start with a thinking block "
+            "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
+            "thinking blocks from previous turns. To avoid this requirement, disable `thinking`."
+        )
 
 
 # -- the same request in the chat format (for the policy, responders and the counter) ------------------------

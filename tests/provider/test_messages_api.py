@@ -115,6 +115,36 @@ def test_a_changed_thinking_or_signature_is_refused_as_anthropic_refuses_it(
             )
 
 
+def test_with_thinking_enabled_a_tool_loops_assistant_message_must_start_with_its_thinking(
+    provider: LocalProvider, client: anthropic.Anthropic
+) -> None:
+    """Anthropic's rule: with ``thinking`` enabled, the assistant message whose ``tool_use`` the last message
+    answers must start with its thinking block (sent back as given): without it, a 400; with it, or with
+    thinking off, the loop goes on."""
+    provider.add_script("claude-k", tool_turns(), loop=True)
+    enabled: Any = {"type": "enabled", "budget_tokens": 1024}
+    first = [{"role": "user", "content": "What does a.txt say?"}]
+    message = client.messages.create(
+        model="claude-k", max_tokens=2048, tools=TOOLS, messages=first, thinking=enabled
+    )
+    thinking, call = (b.model_dump(exclude_none=True) for b in message.content)
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "hi"}],
+    }
+    bare = [*first, {"role": "assistant", "content": [call]}, result]
+    with pytest.raises(anthropic.BadRequestError, match="must start with a thinking block") as refused:
+        client.messages.create(
+            model="claude-k", max_tokens=2048, tools=TOOLS, messages=bare, thinking=enabled
+        )
+    assert refused.value.status_code == 400 and "messages.1.content.0.type" in str(refused.value)
+    whole = [*first, {"role": "assistant", "content": [thinking, call]}, result]
+    assert client.messages.create(
+        model="claude-k", max_tokens=2048, tools=TOOLS, messages=whole, thinking=enabled
+    ).content
+    assert client.messages.create(model="claude-k", max_tokens=2048, tools=TOOLS, messages=bare).content
+
+
 def test_only_a_prefix_ending_at_a_breakpoint_is_cached_and_usage_splits_reads_writes_and_the_rest(
     provider: LocalProvider, client: anthropic.Anthropic
 ) -> None:
