@@ -84,7 +84,7 @@ class CompactionConfig(_Section, frozen=True, forbid_unknown_fields=True):
     auto: bool = True  # 5.1
     mode: Literal["summarize", "hard_reset", "truncate"] = "summarize"  # 5.8
     threshold: Fraction = 0.80  # 5.1
-    reserve_tokens: NonNegInt | None = None  # 5.1: None = auto (16,384, at most window / 8)
+    reserve_tokens: NonNegInt | None = None  # 5.1: None = auto (16,384, at most window / 8, at least 1,024)
     max_tokens: PosInt | None = None  # 5.1: used when the window is unknown
     max_messages: PosInt | None = None  # 5.1: message-count trigger, off by default
     keep_recent_tokens: PosInt | None = None  # 5.2: None = auto (window / 4)

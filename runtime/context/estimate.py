@@ -32,6 +32,7 @@ __all__ = [
     "CONFIGURED",
     "ESTIMATED",
     "MIN_ANSWER_TOKENS",
+    "MIN_RESERVE_TOKENS",
     "RESERVE_TOKENS",
     "RESERVE_WINDOW_DIVISOR",
     "UNTRUSTED_STOP_REASONS",
@@ -144,15 +145,20 @@ RESERVE_TOKENS: Final = 16_384
 RESERVE_WINDOW_DIVISOR: Final = 8
 """The automatic reserve is at most this fraction of the window: a small window keeps the same share for its
 answer as a large one, instead of giving half of itself to it (a 32,000 window compacting at 12,800)."""
+MIN_RESERVE_TOKENS: Final = 1_024
+"""... and at least this (at most half the window): room for one answer or tool call whatever the window,
+and for the error of a count made with another model's tokenizer (a tiny window's reserve is as before)."""
 
 
 def reserve_tokens(window: int, config: CompactionConfig) -> int:
     """The output buffer kept free below the window (design §5.1): automatically :data:`RESERVE_TOKENS`, at
-    most an eighth of the window; a configured ``reserve_tokens``, at most half the window (so a small model
-    still has room for a conversation)."""
+    most an eighth of the window but at least :data:`MIN_RESERVE_TOKENS`; a configured ``reserve_tokens`` as
+    it is. Either at most half the window (so a small model still has room for a conversation)."""
     if config.reserve_tokens is None:
-        return min(RESERVE_TOKENS, window // RESERVE_WINDOW_DIVISOR)
-    return min(config.reserve_tokens, window // 2)
+        reserve = max(MIN_RESERVE_TOKENS, min(RESERVE_TOKENS, window // RESERVE_WINDOW_DIVISOR))
+    else:
+        reserve = config.reserve_tokens
+    return min(reserve, window // 2)
 
 
 MIN_ANSWER_TOKENS: Final = 32

@@ -145,15 +145,18 @@ def test_effective_limit_and_threshold() -> None:
 
 
 def test_the_automatic_reserve_is_an_eighth_of_a_small_window_so_it_compacts_late_enough() -> None:
-    """design §5.1: 16,384 tokens for an answer, at most an eighth of the window. A 32,000-token window
-    compacts at 22,400 tokens (it compacted at 12,800 with half of itself reserved); a configured reserve
-    is taken as it is, at most half the window."""
+    """design §5.1: 16,384 tokens for an answer, at most an eighth of the window, at least 1,024 (at most
+    half the window). A 32,000-token window compacts at 22,400 tokens (it compacted at 12,800 with half of
+    itself reserved); a tiny one keeps the reserve it had; a configured reserve is taken as it is, at most
+    half the window."""
     auto = CompactionConfig()
     assert reserve_tokens(200_000, auto) == 16_384
     assert reserve_tokens(128_000, auto) == 16_000
     assert reserve_tokens(32_000, auto) == 4_000
     assert compaction_threshold(32_000, auto) == 22_400
-    assert reserve_tokens(2_048, auto) == 256  # llama.cpp's small default slot
+    assert reserve_tokens(8_000, auto) == 1_024
+    assert reserve_tokens(2_048, auto) == 1_024  # llama.cpp's small default slot: as before
+    assert reserve_tokens(1_024, auto) == 512
     assert reserve_tokens(32_000, CompactionConfig(reserve_tokens=16_384)) == 16_000
     assert reserve_tokens(200_000, CompactionConfig(reserve_tokens=16_384)) == 16_384
     assert reserve_tokens(32_000, CompactionConfig(reserve_tokens=0)) == 0

@@ -226,7 +226,7 @@ def test_a_summary_longer_than_the_room_left_is_clipped_to_fit_and_kept_whole(
     second = rt.prompt(sid, "Something small now.").result(timeout=60)
     assert (second.status, second.text) == ("ok", "fine"), second.error
     (end,) = recorder.of("compaction_end", sid)
-    limit = rt.context_stats(sid).limit  # window - reserve: 1,750
+    limit = rt.context_stats(sid).limit  # window - reserve
     assert end.tokens_after <= limit < end.tokens_before
     summary = next(m for m in rt.messages(sid, view="model") if m.kind == "compaction_summary")
     kept = SessionDirectory(sessions_dir).compaction_artifacts(sid, 1)[1]
