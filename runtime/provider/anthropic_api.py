@@ -714,6 +714,7 @@ class MessagesEndpoint:
         if delay > 0:
             await asyncio.sleep(delay)
         log(200, "ok", PromptCount(prompt_tokens, use.read, use.write), source)
+        turn = provider._counter.cut(turn, parsed.max_tokens)
         output, _ = provider._counter.completion(
             turn.text, turn.reasoning, [(spec.name, spec.arguments) for spec in turn.tool_calls]
         )

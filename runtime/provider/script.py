@@ -95,6 +95,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     prompt_tokens: int | None = None
     """Report this many prompt tokens instead of the exact count: a provider that miscounts, or silently
     truncates an input larger than its window."""
+    ignore_max_tokens: bool = False
+    """Answer in full past the request's ``max_tokens`` (by default the answer is cut there and ends
+    ``length``, as a real server stops a model): a provider that does not honour the cap."""
 
     @property
     def effective_finish_reason(self) -> str:

@@ -407,6 +407,7 @@ class LocalProvider:
         if delay > 0:
             await asyncio.sleep(delay)
         log(200, "ok", count, source)
+        turn = self._counter.cut(turn, body.get("max_completion_tokens") or body.get("max_tokens"))
         reply = _Reply(turn, model, count, self._counter, self.reasoning_field)
         if not stream:
             return json_response(200, reply.completion(), limit_headers or None)

@@ -25,6 +25,8 @@ from typing import Any, Final
 import msgspec
 import tiktoken
 
+from runtime.provider.script import Turn
+
 MESSAGE_OVERHEAD: Final = 3
 REPLY_PRIMING: Final = 3
 NAME_OVERHEAD: Final = 1
@@ -153,6 +155,30 @@ class TokenCounter:
         while len(self._seen_prefixes) > self._max_entries:
             self._seen_prefixes.popitem(last=False)
         return PromptCount(prompt_tokens=running + REPLY_PRIMING, cached_tokens=cached)
+
+    def head(self, text: str, tokens: int) -> str:
+        """The first ``tokens`` tokens of ``text``."""
+        if tokens <= 0:
+            return ""
+        encoded = self._enc.encode(text, disallowed_special=())
+        return text if len(encoded) <= tokens else self._enc.decode(encoded[:tokens])
+
+    def cut(self, turn: Turn, max_tokens: object) -> Turn:
+        """``turn`` as a model stopped at ``max_tokens`` (a positive int; anything else: no cap) gives it:
+        unchanged when it fits or ignores the cap (:attr:`Turn.ignore_max_tokens`); else its reasoning, then its text, to the cap, no tool calls (a call cut
+        midway is no call) and the finish reason ``length``, as llama.cpp, vLLM and OpenAI stop."""
+        if turn.ignore_max_tokens or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            return turn
+        if max_tokens <= 0:
+            return turn
+        calls = [(spec.name, spec.arguments) for spec in turn.tool_calls]
+        if self.completion(turn.text, turn.reasoning, calls)[0] <= max_tokens:
+            return turn
+        reasoning = self.head(turn.reasoning, max_tokens)
+        text = self.head(turn.text, max_tokens - self.text(reasoning))
+        return msgspec.structs.replace(
+            turn, reasoning=reasoning, text=text, tool_calls=(), finish_reason="length"
+        )
 
     def completion(self, text: str, reasoning: str, tool_calls: Sequence[tuple[str, str]]) -> tuple[int, int]:
         """``(completion_tokens, reasoning_tokens)`` of a reply; ``tool_calls`` are (name, arguments) pairs."""

@@ -40,6 +40,20 @@ def test_max_output_tokens_caps_the_answer_and_a_cut_answer_is_incomplete(
     assert answer_cap(bodies(provider, model)[-1]) != 16  # the cap was that response's only
 
 
+def test_an_answer_the_model_would_write_past_the_cap_is_cut_there_and_incomplete(
+    client: openai.OpenAI, script: Any
+) -> None:
+    """The local provider stops a model at ``max_tokens`` as a real server does (the answer is scripted
+    whole, the cut is the provider's own)."""
+    long = "Once upon a time, in a lighthouse by the sea, there lived a keeper who counted the waves. " * 8
+    model = script(Turn(text=long))
+    cut = client.responses.create(model=model, input="Tell me everything.", max_output_tokens=16)
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage is not None and cut.usage.output_tokens == 16
+    assert cut.output_text and long.startswith(cut.output_text) and len(cut.output_text) < len(long)
+
+
 def test_the_smaller_of_the_clients_cap_and_the_runtimes_is_asked_for() -> None:
     options = TurnOptions(max_output_tokens=500)
     assert options.answer_cap(None) == 500  # the runtime asks for nothing: the client's cap

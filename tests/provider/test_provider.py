@@ -100,6 +100,40 @@ def test_scripted_reply_with_reasoning_and_tool_calls_has_exact_usage(
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+@pytest.mark.parametrize("cap_field", ["max_tokens", "max_completion_tokens"])
+def test_an_answer_longer_than_max_tokens_is_cut_there_and_ends_length(
+    provider: LocalProvider, client: httpx.Client, cap_field: str
+) -> None:
+    """As a real server stops a model at the request's cap: the first tokens, ``length``, no tool call."""
+    text = "The lighthouse stands on a rock where the river meets the sea, and its lamp turns all night."
+    call = ToolCallSpec(name="read_file", arguments='{"path": "a"}')
+    provider.add_script(f"cut-{cap_field}", [Turn(text=text, tool_calls=(call,)), Turn(text=text)])
+    messages = [{"role": "user", "content": "Tell me about lighthouses."}]
+    body = chat(client, f"cut-{cap_field}", messages, **{cap_field: 5}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and not choice["message"].get("tool_calls")
+    assert choice["message"]["content"] == ENC.decode(ENC.encode(text)[:5])
+    assert body["usage"]["completion_tokens"] == 5
+    whole = chat(
+        client, f"cut-{cap_field}", messages, **{cap_field: 500}
+    ).json()  # room to spare: as scripted
+    assert (
+        whole["choices"][0]["finish_reason"] == "stop" and whole["choices"][0]["message"]["content"] == text
+    )
+    provider.add_script("cut-stream", [Turn(text=text)])
+    streamed = sse_events(
+        client.post(
+            "/chat/completions",
+            json={"model": "cut-stream", "messages": messages, "stream": True, cap_field: 5},
+        )
+    )
+    chunks = [e for e in streamed if e != "[DONE]" and e["choices"]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ENC.decode(
+        ENC.encode(text)[:5]
+    )
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_tools_are_counted_in_the_prompt(provider: LocalProvider, client: httpx.Client) -> None:
     tools = [
         {

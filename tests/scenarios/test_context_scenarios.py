@@ -217,7 +217,9 @@ def test_a_summary_longer_than_the_room_left_is_clipped_to_fit_and_kept_whole(
     reads = tuple(ToolCallSpec(name="read_file", arguments=f'{{"path": "mod{i}.py"}}') for i in range(6))
     model = script(Turn(tool_calls=reads), Turn(text="fine"))
     lines = [f"- step {i}: read module {i} and noted what each of its functions returns" for i in range(300)]
-    summarizer = script(Turn(text="## Goal\nRead the modules.\n\n## Progress\n" + "\n".join(lines)))
+    summarizer = script(
+        Turn(text="## Goal\nRead the modules.\n\n## Progress\n" + "\n".join(lines), ignore_max_tokens=True)
+    )
     windows = {model: 2_000, summarizer: 32_000}
     sid = session(
         model, config={"models.context_windows": windows, "compaction.summarizer_model": summarizer}
