@@ -390,6 +390,7 @@ class Session:
             header=self.header(),  # a log on disk wins; without one (never used) this starts it
             publish=services.bus.publish,
             fsync=spec.config.persistence.fsync,
+            turns=services.turns,
             dispatcher=services.dispatcher,
         )
         return ref

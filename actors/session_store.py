@@ -63,6 +63,7 @@ from actors.protocol import (
 from runtime import events as ev
 from runtime.actor import PooledActor
 from runtime.actor._pykka import ActorStop
+from runtime.context.integrity import unfinished_turn
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
@@ -70,6 +71,7 @@ from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay, signature
 from runtime.store.sessions import SessionDirectory, SessionLock
 from runtime.store.tree import TURN_ENDED_KEY, NeedsHistory, SessionTree
+from runtime.store.turns import TurnJournal
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
 log = logging.getLogger("agentcell.store")
@@ -175,7 +177,8 @@ class SessionStore(PooledActor):
     write, the header first); with a log on disk (a restart) the log wins. ``header=None`` resumes and
     fails with :class:`~runtime.errors.SessionNotFound` when there is no log. ``fsync`` overrides the
     writer's policy for this session; ``estimator`` (e.g. a token counter's
-    ``count_messages``) fills :attr:`ContextView.estimated_tokens`.
+    ``count_messages``) fills :attr:`ContextView.estimated_tokens`. ``turns``: the runtime's open-turns
+    journal, told when a turn starts (before its start record is queued) and once its end is in the log.
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class SessionStore(PooledActor):
         *,
         fsync: FsyncPolicy | None = None,
         estimator: Estimator | None = None,
+        turns: TurnJournal | None = None,
     ) -> None:
         super().__init__()
         self.session_id = validate_session_id(session_id)
@@ -195,6 +199,8 @@ class SessionStore(PooledActor):
         self.writer = writer
         self.publish = publish
         self.estimator = estimator
+        self.turns = turns
+        self._fsync = fsync
         self._header = header
         self._log = SessionLog(directory.log_path(session_id), writer, fsync=fsync)
         self._tree = SessionTree()
@@ -295,6 +301,7 @@ class SessionStore(PooledActor):
         if tree is not None or entries:
             self._tree = tree if tree is not None else replay(path, entries)
             self._tree.trim()
+            self._settle()
             return
         # No log, or one that died before its header was written: a new session.
         if self._header is None:
@@ -304,6 +311,18 @@ class SessionStore(PooledActor):
         header = msgspec.structs.replace(self._header, config=scrub_secrets(self._header.config))
         self._tree = SessionTree(header)
         self._unwritten = header  # the log file is created with the first entry worth keeping
+        self._settle()
+
+    def _settle(self) -> None:
+        """A session the journal of open turns lists (design §3.12) whose log shows no turn under way is
+        dropped from it (the line of its turn's end was lost with its process)."""
+        turns = self.turns
+        if (
+            turns is not None
+            and self.session_id in turns
+            and not unfinished_turn(self._tree.context_snapshot(), self._tree.turn_ended_at)
+        ):
+            turns.settled(self.session_id)
 
     def on_stop(self) -> None:
         self._close_log()
@@ -373,6 +392,8 @@ class SessionStore(PooledActor):
                 _check_appendable(tree, batch, parent_id)  # all or nothing
                 for step in message.steps:
                     tree.apply(step)
+                    if step.kind == "turn" and self.turns is not None:  # (its line goes before the record)
+                        self.turns.opened(self.session_id, self._fsync)
                 appended = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
                 entries: tuple[Entry, ...] = (*message.steps, *appended)
                 self._write(entries, reply_to, self.view() if with_view else None)
@@ -386,6 +407,8 @@ class SessionStore(PooledActor):
                 self._sync(reply_to)
             case RecordStep(step=step, reply_to=reply_to):
                 tree.apply(step)
+                if step.kind == "resumed" and self.turns is not None:  # a turn taken up is open here now
+                    self.turns.opened(self.session_id, self._fsync)
                 self._write((step,), reply_to, restart_on_failure=False)
             case RecordCompaction():
                 entry = tree.record_compaction(
@@ -553,12 +576,16 @@ class SessionStore(PooledActor):
         if reply_to is None and answer:
             future = self.defer_reply()
         session_id, publish, path = self.session_id, self.publish, str(self._log.path)
+        turns = self.turns
+        mark = turns.mark(session_id) if turns is not None else None  # the turn this sync ends
 
         def done(error: Exception | None) -> None:
             if error is not None:
                 publish(
                     ev.PersistenceFailed(session_id=session_id, ts=time.time(), path=path, error=str(error))
                 )
+            elif mark is not None and turns is not None:  # its end is in the log: no longer open
+                turns.closed(session_id, mark)
             _settle(reply_to, future, Stored(session_id, error=None if error is None else str(error)), error)
 
         self._log.sync(done)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from runtime.gateway import Gateway
     from runtime.observability.tracing import Tracing
     from runtime.store.sessions import SessionDirectory
+    from runtime.store.turns import TurnJournal
     from runtime.store.writer import LogWriter
     from runtime.tools.executor import ToolExecutor
     from runtime.tools.mcp import McpHub, McpServers
@@ -65,6 +66,7 @@ class Services:
     approvals: ApprovalBroker
     tracing: Tracing | None = None  # OpenTelemetry spans (design §7.5); None: the runtime does not trace
     mcp: McpHub | None = None
+    turns: TurnJournal | None = None  # which sessions have a turn under way (design §3.12)
     awake: set[Any] = field(default_factory=set)  # the sessions whose actors run (what hibernation looks at)
 
 

@@ -1,9 +1,9 @@
 """The shared machinery of a running :class:`~runtime.host.Runtime`: built by ``start``, torn down by ``stop``.
 
 One :class:`Machinery` per start: the dispatcher every pooled actor runs on, the event bus (the transcript
-writer its sink), the I/O loop and gateway, the tool executor, the log writer, the sessions directory and
-this runtime's segment of the sessions index, the MCP hub and tracing (together the actors'
-:class:`~actors.wiring.Services`), the root supervisor, and the reaper thread that hibernates idle sessions
+writer its sink), the I/O loop and gateway, the tool executor, the log writer, the sessions directory,
+this runtime's segment of the sessions index and its journal of open turns, the MCP hub and tracing
+(together the actors' :class:`~actors.wiring.Services`), the root supervisor, and the reaper thread that hibernates idle sessions
 (``persistence.hibernate_after``, design §8). A failed write of a transcript or of the index is told to
 subscribers as ``persistence_failed`` (design §9), not just logged.
 """
@@ -28,6 +28,7 @@ from runtime.observability import tracing_for
 from runtime.store.index import IndexAppender
 from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import LeftOut, TranscriptWriter
+from runtime.store.turns import TurnJournal
 from runtime.store.writer import LogWriter, WriterClosedError
 from runtime.supervisor import Supervisor
 from runtime.tools.executor import ToolExecutor
@@ -83,6 +84,7 @@ class Machinery:
             approvals=ApprovalBroker(self.bus.publish),
             tracing=tracing_for(cfg.telemetry, tracer_provider),
             mcp=(hub := McpHub()),
+            turns=(turns := TurnJournal(self.sessions_path, writer, fsync=cfg.persistence.fsync)),
         )
         if self.services.tracing is not None:
             self.services.tracing.parent_of = self.bus.parent_of  # a sub-agent's turn: under its tool call
@@ -90,6 +92,7 @@ class Machinery:
         self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
         self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
         self.services.directory.ensure()  # (sessions of the flat layout move into their shard folders)
+        self.turns = turns
         self.index = IndexAppender(
             directory.index,
             writer,
@@ -180,6 +183,7 @@ class Machinery:
         self.services.executor.shutdown()
         self.io.stop()
         self.services.writer.close()
+        self.turns.close()  # (deleted when no turn is left open: the writer wrote every end)
         self.services.directory.close()
         self.bus.close()
         self.dispatcher.shutdown()

@@ -139,6 +139,16 @@ class RuntimeAPI(Protocol):
         (``TimeoutError`` past it)."""
         ...
 
+    def interrupted_sessions(self) -> list[str]:
+        """Ids of the stored sessions whose newest turn a runtime cut off when it stopped without ending it
+        (kill -9, a crash, a lost machine) and that no running runtime hosts, sorted: :meth:`resume_session`
+        takes each one's turn up (design §3.12; ``agentcell serve`` does so as it starts). Read from the
+        journals of open turns the runtimes sharing the sessions directory keep (``<sessions>/turns/``),
+        not from the logs: a million idle sessions cost nothing. A journal of a runtime that is gone becomes
+        this runtime's, so a session stays listed here until it is resumed, its turn ends, or another
+        running runtime holds it."""
+        ...
+
     async def aresume_session(self, session_id: str, **kwargs: Any) -> str:
         """:meth:`resume_session` from asyncio (the same arguments), run off the event loop."""
         ...

@@ -319,6 +319,10 @@ class Runtime(RuntimeAPI):
         refs = self._session(session_id).ensure_running()
         return refs.resumed.result(timeout)
 
+    def interrupted_sessions(self) -> list[str]:
+        self._require_started()
+        return self._machinery.turns.interrupted(self._hosting.sessions, self.services.directory.held)
+
     def _session(self, session_id: str) -> Session:
         """The hosted session ``session_id`` (made from its parked record on its first use)."""
         self._require_started()

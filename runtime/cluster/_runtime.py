@@ -477,6 +477,14 @@ class ClusterRuntime(RuntimeAPI):
     async def alist_sessions(self) -> list[SessionInfo]:
         return await asyncio.to_thread(self.list_sessions)
 
+    def interrupted_sessions(self) -> list[str]:
+        # (any shard reads the journals: the sessions directory is shared; one whose runtime is gone becomes
+        # that shard's, and a session resumed on another shard is dropped from it once that shard holds it)
+        with self._fleet.lock:
+            hosted = set(self._fleet.sessions)
+        found: list[str] = self._fleet.any("interrupted_sessions")
+        return [sid for sid in found if sid not in hosted]
+
     def hosted_sessions(self) -> list[str]:
         with self._fleet.lock:
             return list(self._fleet.sessions)

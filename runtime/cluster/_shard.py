@@ -138,6 +138,9 @@ class Shard:
     async def list_sessions(self) -> list[Any]:
         return await asyncio.to_thread(self.runtime.list_sessions)
 
+    async def interrupted_sessions(self) -> list[str]:
+        return await asyncio.to_thread(self.runtime.interrupted_sessions)
+
     async def hosted_sessions(self) -> list[str]:
         return self.runtime.hosted_sessions()
 

@@ -396,6 +396,11 @@ class SessionDirectory:
                 os.close(fd)
         return SessionLock(path, me, self._guard)
 
+    def held(self, session_id: str) -> bool:
+        """Whether a running process holds the session's lock (this one included): a runtime has it open."""
+        owner = _read_owner(self.lock_path(session_id))
+        return owner is not None and (not owner.here or owner.alive())
+
     def delete(self, session_id: str, *, append_index: Callable[[bytes], None] | None = None) -> None:
         """Delete the session's log, transcript, artifacts and spill files, and remove it from the index.
 

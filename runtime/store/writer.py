@@ -77,6 +77,7 @@ class _Op:
     fn: Callable[[str], object] | None = None
     event: threading.Event | None = None
     reset: bool = False
+    first: bool = False  # its file is written before the other files of its round
 
 
 @dataclass(slots=True)
@@ -152,14 +153,18 @@ class LogWriter:
         *,
         fsync: FsyncPolicy | None = None,
         lazy: bool = False,
+        first: bool = False,
     ) -> None:
         """Like :meth:`append`, but the lines are ``take(path)``, asked for on the writer thread when this
         operation's turn comes: a producer can keep adding lines to one queued operation.
 
         A ``lazy`` operation does not wake the writer: it is done with the next operation that does, or
-        ``lazy_delay`` seconds after it was queued (twice that at most), whichever comes first.
+        ``lazy_delay`` seconds after it was queued (twice that at most), whichever comes first. A ``first``
+        one's file is written before the other files of the round that takes it, so its lines are on disk
+        before those queued after it elsewhere (the open-turns journal before a turn's start record).
         """
-        self._put(_Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take), lazy=lazy)
+        op = _Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take, first=first)
+        self._put(op, lazy=lazy)
 
     def sync(self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None) -> None:
         """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end."""
@@ -282,11 +287,16 @@ class LogWriter:
         stats.operations += len(batch)
         per_file: dict[str, list[_Op]] = {}
         barriers: list[_Op] = []
+        first: str | None = None
         for op in batch:
             if op.kind == _BARRIER and not op.path:
                 barriers.append(op)
             else:
                 per_file.setdefault(op.path, []).append(op)
+                if op.first:
+                    first = op.path
+        if first is not None:  # (its file before the others: see append_from)
+            per_file = {first: per_file.pop(first), **per_file}
         for path, ops in per_file.items():
             try:
                 self._process_file(path, ops)

@@ -34,10 +34,11 @@ def mock_config() -> Config:
 
 
 def files(root: Path) -> list[str]:
-    """Every file under ``root`` but the index's segments and the lock guard, relative to ``root``."""
+    """Every file under ``root`` but the runtime's own (the index's segments, the journal of open turns, the
+    lock guard), relative to ``root``."""
     out = []
     for path in root.rglob("*"):
-        if path.is_file() and path.parent.name != "index" and path.name != ".agentcell.lock":
+        if path.is_file() and path.parent.name not in ("index", "turns") and path.name != ".agentcell.lock":
             out.append(str(path.relative_to(root)))
     return sorted(out)
 

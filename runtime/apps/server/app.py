@@ -15,7 +15,7 @@ from runtime.apps.drain import Drain, DrainGate
 from runtime.apps.server.bodies import HttpError
 from runtime.apps.server.guards import BearerAuth, BodyLimit, error_body
 from runtime.apps.server.policy import ServerPolicy
-from runtime.apps.server.sessions import session_routes
+from runtime.apps.server.sessions import TakeUp, session_routes
 from runtime.apps.server.sse import events_endpoint
 from runtime.config import ConfigError
 from runtime.errors import RuntimeStopped, SessionNotFound
@@ -40,6 +40,7 @@ def create_app(
     max_body_bytes: int | None = None,
     metrics_public: bool | None = None,
     drain: Drain | None = None,
+    takes_up: Callable[[TakeUp], object] | None = None,
 ) -> Any:
     """The Starlette application serving ``runtime`` (a ``Runtime`` or a ``ClusterRuntime``); every route
     requires ``token`` (``/metrics`` too, unless ``metrics_public``).
@@ -47,7 +48,9 @@ def create_app(
     ``stopping`` tells open event streams to end (the server is shutting down); with ``drain``, the
     application answers ``/healthz`` and ``/readyz`` and refuses new turns while draining
     (:mod:`runtime.apps.drain`). ``policy``,
-    ``max_body_bytes`` and ``metrics_public`` default to the runtime's ``server.*`` settings.
+    ``max_body_bytes`` and ``metrics_public`` default to the runtime's ``server.*`` settings. ``takes_up``
+    is handed the coroutine function that takes up the turns a stopped server cut off (run it on the
+    application's event loop).
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -116,7 +119,9 @@ def create_app(
             raise HttpError(503, str(exc)) from None
         return Response(body, media_type=content_type)
 
-    routes, ensure_hosted = session_routes(runtime, policy, endpoint)
+    routes, ensure_hosted, take_up = session_routes(runtime, policy, endpoint)
+    if takes_up is not None:
+        takes_up(take_up)
     routes += [
         Route("/events", endpoint(events_endpoint(runtime, is_stopping)), methods=["GET"]),
         Route("/overview", endpoint(overview), methods=["GET"]),

@@ -4,6 +4,7 @@ with ``--local``, served until SIGTERM or SIGINT, then drained (:mod:`runtime.ap
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -23,6 +24,7 @@ from runtime.apps.connections import guarded_protocol
 from runtime.apps.drain import Drain
 from runtime.apps.server.app import create_app
 from runtime.apps.server.policy import ServerPolicy
+from runtime.apps.server.sessions import TakeUp
 from runtime.config import Config, ConfigError
 from runtime.host import Runtime
 
@@ -38,7 +40,8 @@ class ApiServer:
     """The HTTP API for ``runtime`` on uvicorn, bound to ``host:port`` at once (port 0: a free one).
 
     :meth:`start` serves from a background thread (tests, embedding); :meth:`run` serves in the calling
-    thread until SIGINT/SIGTERM (the ``serve`` command).
+    thread until SIGINT/SIGTERM (the ``serve`` command). Once it serves, :meth:`take_up_interrupted` takes up
+    the turns a server that stopped cut off (the ``serve`` command does).
     """
 
     def __init__(
@@ -56,6 +59,8 @@ class ApiServer:
 
         self.token = token
         self.host = host
+        self.runtime = runtime
+        self._take_up: TakeUp | None = None
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -76,6 +81,7 @@ class ApiServer:
                 max_body_bytes=max_body_bytes,
                 metrics_public=metrics_public,
                 drain=self.drain,
+                takes_up=self._set_take_up,
             ),
             log_config=None,
             log_level="warning",
@@ -89,8 +95,25 @@ class ApiServer:
             ),
             timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # (a float works)
         )
-        self._server = uvicorn.Server(config)
+        self._server = _server(config)
         self._thread: threading.Thread | None = None
+
+    def _set_take_up(self, take_up: TakeUp) -> None:
+        self._take_up = take_up
+
+    def take_up_interrupted(self, timeout: float | None = None) -> list[str]:
+        """Resume, under the server's policy, the stored sessions whose turn a runtime that stopped cut off
+        (:meth:`~runtime.api.RuntimeAPI.interrupted_sessions`), as a first request of each would: their
+        turns go on now, and ``GET /sessions/{id}/turns/{prompt_id}`` answers with their results (design
+        §3.12). Returns the ids whose turn was taken up; one that cannot be resumed is logged and left.
+        Call it once the server serves (from any thread but the server's)."""
+        loop, take_up = self._server.loop, self._take_up
+        if loop is None or take_up is None:
+            raise RuntimeError("the server is not serving yet")
+        session_ids = self.runtime.interrupted_sessions()
+        if not session_ids:
+            return []
+        return asyncio.run_coroutine_threadsafe(take_up(session_ids), loop).result(timeout)
 
     @property
     def url(self) -> str:
@@ -281,8 +304,36 @@ def _serve(
             f"MCP commands {'allowed' if policy.allow_mcp_commands else 'off'}; "
             f"/metrics {'public' if cfg.server.metrics_public else 'with the token'})"
         )
-        server.run_until_signalled(cfg.server.drain_timeout, on_ready=lambda: say(banner))
+
+        def take_up() -> None:  # (from a thread of its own: the signals are caught meanwhile)
+            try:
+                taken = server.take_up_interrupted()
+            except Exception:
+                log.exception("taking up the turns a stopped server cut off failed")
+                return
+            if taken:
+                say(f"took up the turns cut off when the server stopped in {len(taken)} sessions")
+
+        def ready() -> None:
+            say(banner)
+            threading.Thread(target=take_up, name="agentcell-take-up", daemon=True).start()
+
+        server.run_until_signalled(cfg.server.drain_timeout, on_ready=ready)
     return 0
+
+
+def _server(config: Any) -> Any:
+    """A ``uvicorn.Server`` for ``config`` that remembers its event loop (``loop``) as it starts."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        loop: asyncio.AbstractEventLoop | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            self.loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+    return Server(config)
 
 
 def _host_runtime(cfg: Config, shards: int | None, ray_address: str | None) -> AnyRuntime:

@@ -9,8 +9,9 @@ the prompts this server took.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from runtime.apps import AnyRuntime
     from runtime.handles import PromptHandle
 
-__all__ = ["MAX_TURNS_KEPT", "Endpoint", "EnsureHosted", "session_routes"]
+__all__ = ["MAX_TURNS_KEPT", "Endpoint", "EnsureHosted", "TakeUp", "session_routes"]
+
+log = logging.getLogger("agentcell.server")
 
 MAX_TURNS_KEPT: Final = 4_096
 """The newest turns whose handles ``GET /sessions/{id}/turns/{prompt_id}`` answers from."""
@@ -49,12 +52,16 @@ Endpoint = Callable[[Callable[["Request"], Awaitable[Any]]], Callable[["Request"
 """Makes a route's endpoint of a handler: its result as JSON, its errors as ``{"error": ...}`` answers."""
 EnsureHosted = Callable[[str], Awaitable[str]]
 """The session id, hosted by the runtime (a stored session is resumed under the policy); else 404."""
+TakeUp = Callable[[Sequence[str]], Coroutine[Any, Any, list[str]]]
+"""Resumes stored sessions whose turn a stopped server cut off, keeping the taken-up turns' handles for
+``GET /sessions/{id}/turns/{prompt_id}``; returns the ids whose turn was taken up."""
 
 
 def session_routes(
     runtime: AnyRuntime, policy: ServerPolicy, endpoint: Endpoint
-) -> tuple[list[Route], EnsureHosted]:
-    """The routes of ``runtime``'s sessions, and the function that hosts a session on first use."""
+) -> tuple[list[Route], EnsureHosted, TakeUp]:
+    """The routes of ``runtime``'s sessions, the function that hosts a session on first use, and the one
+    that takes up the turns a stopped server cut off (:meth:`~runtime.api.RuntimeAPI.interrupted_sessions`)."""
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
@@ -87,6 +94,22 @@ def session_routes(
                 runtime.resume_session, session_id, workspace=workspace, api_base=api_base, api_key=api_key
             )
         return session_id
+
+    async def take_up(session_ids: Sequence[str]) -> list[str]:
+        """Resume each stored session of ``session_ids`` under the policy, as its first request would: its
+        agent takes its cut-off turn up (design §3.12), whose handle is kept for ``GET .../turns/...``."""
+        taken = []
+        for session_id in session_ids:
+            try:
+                await ensure_hosted(session_id)
+                handle = await asyncio.to_thread(runtime.resumed_turn, session_id)
+            except Exception as exc:  # (its workspace outside the policy, a corrupt log, ...): left as it is
+                log.warning("the turn cut off in session %s is not taken up: %s", session_id, exc)
+                continue
+            if handle is not None:
+                keep(session_id, handle)
+                taken.append(session_id)
+        return taken
 
     async def create_session(request: Request) -> Response:
         body: CreateSession = decode(await request.body(), CreateSession)
@@ -268,7 +291,7 @@ def session_routes(
         Route("/sessions/{session_id}/branch", endpoint(branch), methods=["POST"]),
         Route("/sessions/{session_id}/model", endpoint(set_model), methods=["POST"]),
     ]
-    return routes, ensure_hosted
+    return routes, ensure_hosted, take_up
 
 
 def _is_hosted(runtime: AnyRuntime, session_id: str) -> bool:

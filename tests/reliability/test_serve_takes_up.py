@@ -1,0 +1,104 @@
+"""A restarted ``agentcell serve`` takes up, as it starts, the turns it was killed in (design §3.12): found from
+the journal of open turns (``<sessions>/turns/``), not by opening every log, and without waiting for a
+request that touches the session."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime import Runtime
+from runtime.apps.server import ApiServer
+from runtime.provider import Turn
+from runtime.store.turns import TURNS_DIR
+from tests.serve import serve_process
+
+TOKEN = "take-up-token"
+ANSWER = "answered by the server that came back"
+
+
+def _log_of(sessions: Path, session_id: str) -> Path:
+    (log,) = sessions.rglob(f"{session_id}.jsonl")
+    return log
+
+
+def _wait(check: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_the_server_takes_up_the_turns_a_dead_runtime_left_open_and_keeps_their_results(
+    sessions_dir: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: the log and the journal of open turns as a runtime left them when it died mid-turn
+    (copied while the turn ran); a server over a new runtime takes the turn up when asked
+    (``take_up_interrupted``, what ``agentcell serve`` does as it starts), under its policy, and answers
+    the turn's result under the prompt id the client had."""
+    provider.add_script("cut-in-process", [Turn(text="never delivered", latency=30), Turn(text=ANSWER)])
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session(model="openai/cut-in-process")
+        prompt_id = rt.prompt(sid, "finish this").id
+        _wait(lambda: provider.remaining_turns("cut-in-process") == 1, "the turn never reached the model")
+        rt.flush()
+        log_then = _log_of(sessions_dir, sid).read_bytes()
+        (journal,) = (sessions_dir / TURNS_DIR).iterdir()
+        journal_then = journal.read_bytes()
+    assert f"+{sid}".encode() in journal_then
+    _log_of(sessions_dir, sid).write_bytes(log_then)  # as the process that died left them
+    (sessions_dir / TURNS_DIR / "1-dead.jsonl").write_bytes(journal_then)
+
+    with Runtime(sessions_dir=sessions_dir) as rt, ApiServer(rt, TOKEN) as server:
+        assert server.take_up_interrupted(timeout=60) == [sid]
+        assert server.take_up_interrupted(timeout=60) == []  # hosted here now
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            result = http.get(f"/sessions/{sid}/turns/{prompt_id}", params={"wait": "true"}, timeout=60)
+        assert result.status_code == 200, result.text
+        assert result.json()["status"] == "ok" and result.json()["message"]["parts"][0]["text"] == ANSWER
+
+
+@pytest.mark.slow  # two `agentcell serve` processes, the first killed with SIGKILL mid-turn
+def test_a_server_killed_mid_turn_finishes_the_turn_when_it_starts_again_without_a_request(
+    tmp_path: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider.add_script("cut-off", [Turn(text="never delivered", latency=60), Turn(text=ANSWER)])
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    sessions = tmp_path / "sessions"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with serve_process(sessions, "--token", TOKEN, check_exit=False) as served:
+        with httpx.Client(base_url=served.url, headers=auth, timeout=30) as http:
+            created = http.post("/sessions", json={"model": "openai/cut-off"})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            sent = http.post(f"/sessions/{sid}/prompt", json={"text": "finish this", "wait": False})
+            assert sent.status_code == 202, sent.text
+            prompt_id = sent.json()["prompt_id"]
+        deadline = time.monotonic() + 30
+        while provider.remaining_turns("cut-off") == 2:  # the model is asked: the turn is under way
+            assert time.monotonic() < deadline, "the turn never reached the model"
+            time.sleep(0.02)
+        served.process.send_signal(signal.SIGKILL)
+        served.process.wait(timeout=30)
+    assert ANSWER not in _log_of(sessions, sid).read_text()
+
+    with serve_process(sessions, "--token", TOKEN) as served:
+        deadline = time.monotonic() + 60
+        while ANSWER not in _log_of(sessions, sid).read_text():  # no request to the server meanwhile
+            assert time.monotonic() < deadline, "the restarted server did not take the turn up by itself"
+            time.sleep(0.05)
+        with httpx.Client(base_url=served.url, headers=auth, timeout=60) as http:
+            result = http.get(f"/sessions/{sid}/turns/{prompt_id}", params={"wait": "true"})
+            assert result.status_code == 200, result.text
+            body = result.json()
+            assert body["status"] == "ok" and body["prompt_id"] == prompt_id
+            assert body["message"]["parts"][0]["text"] == ANSWER
+    assert not list((sessions / "turns").iterdir())  # stopped with no turn open: no journal left
