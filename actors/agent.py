@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import pykka
@@ -82,6 +82,30 @@ class _McpTools(msgspec.Struct, frozen=True):
     registry: ToolRegistry | None  # None: unchanged
 
 
+class _Performers(dict[type[fx.Effect], Callable[["Agent", Any], "list[fx.Effect] | None"]]):
+    """Who performs each effect: one method of the agent a type (a lookup per effect, not a chain of tests)."""
+
+    def __missing__(self, effect_type: type[fx.Effect]) -> Any:
+        raise TypeError(f"agent: unexpected effect {effect_type.__name__}")
+
+
+_PERFORMERS = _Performers()
+
+_Performer = TypeVar("_Performer", bound=Callable[..., Any])
+
+
+def _performs(*types: type[fx.Effect]) -> Callable[[_Performer], _Performer]:
+    """Make the decorated method the one that performs effects of ``types``. An awaited effect's performer
+    returns the machine's next effects when the answer is there at once, else None (it comes as a message)."""
+
+    def register(method: _Performer) -> _Performer:
+        for effect_type in types:
+            _PERFORMERS[effect_type] = method
+        return method
+
+    return register
+
+
 class Agent(SessionActor):
     """Drives turns for one session; holds no history of its own (the store does), and no rule of a turn
     (its :class:`~runtime.turn.TurnMachine` does)."""
@@ -109,6 +133,7 @@ class Agent(SessionActor):
             context_window=context_window,
             spill_dir=services.directory.spill_dir(spec.session_id),
             recovering=recovering,
+            traced=services.tracing is not None,
         )
         self._recovering = recovering
         self._incoming: Prompt | None = None  # the prompt being handled: answered even if handling crashes
@@ -186,141 +211,203 @@ class Agent(SessionActor):
         self._perform(self.machine.prompt(prompt))
 
     # -- performing effects ---------------------------------------------------------------------------------
-    def _perform(self, effects: list[fx.Effect]) -> None:
-        """Perform ``effects`` in order; an awaited one answered at once feeds the machine at once."""
+    def _perform(self, effects: list[fx.Effect] | None) -> None:
+        """Perform ``effects`` in order, each by its performer (see :func:`_performs`). Only the last may be
+        awaited: answered at once, its performer returns the machine's next effects, performed in turn;
+        answered later, the answer comes back as a message."""
+        performers = _PERFORMERS
         while effects:
-            *done, last = effects
-            for effect in done:
-                self._do(effect)
-            if not isinstance(last, fx.Awaited):
-                self._do(last)
-                return
-            effects = self._start(last)
+            following = None
+            for effect in effects:
+                following = performers[type(effect)](self, effect)
+            effects = following
 
-    def _do(self, effect: fx.Effect) -> None:
-        """Perform an effect nobody waits for."""
-        match effect:
-            case fx.Publish(event=event, best_effort=best_effort):
-                if best_effort:
-                    try:
-                        self.publish(event)
-                    except Exception:  # the bus may be gone at shutdown; the handle is answered regardless
-                        log.debug("could not publish %s", event.type, exc_info=True)
-                else:
-                    self.publish(event)
-            case fx.Resolve(prompt=prompt, result=result):
-                prompt.handle.set_result(result)
-            case fx.Reject(prompt=prompt, reason=reason):
-                prompt.handle.set_exception(RuntimeError(reason))
-            case fx.ResolveAbort(handle=handle, value=value):
-                handle.set_result(value)
-            case fx.SaveOutput(path=path, data=data):
-                self._save(path, data)
-            case fx.LearnWindow(window=window, model=model):
-                self._learn_window(window, model)
-            case fx.RecordStep(record=record):
-                store = self.refs.store_ref
-                if store is not None:
-                    with contextlib.suppress(pykka.ActorDeadError):
-                        store.tell(p.RecordStep(record))
-            case fx.Resumed(handle=handle):
-                self.refs.resumed.set_result(handle)
-            case fx.SyncTurn(ended=ended):
-                store = self.refs.store_ref  # None while the store restarts: the turn still ends
-                if store is not None:
-                    with contextlib.suppress(pykka.ActorDeadError):
-                        store.tell(p.SyncTurn(ended=ended))
-            case fx.CancelIO():
-                self._cancel_io()
-            case fx.CancelApprovals(reason=reason):
-                self.services.approvals.cancel_session(self.session_id, reason)
-            case fx.EndSpan():
-                tracing = self.services.tracing
-                if tracing is not None:
-                    tracing.end_turn(
-                        effect.span,
-                        self.session_id,
-                        status=effect.status,
-                        usage=effect.usage,
-                        steps=effect.steps,
-                        error=effect.error,
-                        code=effect.code,
-                        answer=effect.answer,
-                    )
-            case fx.RestoreUsage(messages=messages):
-                self.refs.usage.tell(p.Restore(messages))
-            case fx.Abandon(handover=handover, reason=reason):
-                abandon(handover, reason, self.services.tracing, self.session_id)
-            case _:
-                raise TypeError(f"agent: unexpected effect {type(effect).__name__}")
+    # done and forgotten
 
-    def _start(self, effect: fx.Awaited) -> list[fx.Effect]:
-        """Start an awaited effect; its answer goes to the machine, now (the effects that follow, returned)
-        or later, as a message."""
-        ticket = effect.ticket
-        machine = self.machine
-        match effect:
-            case fx.StartSpan(turn_id=turn_id, inputs=inputs, model=model):
-                tracing = self.services.tracing
-                span = (
-                    None
-                    if tracing is None
-                    else tracing.start_turn(self.session_id, turn_id, model=model, inputs=inputs)
-                )
-                return machine.answer(ticket, span)
-            case fx.TakeHandover():
-                handover, self.refs.handover = self.refs.handover, None
-                return machine.answer(ticket, handover)
-            case fx.Route(request=spec):
-                return machine.answer(ticket, self._route(spec))
-            case fx.RefreshTools():
-                mcp = self.spec.mcp
-                if mcp is None or not mcp.needs_refresh():
-                    return machine.answer(ticket, None)
-                # Before a turn's first request: the session's MCP servers started and their tools listed
-                # (design §3.9), off this thread. A server that fails is an event; the turn goes on.
-                me = self.actor_ref
-                mcp.refresh(lambda registry: me.tell(_McpTools(ticket, registry)))
-            case fx.Persist(messages=messages, with_view=with_view, end_turn=end_turn, optional=optional):
-                store = self._store(optional)
-                if store is None:
-                    return machine.answer(ticket, fx.Failed("the store is not running"))
-                append = p.Append(messages, with_view=with_view, end_turn=end_turn, steps=effect.steps)
-                self.call(store, append, self._then(ticket))
-            case fx.ReadContext(optional=optional):
-                store = self._store(optional)
-                if store is None:
-                    return machine.answer(ticket, fx.Failed("the store is not running"))
-                self.call(store, p.GetContext(), self._then(ticket))
-            case fx.Overlay(messages=messages):
-                self.call(self.refs.store, p.Overlay(messages), self._then(ticket))
-            case fx.Hide(message_ids=ids):
-                self.call(
-                    self.refs.store, p.SetVisibility(message_ids=ids, agent_visible=False), self._then(ticket)
-                )
-            case fx.Compact(trigger=trigger, emergency=emergency):
-                request: p.Compact | p.MaybeCompact = (
-                    p.Compact(trigger=trigger, emergency=True)
-                    if emergency
-                    else p.MaybeCompact(trigger=trigger)
-                )
-                self.call(self.refs.compactor, request, self._then(ticket))
-            case fx.ArchiveTools():
-                self.call(self.refs.compactor, p.MaybeArchiveTools(), self._then(ticket))
-            case fx.Classify(error=error, recoveries_this_turn=recoveries, estimated_tokens=estimated):
-                classify = p.ClassifyError(
-                    error=error, recoveries_this_turn=recoveries, estimated_tokens=estimated
-                )
-                self.call(self.refs.overflow, classify, self._then(ticket))
-            case fx.RecordAnswer():
-                self._record_answer(effect)
-            case fx.CallModel():
-                self._call_model(effect)
-            case fx.RunTools(calls=calls, turn_id=turn_id, step=step):
-                self._run_tools(ticket, calls, turn_id, step)
-            case _:
-                raise TypeError(f"agent: unexpected effect {type(effect).__name__}")
-        return []
+    @_performs(fx.Publish)
+    def _publish(self, effect: fx.Publish) -> None:
+        if not effect.best_effort:
+            self.publish(effect.event)
+            return
+        try:
+            self.publish(effect.event)
+        except Exception:  # the bus may be gone at shutdown; the handle is answered regardless
+            log.debug("could not publish %s", effect.event.type, exc_info=True)
+
+    @_performs(fx.Resolve)
+    def _resolve(self, effect: fx.Resolve) -> None:
+        effect.prompt.handle.set_result(effect.result)
+
+    @_performs(fx.Reject)
+    def _reject(self, effect: fx.Reject) -> None:
+        effect.prompt.handle.set_exception(RuntimeError(effect.reason))
+
+    @_performs(fx.ResolveAbort)
+    def _resolve_abort(self, effect: fx.ResolveAbort) -> None:
+        effect.handle.set_result(effect.value)
+
+    @_performs(fx.SaveOutput)
+    def _save(self, effect: fx.SaveOutput) -> None:
+        """Hand the full text of a clipped tool result to the writer thread."""
+        from pathlib import Path
+
+        publish, sid, path = self.publish, self.session_id, effect.path
+
+        def written(error: Exception | None) -> None:  # on the writer thread
+            if error is not None:
+                publish(ev.PersistenceFailed(session_id=sid, path=path, error=str(error)))
+
+        self.services.writer.write_file(Path(path), effect.data, written)
+
+    @_performs(fx.LearnWindow)
+    def _learn_window(self, effect: fx.LearnWindow) -> None:
+        """The window the provider stated, for the session's other actors (and their restarts) and for its
+        endpoint (sessions started later on it)."""
+        window, model = effect.window, effect.model
+        self.refs.learned_window = window
+        update = SetModel(model, window)
+        for ref in (self.refs.overflow_ref, self.refs.usage_ref, self.refs.compactor_ref):
+            if ref is not None:
+                ref.tell(update)
+        from runtime.gateway import endpoint_of
+
+        self.services.gateway.windows.learn(endpoint_of(model, self.spec.api_base), model, window)
+
+    @_performs(fx.RecordStep)
+    def _record_step(self, effect: fx.RecordStep) -> None:
+        self._tell_store(p.RecordStep(effect.record))
+
+    @_performs(fx.SyncTurn)
+    def _sync_turn(self, effect: fx.SyncTurn) -> None:
+        self._tell_store(p.SyncTurn(ended=effect.ended))
+
+    def _tell_store(self, message: p.RecordStep | p.SyncTurn) -> None:
+        store = self.refs.store_ref  # None while the store restarts: the turn goes on (or still ends)
+        if store is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                store.tell(message)
+
+    @_performs(fx.Resumed)
+    def _resumed(self, effect: fx.Resumed) -> None:
+        self.refs.resumed.set_result(effect.handle)
+
+    @_performs(fx.CancelIO)
+    def _cancel_io(self, effect: fx.CancelIO) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        if self._tools is not None:
+            self._tools.cancel()
+            self._tools = None
+
+    @_performs(fx.CancelApprovals)
+    def _cancel_approvals(self, effect: fx.CancelApprovals) -> None:
+        self.services.approvals.cancel_session(self.session_id, effect.reason)
+
+    @_performs(fx.EndSpan)
+    def _end_span(self, effect: fx.EndSpan) -> None:
+        tracing = self.services.tracing
+        if tracing is not None:
+            tracing.end_turn(
+                effect.span,
+                self.session_id,
+                status=effect.status,
+                usage=effect.usage,
+                steps=effect.steps,
+                error=effect.error,
+                code=effect.code,
+                answer=effect.answer,
+            )
+
+    @_performs(fx.RestoreUsage)
+    def _restore_usage(self, effect: fx.RestoreUsage) -> None:
+        self.refs.usage.tell(p.Restore(effect.messages))
+
+    @_performs(fx.Abandon)
+    def _abandon(self, effect: fx.Abandon) -> None:
+        abandon(effect.handover, effect.reason, self.services.tracing, self.session_id)
+
+    # awaited: answered at once (the machine's next effects returned) or later (None returned)
+
+    @_performs(fx.StartSpan)
+    def _start_span(self, effect: fx.StartSpan) -> list[fx.Effect]:
+        tracing = self.services.tracing
+        span = (
+            None
+            if tracing is None
+            else tracing.start_turn(self.session_id, effect.turn_id, model=effect.model, inputs=effect.inputs)
+        )
+        return self.machine.answer(effect.ticket, span)
+
+    @_performs(fx.TakeHandover)
+    def _take_handover(self, effect: fx.TakeHandover) -> list[fx.Effect]:
+        handover, self.refs.handover = self.refs.handover, None
+        return self.machine.answer(effect.ticket, handover)
+
+    @_performs(fx.Route)
+    def _route(self, effect: fx.Route) -> list[fx.Effect]:
+        return self.machine.answer(effect.ticket, self._prepare(effect.request))
+
+    @_performs(fx.RefreshTools)
+    def _refresh_tools(self, effect: fx.RefreshTools) -> list[fx.Effect] | None:
+        mcp = self.spec.mcp
+        if mcp is None or not mcp.needs_refresh():
+            return self.machine.answer(effect.ticket, None)
+        # Before a turn's first request: the session's MCP servers started and their tools listed (design
+        # §3.9), off this thread. A server that fails is an event; the turn goes on.
+        me, ticket = self.actor_ref, effect.ticket
+        mcp.refresh(lambda registry: me.tell(_McpTools(ticket, registry)))
+        return None
+
+    @_performs(fx.Persist)
+    def _persist(self, effect: fx.Persist) -> list[fx.Effect] | None:
+        store = self._store(effect.optional)
+        if store is None:
+            return self.machine.answer(effect.ticket, fx.Failed("the store is not running"))
+        append = p.Append(
+            effect.messages, with_view=effect.with_view, end_turn=effect.end_turn, steps=effect.steps
+        )
+        self.call(store, append, self._then(effect.ticket))
+        return None
+
+    @_performs(fx.ReadContext)
+    def _read_context(self, effect: fx.ReadContext) -> list[fx.Effect] | None:
+        store = self._store(effect.optional)
+        if store is None:
+            return self.machine.answer(effect.ticket, fx.Failed("the store is not running"))
+        self.call(store, p.GetContext(), self._then(effect.ticket))
+        return None
+
+    @_performs(fx.Overlay)
+    def _overlay(self, effect: fx.Overlay) -> None:
+        self.call(self.refs.store, p.Overlay(effect.messages), self._then(effect.ticket))
+
+    @_performs(fx.Hide)
+    def _hide(self, effect: fx.Hide) -> None:
+        hide = p.SetVisibility(message_ids=effect.message_ids, agent_visible=False)
+        self.call(self.refs.store, hide, self._then(effect.ticket))
+
+    @_performs(fx.Compact)
+    def _compact(self, effect: fx.Compact) -> None:
+        request: p.Compact | p.MaybeCompact = (
+            p.Compact(trigger=effect.trigger, emergency=True)
+            if effect.emergency
+            else p.MaybeCompact(trigger=effect.trigger)
+        )
+        self.call(self.refs.compactor, request, self._then(effect.ticket))
+
+    @_performs(fx.ArchiveTools)
+    def _archive_tools(self, effect: fx.ArchiveTools) -> None:
+        self.call(self.refs.compactor, p.MaybeArchiveTools(), self._then(effect.ticket))
+
+    @_performs(fx.Classify)
+    def _classify(self, effect: fx.Classify) -> None:
+        classify = p.ClassifyError(
+            error=effect.error,
+            recoveries_this_turn=effect.recoveries_this_turn,
+            estimated_tokens=effect.estimated_tokens,
+        )
+        self.call(self.refs.overflow, classify, self._then(effect.ticket))
 
     def _store(self, optional: bool) -> Any:
         """The store's ref; when ``optional``, None while it is not running (else that is a failure)."""
@@ -336,6 +423,7 @@ class Agent(SessionActor):
 
         return then
 
+    @_performs(fx.RecordAnswer)
     def _record_answer(self, effect: fx.RecordAnswer) -> None:
         """The usage tracker and the store both answer before the turn goes on; they work meanwhile, each on
         its own. A failure of either is the answer at once."""
@@ -362,40 +450,8 @@ class Agent(SessionActor):
             )
         self.call(self.refs.store, p.Append((message,), end_turn=effect.end_turn), answered)
 
-    def _cancel_io(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-        if self._tools is not None:
-            self._tools.cancel()
-            self._tools = None
-
-    def _learn_window(self, window: int, model: str) -> None:
-        """The window the provider stated, for the session's other actors (and their restarts) and for its
-        endpoint (sessions started later on it)."""
-        self.refs.learned_window = window
-        update = SetModel(model, window)
-        for ref in (self.refs.overflow_ref, self.refs.usage_ref, self.refs.compactor_ref):
-            if ref is not None:
-                ref.tell(update)
-        from runtime.gateway import endpoint_of
-
-        self.services.gateway.windows.learn(endpoint_of(model, self.spec.api_base), model, window)
-
-    def _save(self, path: str, data: bytes) -> None:
-        """Hand the full text of a clipped tool result to the writer thread."""
-        from pathlib import Path
-
-        publish, sid = self.publish, self.session_id
-
-        def written(error: Exception | None) -> None:  # on the writer thread
-            if error is not None:
-                publish(ev.PersistenceFailed(session_id=sid, path=path, error=str(error)))
-
-        self.services.writer.write_file(Path(path), data, written)
-
     # -- the provider call ------------------------------------------------------------------------------
-    def _route(self, spec: fx.RequestSpec) -> str:
+    def _prepare(self, spec: fx.RequestSpec) -> str:
         """Build the request the machine decided (with the session's endpoint, key and limits) and say
         which transport it goes over."""
         from runtime.capacity import Priority
@@ -435,6 +491,7 @@ class Agent(SessionActor):
         self._prepared = (request, route)
         return route.transport
 
+    @_performs(fx.CallModel)
     def _call_model(self, effect: fx.CallModel) -> None:
         assert self._prepared is not None
         (request, route), self._prepared = self._prepared, None
@@ -522,7 +579,9 @@ class Agent(SessionActor):
         )
 
     # -- the tools --------------------------------------------------------------------------------------
-    def _run_tools(self, ticket: int, calls: tuple[ToolCallPart, ...], turn: str, step: int) -> None:
+    @_performs(fx.RunTools)
+    def _run_tools(self, effect: fx.RunTools) -> None:
+        ticket, calls, turn, step = effect.ticket, effect.calls, effect.turn_id, effect.step
         me, sid, publish = self.actor_ref, self.session_id, self.publish
         spec, services = self.spec, self.services
         cfg = spec.config

@@ -5,11 +5,12 @@ new model); what to do next comes out, as effects (:mod:`runtime.turn.effects`).
 I/O: the ``Agent`` actor (``actors/agent.py``) is its driver, which performs the effects and hands their
 answers back, and the tests drive it with scripted answers.
 
-Each flow (a turn; the ending of one; the recovery after a crash) is written as one generator that yields
-effects and receives their answers, so its rules read top to bottom. A flow waits at one awaited effect
-at a time, known by its ticket: an answer with another ticket (a late answer of an aborted turn) is
-dropped, and an abort closes the flow where it waits. Every decision rule of a turn is called from here:
-the refusal of a prompt that cannot fit (:func:`~runtime.context.working_set.prompt_too_large`), the rules
+Each flow (a turn; the ending of one; the recovery after a crash) is written as one generator, so its rules
+read top to bottom: it yields the effects it waits for and receives their answers, and says the others
+(events, step records, a prompt's result) as it goes, into the outbox the call returns, in order. A flow
+waits at one awaited effect at a time, known by its ticket: an answer with another ticket (a late answer of
+an aborted turn) is dropped, and an abort closes the flow where it waits. Every decision rule of a turn is
+called from here: the refusal of a prompt that cannot fit (:func:`~runtime.context.working_set.prompt_too_large`), the rules
 of each request (:func:`~runtime.context.working_set.decide_step`: the compactions, the input-token guard),
 the working set clipped to fit (:func:`~runtime.context.working_set.plan_clips`), every call with one
 result before a request (:func:`~runtime.context.integrity.request_view`) and after an abort
@@ -21,7 +22,7 @@ the steps limit, client tools, steering and the queue.
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar
 
@@ -113,11 +114,11 @@ __all__ = [
 CLIENT_TOOL_CLASH: Final = "client_tool_clash"
 """The error code of a turn whose client tools have the names of the session's own."""
 
-Flow = Generator[Effect, Any, None]
-"""A flow: yields effects, receives each awaited one's answer (None for the others)."""
+Flow = Generator[Awaited, Any, None]
+"""A flow: yields the effects it waits for and receives their answers (it says the others with ``_emit``)."""
 
 T = TypeVar("T")
-_Step = Generator[Effect, Any, T]
+_Step = Generator[Awaited, Any, T]
 
 
 class ToolsLike(Protocol):
@@ -147,6 +148,8 @@ class SpecLike(Protocol):
     def config(self) -> Config: ...
     @property
     def tools(self) -> ToolsLike: ...
+    @property
+    def mcp(self) -> object | None: ...  # its MCP servers (None: it has none, nothing to refresh)
 
 
 class CounterLike(Protocol):
@@ -191,6 +194,7 @@ class TurnMachine:
         model: the session's model; ``context_window`` its window.
         spill_dir: where a clipped result's full text is saved.
         recovering: the agent restarts after a crash: call :meth:`recover` first; prompts wait until then.
+        traced: the runtime traces turns: each turn opens a span (:class:`StartSpan`) and ends it.
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class TurnMachine:
         context_window: int,
         spill_dir: Path,
         recovering: bool = False,
+        traced: bool = True,
     ) -> None:
         self.spec = spec
         self.session_id = spec.session_id
@@ -220,25 +225,26 @@ class TurnMachine:
         self.pending_trigger: CompactionTrigger | None = None
         self.cache_watch = CacheWatch()  # design §4.7: a response that broke the cached prefix
         self._busy_with_recovery = recovering
+        self._traced = traced
         self._flow: Flow | None = None
         self._ticket = 0
         self._awaited: Awaited | None = None
+        self._out: list[Effect] = []  # what the call in progress says, in order (see _take)
 
     # -- what happened ------------------------------------------------------------------------------------
     def prompt(self, prompt: PromptLike) -> list[Effect]:
         """A prompt arrived: steer the running turn, wait in the queue, or start a turn."""
         if prompt.steer and self.run is not None:
             self.steering.append(prompt)
-            return [
-                self._event(
-                    ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.steering), steer=True
-                )
-            ]
+            self._publish(
+                ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.steering), steer=True
+            )
+            return self._take()
         if self.state is not AgentState.IDLE or self._busy_with_recovery or self._flow is not None:
             self.queue.append(prompt)
             if self.state is not AgentState.IDLE:  # (while recovering, the prompt just waits a moment)
-                return [self._event(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))]
-            return []
+                self._publish(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
+            return self._take()
         return self._begin(self._turn(prompt))
 
     def answer(self, ticket: int, value: Any) -> list[Effect]:
@@ -255,17 +261,18 @@ class TurnMachine:
     def abort(self, handle: Any = None) -> list[Effect]:
         """The user aborts: the running turn stops, its provider call and tools are cancelled, its
         orphaned calls get results, and it ends ``aborted``. ``handle`` learns whether a turn ran."""
-        run = self.run
-        if run is None:
-            return [ResolveAbort(handle, False)] if handle is not None else []
+        if self.run is None:
+            if handle is not None:
+                self._emit(ResolveAbort(handle, False))
+            return self._take()
         if self._flow is not None:
             self._flow.close()  # (it waits at a yield: nothing of it runs any more)
         self._awaited = None
-        effects: list[Effect] = [CancelIO(), CancelApprovals("the turn was aborted")]
-        finish = self._finish(
-            "aborted", "aborted by the user", code="aborted", repair=True, abort_handle=handle
+        self._emit(CancelIO())
+        self._emit(CancelApprovals("the turn was aborted"))
+        return self._begin(
+            self._finish("aborted", "aborted by the user", code="aborted", repair=True, abort_handle=handle)
         )
-        return effects + self._begin(finish)
 
     def queued(self, ticket: int, pool: str, position: int, estimated_wait: float) -> list[Effect]:
         """The call ``ticket`` waits for capacity of ``pool`` (state ``queued``)."""
@@ -273,30 +280,22 @@ class TurnMachine:
         if run is None or not self.expects(ticket):
             return []
         run.queued_pool = pool
-        effects: list[Effect] = [
-            self._event(
-                ev.RequestQueued,
-                turn_id=run.turn_id,
-                pool=pool,
-                position=position,
-                estimated_wait=estimated_wait,
-            )
-        ]
+        self._publish(
+            ev.RequestQueued, turn_id=run.turn_id, pool=pool, position=position, estimated_wait=estimated_wait
+        )
         if self.state is AgentState.STREAMING:
-            effects += self._enter(AgentState.QUEUED)
-        return effects
+            self._enter(AgentState.QUEUED)
+        return self._take()
 
     def admitted(self, ticket: int, waited: float) -> list[Effect]:
         """The call ``ticket`` got its capacity after ``waited`` seconds (state ``streaming`` again)."""
         run = self.run
         if run is None or not self.expects(ticket):
             return []
-        effects: list[Effect] = [
-            self._event(ev.RequestAdmitted, turn_id=run.turn_id, pool=run.queued_pool, waited=waited)
-        ]
+        self._publish(ev.RequestAdmitted, turn_id=run.turn_id, pool=run.queued_pool, waited=waited)
         if self.state is AgentState.QUEUED:
-            effects += self._enter(AgentState.STREAMING)
-        return effects
+            self._enter(AgentState.STREAMING)
+        return self._take()
 
     def usage_overflowed(self) -> None:
         """A response's input filled the window (a silent overflow, design §6.2): compact before the next
@@ -327,29 +326,29 @@ class TurnMachine:
         prompt (design §1.2)."""
         run.continued = True
         self.run = run
-        return self._begin(self._guarded(self._continue(run)))
+        return self._begin(self._continue(run))
 
     def crash(self, reason: str, incoming: PromptLike | None = None) -> tuple[Handover | None, list[Effect]]:
         """The agent crashed (``reason``). A turn cut off for the first time is handed over (with the prompts
         waiting) for the successor to take up; otherwise nobody may wait forever: the prompt being handled
         (``incoming``), a turn that was already taken up once, and the queue are answered."""
+        self._out.clear()  # (what the call that raised had said was never handed out)
         run = self.run
         handover = None
-        effects: list[Effect] = []
         if run is not None and not run.continued:
-            effects.append(CancelIO())
+            self._emit(CancelIO())
             handover = Handover(run, [*self.steering, *self.queue])
             self.run, self.queue, self.steering = None, [], []
         if incoming is not None:
-            effects.append(
+            self._emit(
                 Resolve(incoming, TurnResult(prompt_id=incoming.handle.id, status="error", error=reason))
             )
         run = self.run
         if run is not None:
-            effects.append(CancelIO())
-            effects.append(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
-            effects += self._end_interrupted(run, "error", reason)
-            effects.append(
+            self._emit(CancelIO())
+            self._emit(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
+            self._end_interrupted(run, "error", reason)
+            self._emit(
                 Resolve(
                     run.prompt,
                     TurnResult(
@@ -362,35 +361,33 @@ class TurnMachine:
                 )
             )
         for queued in self.queue:
-            effects.append(
-                self._event(ev.ErrorOccurred, message="queued prompt lost to an agent crash; resend it")
-            )
-            effects.append(Reject(queued, "the agent crashed before this queued prompt ran"))
+            self._publish(ev.ErrorOccurred, message="queued prompt lost to an agent crash; resend it")
+            self._emit(Reject(queued, "the agent crashed before this queued prompt ran"))
         self._flow, self._awaited = None, None
-        return handover, effects
+        return handover, self._take()
 
     def stop(self) -> list[Effect]:
         """The session stops: the running turn and every prompt waiting end ``aborted``."""
-        effects: list[Effect] = []
+        self._out.clear()  # (what a call that raised had said was never handed out)
         run = self.run
         if run is not None:
-            effects.append(CancelIO())
-            effects.append(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
-            effects += self._end_interrupted(run, "aborted", "session stopped")
-            effects.append(
+            self._emit(CancelIO())
+            self._emit(SyncTurn(ended=True))  # (no resume takes it for a turn the process stopped in)
+            self._end_interrupted(run, "aborted", "session stopped")
+            self._emit(
                 Resolve(
                     run.prompt,
                     TurnResult(prompt_id=run.prompt.handle.id, status="aborted", error="session stopped"),
                 )
             )
         for queued in [*self.steering, *self.queue]:
-            effects.append(
+            self._emit(
                 Resolve(
                     queued, TurnResult(prompt_id=queued.handle.id, status="aborted", error="session stopped")
                 )
             )
         self._flow, self._awaited = None, None
-        return effects
+        return self._take()
 
     # -- the pump -----------------------------------------------------------------------------------------
     def _begin(self, flow: Flow) -> list[Effect]:
@@ -398,87 +395,93 @@ class TurnMachine:
         return self._pump(None)
 
     def _pump(self, value: Any) -> list[Effect]:
-        """Run the flow up to its next awaited effect; a flow that ends lets the next queued prompt in."""
-        out: list[Effect] = []
-        while True:
-            flow = self._flow
-            if flow is None:
-                return out
+        """Run the flow up to the effect it waits for next, and return what it said meanwhile (that effect
+        last). A flow that ends lets the next queued prompt in; one whose collaborator failed (:meth:`_ask`)
+        ends the turn."""
+        flow = self._flow
+        while flow is not None:
             try:
-                effect = flow.send(value)
+                awaited = flow.send(value)
             except StopIteration:
-                self._flow = None
+                flow = self._flow = None
                 self._busy_with_recovery = False
                 if self.state is AgentState.IDLE and self.queue:
-                    self._flow = self._turn(self.queue.pop(0))
+                    flow = self._flow = self._turn(self.queue.pop(0))
                 value = None
                 continue
-            if isinstance(effect, Awaited):
-                self._ticket += 1
-                effect = msgspec.structs.replace(effect, ticket=self._ticket)
-                self._awaited = effect
-                out.append(effect)
-                return out
-            out.append(effect)
-            value = None
+            except _IOFailed as failure:
+                flow = self._flow = self._failed(failure.failed)
+                value = None
+                continue
+            self._ticket += 1
+            self._awaited = awaited = msgspec.structs.replace(awaited, ticket=self._ticket)
+            self._out.append(awaited)
+            break
+        return self._take()
+
+    def _take(self) -> list[Effect]:
+        """The effects said since the last call, in order; the outbox starts empty again (the same list: one
+        that lived on while the session waits would be work for the garbage collector)."""
+        out = self._out.copy()
+        self._out.clear()
+        return out
 
     # -- helpers ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _record(run: TurnState, kind: StepKind, **fields: str | int) -> RecordStep:
+    def _emit(self, effect: Effect) -> None:
+        """Say ``effect``, which nobody waits for (a flow yields only what it waits for)."""
+        self._out.append(effect)
+
+    def _publish(self, event_type: type[ev.Event], **fields: Any) -> None:
+        self._out.append(Publish(event_type(session_id=self.session_id, **fields)))
+
+    def _record(self, run: TurnState, kind: StepKind, **fields: str | int) -> None:
         """Record a step of ``run`` in the log before its effect (design §3.12)."""
-        return RecordStep(step_record(run.turn_id, kind, **fields))
+        self._out.append(RecordStep(step_record(run.turn_id, kind, **fields)))
 
-    def _event(self, event_type: type[ev.Event], **fields: Any) -> Publish:
-        return Publish(event_type(session_id=self.session_id, **fields))
-
-    def _enter(self, state: AgentState, turn_id: str | None = None) -> list[Effect]:
+    def _enter(self, state: AgentState, turn_id: str | None = None) -> None:
         previous = self.state
         if state is previous:
-            return []
+            return
         if state not in TRANSITIONS[previous]:
             raise IllegalTransition(f"agent: {previous} → {state} is not a transition of the state machine")
         self.state = state
         turn = turn_id or (self.run.turn_id if self.run is not None else None)
-        return [self._event(ev.StatusUpdate, state=str(state), previous=str(previous), turn_id=turn)]
+        self._publish(ev.StatusUpdate, state=str(state), previous=str(previous), turn_id=turn)
 
     @staticmethod
     def _ask(effect: Awaited) -> _Step[Any]:
-        """Yield ``effect`` and return its answer; a :class:`Failed` one ends the turn (see :meth:`_guarded`)."""
+        """Yield ``effect`` and return its answer; a :class:`Failed` one ends the turn (see :meth:`_failed`)."""
         value = yield effect
         if isinstance(value, Failed):
             raise _IOFailed(value)
         return value
 
-    def _guarded(self, body: Flow) -> Flow:
-        """Run ``body``; when a collaborator it needs fails, end the turn: a log that cannot be written is
-        ``persistence_failed`` (what was acknowledged before is kept), anything else ``internal``."""
-        try:
-            yield from body
-        except _IOFailed as failure:
-            if isinstance(failure.failed.cause, OSError):
-                message = (
-                    f"persistence_failed: the session's log could not be written ({failure.failed.cause}); the "
-                    "turn ends here, and what was acknowledged before is kept"
-                )
-                yield from self._finish("error", message, code="persistence_failed")
-                return
-            yield from self._finish(
-                "error", f"session actor unavailable: {failure.failed.message}", code="internal"
+    def _failed(self, failed: Failed) -> Flow:
+        """A collaborator the turn needs could not answer (:meth:`_ask`): end the turn. A log that cannot be
+        written is ``persistence_failed`` (what was acknowledged before is kept), anything else ``internal``."""
+        if isinstance(failed.cause, OSError):
+            message = (
+                f"persistence_failed: the session's log could not be written ({failed.cause}); the turn ends "
+                "here, and what was acknowledged before is kept"
             )
+            yield from self._finish("error", message, code="persistence_failed")
+            return
+        yield from self._finish("error", f"session actor unavailable: {failed.message}", code="internal")
 
     def _limit(self) -> int:
         return effective_limit(self.context_window, self.spec.config.compaction) or self.context_window
 
     # -- a turn: idle → running ----------------------------------------------------------------------------
     def _turn(self, prompt: PromptLike) -> Flow:
-        return self._guarded(self._start(TurnState(prompt=prompt)))
+        return self._start(TurnState(prompt=prompt))
 
     def _start(self, run: TurnState) -> Flow:
         prompt = run.prompt
-        run.span = yield StartSpan(turn_id=run.turn_id, inputs=prompt.inputs, model=self.model)
+        if self._traced:
+            run.span = yield StartSpan(turn_id=run.turn_id, inputs=prompt.inputs, model=self.model)
         self.run = run  # (from its agent_start on, the turn can be aborted)
-        yield self._event(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
-        yield from self._enter(AgentState.RUNNING)
+        self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
+        self._enter(AgentState.RUNNING)
         clash = sorted(run.options.client_tool_names & set(self.spec.tools.names)) if prompt.options else []
         if clash:  # the model could not tell which one it calls: refused before anything is recorded
             message = f"client tools {clash} have the names of tools this session runs itself; rename them"
@@ -506,14 +509,16 @@ class TurnMachine:
             # The results of the client's tool calls: a step's results like any other, clipped to fit the
             # working set, and the thread goes on from them (see TurnOptions).
             run.step_results = results
-            clipped = {m.id: m for m in (yield from self._clip_results(run, self._working_set_budget(None)))}
+            clipped = {m.id: m for m in self._clip_results(run, self._working_set_budget(None))}
             inputs = tuple(clipped.get(m.id, m) for m in inputs)
             yield from self._ask(Persist(messages=inputs, steps=begun))
-            yield RefreshTools()
+            if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
+                yield RefreshTools()
             yield from self._after_tool_results(run)
             return
         stored: StoredLike = yield from self._ask(Persist(messages=inputs, with_view=True, steps=begun))
-        yield RefreshTools()
+        if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
+            yield RefreshTools()
         yield from self._before_request(run, stored.view if stored.ok else None)
 
     def _continue(
@@ -522,7 +527,7 @@ class TurnMachine:
         """Take up a turn cut off by a crash: its calls to run (again), or the next step, from the log
         (design §1.2, §3.12)."""
         self._busy_with_recovery = False
-        yield from self._enter(AgentState.RUNNING)
+        self._enter(AgentState.RUNNING)
         if rerun and answer is not None:
             run.last_message = answer
             yield from self._run_tools(run, rerun)
@@ -537,7 +542,7 @@ class TurnMachine:
             view = yield from self._ask(ReadContext())
         assert view is not None
         if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
-            yield self._event(ev.SessionDead, message=view.dead)
+            self._publish(ev.SessionDead, message=view.dead)
             yield from self._finish("error", view.dead, code="session_dead")
             return
         yield from self._decide(run, view.messages, self.measure(view).tokens)
@@ -576,7 +581,7 @@ class TurnMachine:
                         spill_dir=self.spill_dir,
                         reader=self._reader(),
                     )
-                    yield from saves
+                    self._out.extend(saves)
                     if again is not None:
                         changed, context, estimate = again
                         yield from self._ask(Overlay(changed))
@@ -591,12 +596,12 @@ class TurnMachine:
                 run.overflow_recoveries += 1
             run.compacted = True  # one automatic compaction before any emergency one, and only one
             self.pending_trigger = None
-            yield self._record(run, "compaction", step=run.step)
+            self._record(run, "compaction", step=run.step)
             trigger: CompactionTrigger = "overflow" if emergency else (decision.trigger or "threshold")
             outcome: OutcomeLike = yield from self._ask(Compact(trigger=trigger, emergency=emergency))
             if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
                 message = outcome.message or "context limit exceeded"
-                yield self._event(ev.SessionDead, message=message)
+                self._publish(ev.SessionDead, message=message)
                 yield from self._finish("error", message, code="session_dead")
                 return
             context, estimate = outcome.messages, outcome.estimate
@@ -611,13 +616,13 @@ class TurnMachine:
             config=self.spec.config.compaction,
         )
 
-    def _clip_results(self, run: TurnState, budget: int) -> _Step[tuple[Message, ...]]:
+    def _clip_results(self, run: TurnState, budget: int) -> tuple[Message, ...]:
         """The newest step's results clipped to ``budget`` (:func:`~runtime.turn.fit.clip_results`); the
         full texts it clipped are saved first."""
         fitted, saves = fit.clip_results(
             run, budget, count=self.counter.count_message, spill_dir=self.spill_dir, reader=self._reader()
         )
-        yield from saves
+        self._out.extend(saves)
         return fitted
 
     def _reader(self) -> str | None:
@@ -661,11 +666,11 @@ class TurnMachine:
         )
         self.cache_watch.sent(request_shape(self.model, system_prompt or "", tools, messages))
         run.step += 1
-        yield self._record(run, "request", step=run.step)
+        self._record(run, "request", step=run.step)
         run.estimated_tokens = estimate
         transport = yield Route(request)
         run.message_id = new_id()
-        yield self._event(
+        self._publish(
             ev.RequestStart,
             turn_id=run.turn_id,
             attempt=run.step,
@@ -675,7 +680,7 @@ class TurnMachine:
             transport=transport,
             message_id=run.message_id,
         )
-        yield from self._enter(AgentState.STREAMING)
+        self._enter(AgentState.STREAMING)
         reply: ModelReply = yield CallModel(request=request, turn_id=run.turn_id, message_id=run.message_id)
         yield from self._on_reply(run, reply)
 
@@ -684,7 +689,7 @@ class TurnMachine:
         result = reply.result
         run.message_id = reply.message_id
         run.waited += result.waited
-        yield from self._enter(AgentState.RUNNING)
+        self._enter(AgentState.RUNNING)
         if result.error is not None:
             if result.error.kind == "cancelled":
                 return
@@ -716,7 +721,7 @@ class TurnMachine:
                 usage.input_tokens, usage.cache_read_tokens, minimum=min_cacheable_tokens(self.model)
             )
             if broke is not None:
-                yield self._event(
+                self._publish(
                     ev.CacheBreak,
                     turn_id=run.turn_id,
                     cause=broke.cause,
@@ -742,7 +747,7 @@ class TurnMachine:
 
     def _after_response(self, run: TurnState, message: Message) -> Flow:
         stop = message.stop_reason or ("tool_calls" if message.tool_calls else "stop")
-        yield self._event(ev.TurnEnd, turn_id=run.turn_id, stop_reason=stop, usage=message.usage or Usage())
+        self._publish(ev.TurnEnd, turn_id=run.turn_id, stop_reason=stop, usage=message.usage or Usage())
         calls = message.tool_calls
         if not calls:
             yield from self._finish("ok")
@@ -767,10 +772,10 @@ class TurnMachine:
     # -- overflow recovery (design §6.3) -------------------------------------------------------------------
     def _on_verdict(self, run: TurnState, verdict: VerdictLike) -> Flow:
         if verdict.learned_window is not None:
-            yield from self._learn_window(verdict.learned_window, "overflow")
+            self._learn_window(verdict.learned_window, "overflow")
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
-            yield self._record(run, "compaction", step=run.step)
+            self._record(run, "compaction", step=run.step)
             outcome: OutcomeLike = yield from self._ask(Compact(trigger="overflow", emergency=True))
             if outcome.dead or not outcome.compacted:
                 failure = compaction_did_not_help(
@@ -790,17 +795,15 @@ class TurnMachine:
             return
         yield from self._finish("error", verdict.message, code=verdict.code, retryable=verdict.retryable)
 
-    def _learn_window(self, window: int, source: str) -> Iterable[Effect]:
+    def _learn_window(self, window: int, source: str) -> None:
         """Take the window the provider stated, for this session (its actors, and their restarts) and for
         its endpoint (sessions started later on it), and say so (``window_learned``)."""
         old = self.context_window
         if window == old:
-            return []
+            return
         self.context_window = window
-        return [
-            LearnWindow(window, self.model),
-            self._event(ev.WindowLearned, old=old, new=window, source=source, model=self.model),
-        ]
+        self._emit(LearnWindow(window, self.model))
+        self._publish(ev.WindowLearned, old=old, new=window, source=source, model=self.model)
 
     def _prompt_caused_overflow(self, run: TurnState, request_tokens: int) -> bool:
         return prompt_caused_overflow(
@@ -816,12 +819,12 @@ class TurnMachine:
 
     # -- executing_tools ------------------------------------------------------------------------------------
     def _run_tools(self, run: TurnState, calls: tuple[ToolCallPart, ...]) -> Flow:
-        yield from self._enter(AgentState.EXECUTING_TOOLS)
+        self._enter(AgentState.EXECUTING_TOOLS)
         results: list[ToolResultLike] = yield RunTools(calls, run.turn_id, run.step)
-        yield from self._enter(AgentState.RUNNING)
+        self._enter(AgentState.RUNNING)
         run.step_results, run.reclipped = tuple(r.message for r in results), False
         run.child_input_tokens += sum(_child_input_tokens(m) for m in run.step_results)
-        messages = yield from self._clip_results(run, self._working_set_budget(run.last_message))
+        messages = self._clip_results(run, self._working_set_budget(run.last_message))
         steering: list[PromptLike] = []
         if not run.awaiting:  # (a turn that stops for the client's tools leaves steering to the next turn)
             steering, self.steering = self.steering, []
@@ -862,11 +865,11 @@ class TurnMachine:
                 if repairs:
                     yield Persist(messages=tuple(repairs), optional=True)
                     repaired = len(repairs)
-        yield from self._end_span(run, status, error, code=code)
+        self._end_span(run, status, error, code=code)
         if status == "aborted":
-            yield self._event(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
+            self._publish(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
         elif status == "error":
-            yield self._event(
+            self._publish(
                 ev.ErrorOccurred,
                 message=error or "error",
                 code=code,
@@ -874,42 +877,46 @@ class TurnMachine:
                 retryable=retryable,
             )
         if not (status == "ok" and run.synced):  # (a turn that waits for the client ends there too)
-            yield SyncTurn(ended=status != "ok" or bool(run.awaiting))
-        yield from self._enter(AgentState.IDLE, run.turn_id)  # the turn's last event is its agent_end
-        yield self._agent_end(run, status)
+            self._emit(SyncTurn(ended=status != "ok" or bool(run.awaiting)))
+        self._enter(AgentState.IDLE, run.turn_id)  # the turn's last event is its agent_end
+        self._agent_end(run, status)
         failed = error if status != "ok" else None
-        yield Resolve(
-            run.prompt,
-            TurnResult(
-                prompt_id=run.prompt.handle.id,
-                status=status,
-                message=run.last_message,
-                usage=run.usage,
-                steps=run.step,
-                error=failed,
-                awaiting=run.awaiting if status == "ok" else (),
-            ),
-        )
-        for joined in run.joined:  # steering messages share the turn they joined
-            yield Resolve(
-                joined,
+        self._emit(
+            Resolve(
+                run.prompt,
                 TurnResult(
-                    prompt_id=joined.handle.id,
+                    prompt_id=run.prompt.handle.id,
                     status=status,
                     message=run.last_message,
                     usage=run.usage,
                     steps=run.step,
                     error=failed,
+                    awaiting=run.awaiting if status == "ok" else (),
                 ),
             )
+        )
+        for joined in run.joined:  # steering messages share the turn they joined
+            self._emit(
+                Resolve(
+                    joined,
+                    TurnResult(
+                        prompt_id=joined.handle.id,
+                        status=status,
+                        message=run.last_message,
+                        usage=run.usage,
+                        steps=run.step,
+                        error=failed,
+                    ),
+                )
+            )
         if abort_handle is not None:
-            yield ResolveAbort(abort_handle, True)
+            self._emit(ResolveAbort(abort_handle, True))
         # steering that found no step boundary (the turn answered, or ended) runs as the next turn
         self.queue[:0], self.steering = self.steering, []
 
     def _agent_end(
         self, run: TurnState, status: Literal["ok", "aborted", "error"], best_effort: bool = False
-    ) -> Publish:
+    ) -> None:
         event = ev.AgentEnd(
             session_id=self.session_id,
             turn_id=run.turn_id,
@@ -918,36 +925,29 @@ class TurnMachine:
             context_window=self.context_window,
             context_tokens=self.context_tokens,
         )
-        return Publish(event, best_effort=best_effort)
+        self._emit(Publish(event, best_effort=best_effort))
 
-    def _end_span(
-        self, run: TurnState, status: str, error: str | None, *, code: str | None
-    ) -> Iterable[Effect]:
+    def _end_span(self, run: TurnState, status: str, error: str | None, *, code: str | None) -> None:
         """End the turn's span, if it has one open."""
         span, run.span = run.span, None
-        if span is None:
-            return []
-        return [
-            EndSpan(
-                span=span,
-                status=status,
-                usage=run.usage,
-                steps=run.step,
-                error=error,
-                code=code,
-                answer=run.last_message,
+        if span is not None:
+            self._emit(
+                EndSpan(
+                    span=span,
+                    status=status,
+                    usage=run.usage,
+                    steps=run.step,
+                    error=error,
+                    code=code,
+                    answer=run.last_message,
+                )
             )
-        ]
 
-    def _end_interrupted(
-        self, run: TurnState, status: Literal["aborted", "error"], reason: str
-    ) -> list[Effect]:
+    def _end_interrupted(self, run: TurnState, status: Literal["aborted", "error"], reason: str) -> None:
         """Close a turn cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
-        effects: list[Effect] = [
-            *self._end_span(run, status, reason, code="agent_crashed" if status == "error" else None)
-        ]
+        self._end_span(run, status, reason, code="agent_crashed" if status == "error" else None)
         if status == "error":
-            effects.append(
+            self._emit(
                 Publish(
                     ev.ErrorOccurred(
                         session_id=self.session_id, message=reason, code="agent_crashed", turn_id=run.turn_id
@@ -955,24 +955,25 @@ class TurnMachine:
                     best_effort=True,
                 )
             )
-        effects.append(self._agent_end(run, status, best_effort=True))
-        return effects
+        self._agent_end(run, status, best_effort=True)
 
     # -- recovery after a crash (design §1.2, §3.12) --------------------------------------------------------
     def _recovery(self) -> Flow:
         view = yield ReadContext()
         handover: Handover | None = yield TakeHandover()
         if isinstance(view, Failed):
-            yield self._event(
+            self._publish(
                 ev.ErrorOccurred,
                 message=f"agent recovery could not read the session: {view.message}",
                 code="recovery",
             )
             if handover is not None:
-                yield Abandon(handover, f"the session could not be read after an agent crash: {view.message}")
-            yield Resumed(None)
+                self._emit(
+                    Abandon(handover, f"the session could not be read after an agent crash: {view.message}")
+                )
+            self._emit(Resumed(None))
             return
-        yield RestoreUsage(tuple(view.messages))
+        self._emit(RestoreUsage(tuple(view.messages)))
         awaited = awaiting_client(view.messages)  # a turn that stopped for the client's tools still waits
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None
@@ -983,32 +984,38 @@ class TurnMachine:
             self.run = run  # (prompts wait meanwhile)
             taken_up = handover is None
             if taken_up:  # its caller is gone with the process: the runtime hands its handle out
-                run.span = yield StartSpan(turn_id=run.turn_id, inputs=run.prompt.inputs, model=self.model)
-                yield self._event(ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id)
-            yield Resumed(run.prompt.handle if taken_up else None)
-            yield RefreshTools()
-            yield from self._guarded(self._take_up(run, view, awaited, handover))
+                if self._traced:
+                    run.span = yield StartSpan(
+                        turn_id=run.turn_id, inputs=run.prompt.inputs, model=self.model
+                    )
+                self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id)
+            self._emit(Resumed(run.prompt.handle if taken_up else None))
+            if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
+                yield RefreshTools()
+            yield from self._take_up(run, view, awaited, handover)
             return
         repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         # A turn cut off and not taken up is said to be so in the log, which ends it.
         notes = [*repairs, interrupted_turn_note()] if interrupted else repairs
         if notes:
             yield Persist(messages=tuple(notes), end_turn=True)
-        yield self._event(
+        self._publish(
             ev.AgentRecovered,
             messages=len(view.messages),
             repaired_calls=len(repairs),
             interrupted_turn=interrupted,
             continued=False,
         )
-        yield Resumed(None)
+        self._emit(Resumed(None))
         if handover is not None:
             self.queue = [*handover.queue, *self.queue]
         if run is not None:  # it crashed after its answer was recorded: the turn is over
             answer = view.messages[-1] if view.messages else None
-            yield Resolve(
-                run.prompt,
-                TurnResult(prompt_id=run.prompt.handle.id, status="ok", message=answer, usage=run.usage),
+            self._emit(
+                Resolve(
+                    run.prompt,
+                    TurnResult(prompt_id=run.prompt.handle.id, status="ok", message=answer, usage=run.usage),
+                )
             )
 
     def _taken_up_run(self, view: ViewLike) -> TurnState | None:
@@ -1039,7 +1046,7 @@ class TurnMachine:
         notes = (*recovery.unknown, *repairs)
         if notes:
             yield from self._ask(Persist(messages=notes))
-        yield self._event(
+        self._publish(
             ev.AgentRecovered,
             messages=len(view.messages),
             repaired_calls=len(notes),
@@ -1048,25 +1055,23 @@ class TurnMachine:
         )
         if handover is not None:
             self.queue = [*handover.queue, *self.queue]
-        yield from self._announce_resume(run, recovery)
+        self._announce_resume(run, recovery)
         answer = next((m for m in reversed(view.messages) if m.role == "assistant"), None)
         yield from self._continue(run, recovery.rerun, answer)
 
-    def _announce_resume(self, run: TurnState, recovery: TurnRecovery) -> Iterable[Effect]:
+    def _announce_resume(self, run: TurnState, recovery: TurnRecovery) -> None:
         """Say that ``run`` is taken up (``turn_resumed``), in the log and to subscribers."""
-        return [
-            self._record(run, "resumed", step=recovery.steps),
-            self._event(
-                ev.TurnResumed,
-                turn_id=run.turn_id,
-                prompt_id=run.prompt.handle.id,
-                resume_from=recovery.resume_from,
-                step=recovery.steps,
-                process=process_name(),
-                rerun_calls=len(recovery.rerun),
-                unknown_calls=len(recovery.unknown),
-            ),
-        ]
+        self._record(run, "resumed", step=recovery.steps)
+        self._publish(
+            ev.TurnResumed,
+            turn_id=run.turn_id,
+            prompt_id=run.prompt.handle.id,
+            resume_from=recovery.resume_from,
+            step=recovery.steps,
+            process=process_name(),
+            rerun_calls=len(recovery.rerun),
+            unknown_calls=len(recovery.unknown),
+        )
 
     def _idempotent(self, name: str) -> bool:
         tool = self.spec.tools.get(name)

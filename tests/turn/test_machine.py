@@ -59,6 +59,30 @@ def test_a_plain_answer_is_one_request_and_the_turn_ends_ok() -> None:
     assert w.m.state is AgentState.IDLE and w.m.run is None
 
 
+def test_an_untraced_session_without_mcp_servers_asks_for_no_span_and_no_tools_refresh() -> None:
+    plain = World(machine())
+    plain.prompt(prompt("hi"))
+    plain.run([answer("hello")])
+    bare = World(
+        TurnMachine(
+            Spec(config(), mcp=None),
+            counter=Counter(),
+            measure=Measure(),
+            model="openai/gpt-4o-mini",
+            context_window=WINDOW,
+            spill_dir=Path("/nonexistent/s1.spill"),
+            traced=False,
+        )
+    )
+    p = prompt("hi")
+    bare.prompt(p)
+    bare.run([answer("hello")])
+    asked = [type(e).__name__ for e in bare.seen if isinstance(e, fx.Awaited)]
+    assert asked == ["Persist", "Route", "CallModel", "RecordAnswer"]
+    assert {"StartSpan", "RefreshTools"} <= {type(e).__name__ for e in plain.seen}
+    assert bare.types() == plain.types() and bare.result(p).text == "hello"
+
+
 def test_the_request_carries_the_system_prompt_the_view_and_the_answer_gets_the_announced_id() -> None:
     w = World(machine())
     w.prompt(prompt("hi"))

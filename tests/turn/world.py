@@ -57,6 +57,7 @@ class Spec:
     session_id: str = "s1"
     system_prompt: str = "be brief"
     tools: ToolRegistry = field(default_factory=ToolRegistry)
+    mcp: Any = "servers"  # the session has MCP servers: each turn refreshes their tools first
 
 
 @dataclass(frozen=True)
