@@ -30,7 +30,7 @@ from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult
-from runtime.messages import Message, Usage
+from runtime.messages import KIND_COMPACTION_SUMMARY, Message, Usage
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
@@ -140,6 +140,9 @@ class Compactor(SessionActor):
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
         self._compactions: int | None = None  # number of the latest compaction's artifacts; read lazily
+        # What summarizer calls of compactions that recorded nothing cost: in the session's totals already
+        # (counted as they failed), not yet in its log; the next summary logged carries it (design §4.1)
+        self._unlogged = Usage()
         self._set_summarizer()
         self.estimate = SessionEstimate(spec, counter)
 
@@ -519,8 +522,7 @@ class Compactor(SessionActor):
             if job.view.dead is not None:  # a manual compaction brought a dead session back
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, ""))
             self.refs.usage.tell(p.Reset(context_tokens=tokens_after))
-            if summary.usage is not None:  # the summarizer's spend is the session's (design §4.1)
-                self.refs.usage.tell(p.RecordResponse(message=summary))
+            self._record_spend(summary, job)  # the summarizer's spend is the session's (design §4.1)
             self._end_span(
                 job,
                 messages_after=len(outcome.messages),
@@ -564,16 +566,35 @@ class Compactor(SessionActor):
         )
         self.call(self.refs.store, record, recorded)
 
-    @staticmethod
-    def _with_spend(summary: Message, job: _Job) -> Message:
+    def _with_spend(self, summary: Message, job: _Job) -> Message:
         """``summary`` carrying what its summarizer calls cost, as a response carries its usage: the
-        session's totals count it, live and when rebuilt from the log (design §4.1)."""
-        if not (job.spent.input_tokens or job.spent.output_tokens):
+        session's totals count it, live and when rebuilt from the log (design §4.1). It also carries what
+        earlier compactions that recorded nothing spent (:meth:`_spent_unlogged`), so the log has it too;
+        :meth:`_record_spend` counts only this job's part live (the rest was counted as it failed)."""
+        spent = job.spent + self._unlogged
+        if not (spent.input_tokens or spent.output_tokens):
             return summary
-        return msgspec.structs.replace(summary, usage=job.spent)
+        return msgspec.structs.replace(summary, usage=spent)
+
+    def _record_spend(self, summary: Message, job: _Job) -> None:
+        """Count ``summary``'s spend in the session's totals, once it is in the log (:meth:`_with_spend`)."""
+        self._unlogged = Usage()
+        if job.spent.input_tokens or job.spent.output_tokens:
+            self.refs.usage.tell(p.RecordResponse(message=msgspec.structs.replace(summary, usage=job.spent)))
+
+    def _spent_unlogged(self, job: _Job) -> None:
+        """A compaction that ends without a summary in the log (no progress, a failure): what its summarizer
+        calls cost is the session's all the same, counted now, and carried by the next summary logged."""
+        spent, job.spent = job.spent, Usage()
+        if not (spent.input_tokens or spent.output_tokens):
+            return
+        self._unlogged = self._unlogged + spent
+        record = Message(role="user", kind=KIND_COMPACTION_SUMMARY, agent_visible=False, usage=spent)
+        self.refs.usage.tell(p.RecordResponse(message=record))
 
     def _skip(self, job: _Job, trigger: CompactionTrigger, reason: str, message: str) -> None:
         """A compaction with nothing to reduce: said once (``compaction_skipped``), the history unchanged."""
+        self._spent_unlogged(job)
         messages = tuple(job.view.messages)
         if job.span is None:
             self._start_span(job, trigger, len(messages), job.tokens_before)
@@ -605,6 +626,7 @@ class Compactor(SessionActor):
         *,
         dead: bool = False,
     ) -> None:
+        self._spent_unlogged(job)
         if job.span is None:  # it failed before it started (nothing to compact): a span says so all the same
             self._start_span(job, trigger, len(job.view.messages) if job.view is not None else 0, tokens)
         self._end_span(job, error=message, reason=reason)
@@ -716,9 +738,11 @@ class Compactor(SessionActor):
         summary = self._with_spend(summary, job)
         store = self.refs.store
 
-        def appended(_: p.Stored | CallFailed) -> None:
-            if summary.usage is not None:
-                self.refs.usage.tell(p.RecordResponse(message=summary))
+        def appended(reply: p.Stored | CallFailed) -> None:
+            if isinstance(reply, CallFailed):
+                self._spent_unlogged(job)
+            else:
+                self._record_spend(summary, job)
             self.emit(
                 ev.ToolResultsArchived,
                 archived=job.plan.results,

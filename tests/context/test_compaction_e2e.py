@@ -244,6 +244,43 @@ def test_a_compaction_that_frees_nothing_is_discarded_and_never_loops(
     assert rt.messages(sid, view="model")[0].kind != KIND_COMPACTION_SUMMARY
 
 
+def test_what_a_discarded_compactions_summarizer_spent_is_counted_and_the_next_summary_logs_it(
+    rt: Any, recorder: Recorder, provider: Any, session: Any
+) -> None:
+    """design §4.1: a compaction whose summary is discarded (no progress) still paid for its summarizer call:
+    the session's usage counts it at once, and the next summary written to the log carries it, so the
+    totals rebuilt from the log count it too (the summary's usage = both compactions' summarizer calls)."""
+    model = chatty_model(provider, words=30)
+    echo = "openai/spend-summarizer"
+    long, short = " ".join(["blah"] * 2_500), "## Goal\nNotes.\n\n## Progress\nNoted each note."
+    provider.add_script("spend-summarizer", [Turn(text=long), Turn(text=short)])
+    config = small_window(model, **{"compaction.summarizer_model": echo, "compaction.fallback": False})
+    config["models.context_windows"][echo] = 32_000
+    sid = session(model, tools=None, config=config)
+    for i in range(4):
+        assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+    before = rt.usage(sid)
+    assert rt.compact(sid, keep_recent_tokens=100).result(timeout=30).skipped
+    calls = [r for r in provider.request_log if r.model == "spend-summarizer" and r.outcome == "ok"]
+    assert len(calls) == 1
+    after = rt.usage(sid)
+    assert after.input_tokens - before.input_tokens == calls[0].prompt_tokens > 0
+    first_output = after.output_tokens - before.output_tokens
+    assert first_output > 2_000  # the discarded summary's ~2,500 words
+    # the next compaction succeeds; its summary carries both calls' spend, counted once in the totals
+    assert rt.prompt(sid, "note 4").result(timeout=30).status == "ok"
+    mid = rt.usage(sid)
+    assert rt.compact(sid, keep_recent_tokens=100).result(timeout=30).compacted
+    calls = [r for r in provider.request_log if r.model == "spend-summarizer" and r.outcome == "ok"]
+    assert len(calls) == 2
+    final = rt.usage(sid)
+    assert final.input_tokens - mid.input_tokens == calls[1].prompt_tokens
+    (summary,) = [m for m in rt.messages(sid, view="model") if m.kind == KIND_COMPACTION_SUMMARY]
+    assert summary.usage is not None
+    assert summary.usage.input_tokens == sum(c.prompt_tokens for c in calls)
+    assert summary.usage.output_tokens == first_output + final.output_tokens - mid.output_tokens
+
+
 def test_a_manual_compaction_of_a_short_conversation_is_nothing_to_compact(
     rt: Any, recorder: Recorder, provider: Any, session: Any
 ) -> None:
