@@ -15,6 +15,12 @@ children one turn may start and one session may start in all (counted in this pr
 resumed with their parent); a time limit for one delegation. A limit reached is an error result to the
 model naming the limit, never a crash. The child's input
 tokens count against the parent turn's spend guard.
+
+A delegation survives its process (design §3.12): the tool is idempotent in the sense that matters, so a
+parent's turn taken up after a crash runs the cut-off call again, and running it again finds the child the
+call started (the stored session whose header names the parent and the call) instead of starting another:
+it resumes the child, whose agent takes its own cut-off turn up, and waits for that turn; a child whose turn
+had ended gives its final answer from its log; one that never got its task gets it now.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import msgspec
 
 from runtime.config import AgentProfile, Config, ConfigError
+from runtime.errors import AlreadyRegistered
+from runtime.handles import PromptHandle, TurnResult
 from runtime.handles import UsageReport as UsageReport  # (the report usage() gives; its home before)
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
     from actors.session import Session
+    from actors.wiring import Services
     from runtime.api import RuntimeAPI
     from runtime.bus import EventBus
 
@@ -45,6 +54,9 @@ if TYPE_CHECKING:
         def bus(self) -> EventBus: ...
 
         def _session(self, session_id: str) -> Session: ...
+
+        @property
+        def services(self) -> Services: ...
 
         def start_session(self, *args: Any, **kwargs: Any) -> str: ...  # (and its private _parent=)
 
@@ -92,6 +104,7 @@ class Delegations:
         self._children: dict[str, list[str]] = {}  # parent -> children started or resumed in this process
         self._started: dict[str, int] = {}  # parent -> delegations it started in this process
         self._turns: dict[str, tuple[str, int]] = {}  # parent -> its latest delegating turn, and its count
+        self._calls: dict[str, str | None] = {}  # child -> the call that started it (as far as read)
 
     # -- equipping a session ------------------------------------------------------------------------
     def tool(self, parent_id: str, profiles: Mapping[str, AgentProfile], depth: int, config: Config) -> Tool:
@@ -120,6 +133,7 @@ class Delegations:
             fn=delegate,
             timeout=config.subagents.timeout,
             context_param="ctx",
+            idempotent=True,  # run again, a call goes on with the child it started (see the module docstring)
         )
 
     def equip(
@@ -152,14 +166,23 @@ class Delegations:
             raise ToolError(f"no sub-agent profile {name!r}; the profiles are: {', '.join(sorted(profiles))}")
         if not task.strip():
             raise ToolError("the task is empty: say what the sub-agent should do")
-        self._reserve(parent_id, ctx.turn_id)
-        try:
-            child = self._start_child(parent_id, profiles, depth, name, profile, ctx.call_id)
-            ctx.metadata["child_session_id"] = child
-            ctx.metadata["profile"] = name
-            result = self._await(child, task, ctx)
-        finally:
-            self._release(parent_id)
+        result: TurnResult | None = None
+        child = self._child_of(parent_id, ctx.call_id)  # the call run again after a crash: its child
+        if child is not None:
+            self._reserve(parent_id, ctx.turn_id, again=True)
+            try:
+                result = self._go_on(child, name, profile, task, ctx)
+            finally:
+                self._release(parent_id)
+        if result is None:  # (a new delegation)
+            self._reserve(parent_id, ctx.turn_id)
+            try:
+                child = self._start_child(parent_id, profiles, depth, name, profile, ctx.call_id)
+                ctx.metadata["child_session_id"] = child
+                ctx.metadata["profile"] = name
+                result = self._await(child, self._rt.prompt(child, task), ctx)
+            finally:
+                self._release(parent_id)
         usage = result.usage
         ctx.metadata["child_usage"] = {
             "input_tokens": usage.input_tokens,
@@ -171,9 +194,15 @@ class Delegations:
             raise ToolError(f"the sub-agent {name!r} (session {child}) did not finish its task: {why}")
         return result.text or "(the sub-agent finished without a text answer)"
 
-    def _reserve(self, parent_id: str, turn_id: str) -> None:
+    def _reserve(self, parent_id: str, turn_id: str, *, again: bool = False) -> None:
+        """Count a delegation of ``parent_id`` as running, or raise the limit it would pass (``again``: a
+        child started before, gone on with: only the children running at once count)."""
         limits = self._rt.config.subagents
         with self._lock:
+            if again:
+                self._running[parent_id] = self._running.get(parent_id, 0) + 1
+                self._total += 1
+                return
             turn, in_turn = self._turns.get(parent_id, ("", 0))
             if turn != turn_id:
                 in_turn = 0
@@ -227,6 +256,27 @@ class Delegations:
     ) -> str:
         rt = self._rt
         parent = rt._session(parent_id).spec
+        config = {**parent.overrides, **profile.config}
+        child = rt.start_session(
+            model=profile.model or parent.model,
+            system_prompt=profile.system_prompt,
+            tools=self._child_tools(parent_id, name, profile),
+            workspace=parent.workspace,
+            config=config,
+            api_base=parent.api_base,
+            api_key=parent.api_key,
+            approval=parent.approval,
+            require_approval=parent.require_approval,
+            agents=profiles if profile.delegate else {},
+            _parent=(parent_id, call_id, depth + 1),
+        )
+        with self._lock:
+            self._calls[child] = call_id
+        return child
+
+    def _child_tools(self, parent_id: str, name: str, profile: AgentProfile) -> Any:
+        """The tools a child of ``parent_id`` gets from ``profile`` (``name``)."""
+        parent = self._rt._session(parent_id).spec
         tools: Any
         if profile.tools == "inherit":
             tools = ToolRegistry([t for t in parent.tools.tools() if t.name != DELEGATION_TOOL])
@@ -239,26 +289,67 @@ class Delegations:
             if missing:
                 raise ToolError(f"the profile {name!r} names tools this session does not have: {missing}")
             tools = ToolRegistry([parent.tools[t] for t in profile.tools])
-        config = {**parent.overrides, **profile.config}
-        child = rt.start_session(
-            model=profile.model or parent.model,
-            system_prompt=profile.system_prompt,
-            tools=tools,
-            workspace=parent.workspace,
-            config=config,
-            api_base=parent.api_base,
-            api_key=parent.api_key,
-            approval=parent.approval,
-            require_approval=parent.require_approval,
-            agents=profiles if profile.delegate else {},
-            _parent=(parent_id, call_id, depth + 1),
-        )
-        return child
+        return tools
 
-    def _await(self, child: str, task: str, ctx: ToolContext) -> Any:
-        """Prompt ``child`` with ``task`` and wait for its turn; a cancelled delegation aborts it."""
+    def _child_of(self, parent_id: str, call_id: str) -> str | None:
+        """The stored child session the call ``call_id`` of ``parent_id`` started, or None: from the index
+        and the children's headers, each read once in a process (a child started here is known)."""
+        for child in self._rt.children(parent_id):
+            with self._lock:
+                known = child in self._calls
+                of = self._calls.get(child)
+            if not known:
+                header = self._rt.services.directory.read_header(child)
+                of = header.parent_call_id if header is not None else None
+                with self._lock:
+                    self._calls[child] = of
+            if of == call_id:
+                return child
+        return None
+
+    def _go_on(
+        self, child: str, name: str, profile: AgentProfile, task: str, ctx: ToolContext
+    ) -> TurnResult | None:
+        """The result of a delegation whose child was started before its process stopped: the child's
+        turn taken up (resumed here with the parent's endpoint and tools, unless hosted already), its final
+        answer when its turn had ended, or its turn now when it never got the task. None when ``child`` was
+        given another task (a call id used again): it is not this call's."""
         rt = self._rt
-        handle = rt.prompt(child, task)
+        parent = rt._session(ctx.session_id).spec
+        try:
+            rt.resume_session(  # (a no-op when it is hosted already)
+                child,
+                tools=self._child_tools(ctx.session_id, name, profile),
+                workspace=parent.workspace,
+                api_base=parent.api_base,
+                api_key=parent.api_key,
+                approval=parent.approval,
+                require_approval=parent.require_approval,
+            )
+        except AlreadyRegistered:  # resumed meanwhile by another (a server taking its turns up)
+            pass
+        first = rt.messages(child)[:1]  # (all of them: its taken-up turn may be appending meanwhile)
+        if first and (first[0].role != "user" or first[0].text != task):
+            return None
+        ctx.metadata["child_session_id"] = child
+        ctx.metadata["profile"] = name
+        if not first:  # it never got the task
+            return self._await(child, rt.prompt(child, task), ctx)
+        handle = rt.resumed_turn(child)
+        if handle is not None:
+            return self._await(child, handle, ctx)
+        newest = rt.messages(child, view="model", limit=1)
+        last = newest[-1] if newest else None
+        if last is not None and last.role == "assistant" and not last.tool_calls:  # its turn had ended
+            ok = last.stop_reason != "error" and last.kind is None
+            return TurnResult(
+                prompt_id=child, status="ok" if ok else "error", message=last, error=None if ok else last.text
+            )
+        return self._await(child, rt.prompt(child, task), ctx)  # (its turn was ended without an answer)
+
+    def _await(self, child: str, handle: PromptHandle, ctx: ToolContext) -> TurnResult:
+        """Wait for ``child``'s turn (``handle``); a cancelled delegation aborts it."""
+        rt = self._rt
         while True:
             try:
                 return handle.result(timeout=_POLL)
@@ -283,6 +374,7 @@ class Delegations:
 
     def forget(self, session_id: str) -> None:
         with self._lock:
+            self._calls.pop(session_id, None)
             self._children.pop(session_id, None)
             self._started.pop(session_id, None)
             self._turns.pop(session_id, None)

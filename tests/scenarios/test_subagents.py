@@ -263,3 +263,87 @@ def test_a_child_recovers_from_an_overflow_on_its_own(
     recorder.wait_for(lambda evs: any(e.type == "compaction_end" and e.session_id == kid for e in evs), 20)
     assert [e.trigger for e in recorder.of("compaction_start", kid)] == ["overflow"]
     assert not recorder.of("compaction_start", parent) and not recorder.of("error", parent)
+
+
+def _wait(check: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_parent_taken_up_after_a_crash_gets_the_answer_of_its_childs_taken_up_turn(
+    sessions_dir: Path, provider: Any, script: Any, workspace: Path
+) -> None:
+    """The process died while a child worked for its parent (both logs and the journal of open turns as it
+    left them, copied mid-turn). Resumed, the parent's turn runs the cut-off delegation again, which goes
+    on with the same child: the child's own turn is taken up and its answer is the parent's tool result
+    (design §3.12). No second child is started, and the child's model is asked once more, not twice."""
+    child = child_model(provider, Turn(text="never delivered", latency=30), Turn(text="The answer is 42."))
+    parent_model = script(  # (its answer twice: the first process, stopping, may still ask for it)
+        Turn(tool_calls=(delegate("researcher", "Find the answer.", "call_x1"),)),
+        Turn(text="It is 42."),
+        Turn(text="It is 42."),
+    )
+    name = child.removeprefix("openai/")
+    endpoint = {"api_base": provider.url, "api_key": "sk-local"}
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        parent = rt.start_session(model=parent_model, workspace=workspace, agents=profiles(child), **endpoint)
+        prompt_id = rt.prompt(parent, "What is the answer?").id
+        _wait(lambda: provider.remaining_turns(name) == 1, "the child never asked its model")
+        rt.flush()
+        (kid,) = rt.children(parent)
+        saved = {p: p.read_bytes() for p in sessions_dir.rglob("*.jsonl") if "index" not in p.parts}
+    for path, data in saved.items():  # as the process that died left them (its journal as a dead one's)
+        path.write_bytes(data)
+
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        assert rt.interrupted_sessions() == sorted([parent, kid])
+        rt.resume_session(parent, **endpoint)
+        handle = rt.resumed_turn(parent)
+        assert handle is not None and handle.id == prompt_id
+        result = handle.result(timeout=60)
+        assert result.status == "ok" and result.text == "It is 42.", result.error
+        (delegation,) = tool_results(rt, parent)
+        assert delegation.text == "The answer is 42." and not delegation.is_error
+        assert delegation.metadata["child_session_id"] == kid
+        assert rt.children(parent) == [kid]  # gone on with, not started again
+        assert provider.remaining_turns(name) == 0
+        assert [m.text for m in rt.messages(kid)] == ["Find the answer.", "The answer is 42."]
+        assert rt.interrupted_sessions() == []
+
+
+def test_a_child_that_answered_before_the_crash_gives_its_answer_from_its_log(
+    sessions_dir: Path, provider: Any, script: Any, workspace: Path
+) -> None:
+    """The child's answer was in its log but not yet in its parent's when the process died: the parent's
+    turn, taken up, gets that answer as the call's result without asking the child's model again."""
+    child = child_model(provider, Turn(text="Found it: 7.", latency=1.5))
+    parent_model = script(  # (its answer twice: once before the copy of its log is put back, once after)
+        Turn(tool_calls=(delegate("researcher", "Find the number.", "call_y1"),)),
+        Turn(text="It is 7."),
+        Turn(text="It is 7."),
+    )
+    name = child.removeprefix("openai/")
+    endpoint = {"api_base": provider.url, "api_key": "sk-local"}
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        parent = rt.start_session(model=parent_model, workspace=workspace, agents=profiles(child), **endpoint)
+        handle = rt.prompt(parent, "Which number?")
+        _wait(lambda: provider.remaining_turns(name) == 0, "the child never asked its model")
+        rt.flush()
+        parent_log = next(sessions_dir.rglob(f"{parent}.jsonl"))
+        mid_turn = parent_log.read_bytes()  # the parent waits for its child
+        (journal,) = (sessions_dir / "turns").iterdir()
+        journal_then = journal.read_bytes()
+        assert handle.result(timeout=30).status == "ok"  # (the child's log then holds its answer)
+    parent_log.write_bytes(mid_turn)
+    (sessions_dir / "turns" / "1-dead.jsonl").write_bytes(journal_then)
+
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        rt.resume_session(parent, **endpoint)
+        resumed = rt.resumed_turn(parent)
+        assert resumed is not None
+        assert resumed.result(timeout=60).text == "It is 7."
+        (delegation,) = tool_results(rt, parent)
+        assert delegation.text == "Found it: 7." and not delegation.is_error
+        assert len(rt.children(parent)) == 1
