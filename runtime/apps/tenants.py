@@ -18,7 +18,8 @@ revoked without a restart. A presented token is hashed and compared with every s
 time. What a tenant creates (sessions, responses, conversations) is recorded as its own in
 ``<sessions_dir>/tenants/owners.jsonl``; a sub-agent belongs to its parent's tenant. Who created, resumed,
 deleted what goes to ``<sessions_dir>/tenants/audit.jsonl``. Usage per tenant and UTC day is counted from
-the event bus (``agent_start``/``agent_end``) and kept in ``<sessions_dir>/tenants/usage.json``.
+the event bus (tokens and spend from ``usage_update``: every response a tenant's sessions paid for, their
+compactions' included; turns from ``agent_end``) and kept in ``<sessions_dir>/tenants/usage.json``.
 """
 
 from __future__ import annotations
@@ -107,9 +108,11 @@ class Tenants:
         self._read_owners()
         self._running: dict[str, set[str]] = {}  # tenant -> its sessions with a turn running
         # usage of sessions nobody owns yet (one a Responses request started is owned once it answered)
-        self._pending: dict[str, tuple[int, float]] = {}
+        self._pending: dict[str, tuple[int, float, int]] = {}  # session -> tokens, spend, turns
         self._usage: dict[str, dict[str, float]] = self._read_usage()  # "tenant day" -> tokens, spend
-        self._subscription = runtime.subscribe("*", ("agent_start", "agent_end"), callback=self._on_event)
+        self._subscription = runtime.subscribe(
+            "*", ("agent_start", "agent_end", "usage_update"), callback=self._on_event
+        )
 
     def close(self) -> None:
         self._subscription.close()
@@ -179,7 +182,7 @@ class Tenants:
                 fh.write(json.dumps({"id": item, "tenant": tenant}) + "\n")
             used = self._pending.pop(item, None)
             if used is not None:
-                self._count(tenant, *used)
+                self._count(tenant, used[0], used[1], used[2])
 
     def disown(self, item: str) -> None:
         with self._lock:
@@ -222,15 +225,25 @@ class Tenants:
 
     # -- usage --------------------------------------------------------------------------------------------
     def _on_event(self, event: ev.Event) -> None:
+        """Tokens and spend from each response the session paid for (``usage_update``: its turns' and its
+        compactions' summarizer calls, design §4.1), turns from ``agent_end``."""
         tenant = self.owner(event.session_id)
-        tokens = cost = 0.0
-        if isinstance(event, ev.AgentEnd):
+        tokens, cost, turns = 0, 0.0, 0
+        if isinstance(event, ev.UsageUpdate):
             tokens, cost = event.usage.input_tokens + event.usage.output_tokens, event.usage.cost or 0.0
+            if not tokens and not cost:  # (a compaction's reset or a model switch: nothing paid)
+                return
+        elif isinstance(event, ev.AgentEnd):
+            turns = 1
         with self._lock:
             if tenant is None:
-                if isinstance(event, ev.AgentEnd):
-                    before = self._pending.pop(event.session_id, (0, 0.0))
-                    self._pending[event.session_id] = (int(before[0] + tokens), before[1] + cost)
+                if not isinstance(event, ev.AgentStart):
+                    before = self._pending.pop(event.session_id, (0, 0.0, 0))
+                    self._pending[event.session_id] = (
+                        before[0] + tokens,
+                        before[1] + cost,
+                        before[2] + turns,
+                    )
                     while len(self._pending) > _MAX_PENDING:
                         del self._pending[next(iter(self._pending))]
                 return
@@ -238,15 +251,16 @@ class Tenants:
             if isinstance(event, ev.AgentStart):
                 if self._parent_linked(event.session_id) is None:
                     running.add(event.session_id)
-            elif isinstance(event, ev.AgentEnd):
+                return
+            if isinstance(event, ev.AgentEnd):
                 running.discard(event.session_id)
-                self._count(tenant, int(tokens), cost)
+            self._count(tenant, tokens, cost, turns)
 
-    def _count(self, tenant: str, tokens: int, cost: float) -> None:
+    def _count(self, tenant: str, tokens: int, cost: float, turns: int) -> None:
         day = self._usage.setdefault(f"{tenant} {_today()}", {"tokens": 0.0, "spend": 0.0, "turns": 0.0})
         day["tokens"] += tokens
         day["spend"] += cost
-        day["turns"] += 1
+        day["turns"] += turns
         self._write_usage()
 
     def _parent_linked(self, session_id: str) -> str | None:

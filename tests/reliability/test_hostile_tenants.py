@@ -261,3 +261,34 @@ def test_concurrent_turns_and_profiles_are_quotas(
             time.sleep(0.1)
         assert a.post(f"/sessions/{other}/prompt", json={"text": "now", "wait": True}).status_code == 200
         assert a.post("/v1/responses", json={"model": "allowed", "input": "x"}).status_code == 200
+
+
+def test_a_tenants_usage_counts_what_its_compactions_paid_too(server: ApiServer, provider: Any) -> None:
+    """A tenant's tokens are what its sessions paid for: the summarizer call of a compaction counts as a
+    turn's requests do (design §4.1), so the tenant's day equals its session's own usage."""
+    summarized = model(
+        provider,
+        Turn(text="Hello."),
+        Turn(text="Second answer " + "detail " * 200),
+        Turn(text="Third answer."),
+        Turn(text="## Goal\nKeep notes.\n## Progress\nDone: greeted."),  # the summary of /compact
+    )
+    body = {
+        "model": summarized,
+        "api_base": provider.url,
+        "api_key": "sk-local",
+        "config": {"models.context_windows": {summarized: 50_000}},
+    }
+    with client(server, A1) as a:
+        sid = a.post("/sessions", json=body).json()["id"]
+        for text in ("hi", "more", "and more"):
+            assert a.post(f"/sessions/{sid}/prompt", json={"text": text, "wait": True}).status_code == 200
+        compacted = a.post(f"/sessions/{sid}/compact", json={}).json()
+        assert compacted["compacted"] is True, compacted
+        paid = a.get(f"/sessions/{sid}").json()["usage"]
+        expected = paid["input_tokens"] + paid["output_tokens"]
+        deadline = time.monotonic() + 10
+        while a.get("/usage").json()["tokens"] != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        usage = a.get("/usage").json()
+        assert (usage["tokens"], usage["turns"]) == (expected, 3)
