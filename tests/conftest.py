@@ -105,6 +105,14 @@ class Recorder:
         self.wait_for(lambda evs: sum(e.type == kind for e in evs) >= count, timeout)
 
 
+def wait_until(check: Callable[[], object], what: str = "the condition", timeout: float = 30.0) -> None:
+    """Poll ``check`` until it is true; fail saying ``what`` was not met within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def recorder(rt: Any) -> Iterator[Recorder]:
     rec = Recorder()

@@ -16,6 +16,7 @@ from runtime import Runtime
 from runtime.apps.server import ApiServer
 from runtime.provider import Turn
 from runtime.store.turns import TURNS_DIR
+from tests.conftest import wait_until
 from tests.serve import serve_process
 
 TOKEN = "take-up-token"
@@ -25,13 +26,6 @@ ANSWER = "answered by the server that came back"
 def _log_of(sessions: Path, session_id: str) -> Path:
     (log,) = sessions.rglob(f"{session_id}.jsonl")
     return log
-
-
-def _wait(check: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def test_the_server_takes_up_the_turns_a_dead_runtime_left_open_and_keeps_their_results(
@@ -47,7 +41,9 @@ def test_the_server_takes_up_the_turns_a_dead_runtime_left_open_and_keeps_their_
     with Runtime(sessions_dir=sessions_dir) as rt:
         sid = rt.start_session(model="openai/cut-in-process")
         prompt_id = rt.prompt(sid, "finish this").id
-        _wait(lambda: provider.remaining_turns("cut-in-process") == 1, "the turn never reached the model")
+        wait_until(
+            lambda: provider.remaining_turns("cut-in-process") == 1, "the turn never reached the model"
+        )
         rt.flush()
         log_then = _log_of(sessions_dir, sid).read_bytes()
         (journal,) = (sessions_dir / TURNS_DIR).iterdir()

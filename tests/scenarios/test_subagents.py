@@ -18,7 +18,7 @@ import runtime.store.sessions as sessions_module
 from runtime import Runtime
 from runtime.config import Config
 from runtime.provider.script import ToolCallSpec, Turn
-from tests.conftest import Recorder
+from tests.conftest import Recorder, wait_until
 
 _names = itertools.count(1)
 
@@ -265,13 +265,6 @@ def test_a_child_recovers_from_an_overflow_on_its_own(
     assert not recorder.of("compaction_start", parent) and not recorder.of("error", parent)
 
 
-def _wait(check: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_a_parent_taken_up_after_a_crash_gets_the_answer_of_its_childs_taken_up_turn(
     sessions_dir: Path, provider: Any, script: Any, workspace: Path
 ) -> None:
@@ -290,7 +283,7 @@ def test_a_parent_taken_up_after_a_crash_gets_the_answer_of_its_childs_taken_up_
     with Runtime(sessions_dir=sessions_dir) as rt:
         parent = rt.start_session(model=parent_model, workspace=workspace, agents=profiles(child), **endpoint)
         prompt_id = rt.prompt(parent, "What is the answer?").id
-        _wait(lambda: provider.remaining_turns(name) == 1, "the child never asked its model")
+        wait_until(lambda: provider.remaining_turns(name) == 1, "the child never asked its model")
         rt.flush()
         (kid,) = rt.children(parent)
         saved = {p: p.read_bytes() for p in sessions_dir.rglob("*.jsonl") if "index" not in p.parts}
@@ -329,7 +322,7 @@ def test_a_child_that_answered_before_the_crash_gives_its_answer_from_its_log(
     with Runtime(sessions_dir=sessions_dir) as rt:
         parent = rt.start_session(model=parent_model, workspace=workspace, agents=profiles(child), **endpoint)
         handle = rt.prompt(parent, "Which number?")
-        _wait(lambda: provider.remaining_turns(name) == 0, "the child never asked its model")
+        wait_until(lambda: provider.remaining_turns(name) == 0, "the child never asked its model")
         rt.flush()
         parent_log = next(sessions_dir.rglob(f"{parent}.jsonl"))
         mid_turn = parent_log.read_bytes()  # the parent waits for its child

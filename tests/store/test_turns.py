@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from runtime.provider import Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.store.turns import COMPACT_LINES, TURNS_DIR, TurnJournal, read_journal
 from runtime.store.writer import LogWriter
+from tests.conftest import wait_until
 
 
 def journals(sessions: Path) -> dict[str, list[str]]:
@@ -23,13 +23,6 @@ def journals(sessions: Path) -> dict[str, list[str]]:
     if not folder.exists():  # (made by a runtime's first turn)
         return {}
     return {p.name: read_journal(p.read_bytes()) for p in folder.iterdir() if not p.name.startswith(".")}
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the timeout"
-        time.sleep(0.01)
 
 
 def test_read_journal_keeps_what_its_last_line_of_each_session_says() -> None:
