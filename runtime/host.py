@@ -321,7 +321,8 @@ class Runtime(RuntimeAPI):
 
     def interrupted_sessions(self) -> list[str]:
         self._require_started()
-        return self._machinery.turns.interrupted(self._hosting.sessions, self.services.directory.held)
+        directory = self.services.directory
+        return self._machinery.turns.interrupted(self._hosting.sessions, directory.held, directory.exists)
 
     def _session(self, session_id: str) -> Session:
         """The hosted session ``session_id`` (made from its parked record on its first use)."""

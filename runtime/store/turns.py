@@ -136,13 +136,18 @@ class TurnJournal:
 
     # -- the turns other runtimes cut off ----------------------------------------------------------------
 
-    def interrupted(self, hosted: Container[str], held_elsewhere: Callable[[str], bool]) -> list[str]:
+    def interrupted(
+        self,
+        hosted: Container[str],
+        held_elsewhere: Callable[[str], bool],
+        stored: Callable[[str], bool] = lambda _sid: True,
+    ) -> list[str]:
         """The sessions whose turn a runtime that is gone left open, and that neither this runtime hosts
         (``hosted``) nor another running one (``held_elsewhere``: its session lock is live), sorted.
 
         The journals of runtimes that are gone are moved into this one's (written before they are
         deleted), so each is read once and a session stays listed until it is resumed here, or its turn
-        ends, or another runtime holds it."""
+        ends, or another runtime holds it, or it is no longer ``stored`` (deleted)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         own = self.claim()
         for name in sorted(os.listdir(self.folder)):
@@ -154,7 +159,7 @@ class TurnJournal:
             listed = [sid for sid in self._open if sid not in hosted]
         found = []
         for sid in listed:
-            if held_elsewhere(sid):
+            if held_elsewhere(sid) or not stored(sid):
                 self.closed(sid, None)
             else:
                 found.append(sid)

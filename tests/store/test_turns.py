@@ -47,10 +47,13 @@ def test_a_turn_is_listed_open_while_it_runs_and_the_journal_goes_with_a_clean_s
 
 
 def test_interrupted_sessions_are_the_open_turns_of_runtimes_that_are_gone(sessions_dir: Path) -> None:
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        for sid in ("gone-a", "held"):  # (stored; "deleted" is not)
+            rt.start_session(sid, model="openai/none")
     folder = sessions_dir / TURNS_DIR
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     dead = folder / "1-dead.jsonl"
-    dead.write_bytes(b"+gone-a\n+gone-b\n-gone-b\n+hosted\n+held\n+torn")
+    dead.write_bytes(b"+gone-a\n+gone-b\n-gone-b\n+hosted\n+held\n+deleted\n+torn")
     live = folder / "2-live.jsonl"
     live.write_bytes(b"+running-elsewhere\n")
     holder = os.open(live, os.O_RDONLY)
