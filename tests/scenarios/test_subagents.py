@@ -340,3 +340,27 @@ def test_a_child_that_answered_before_the_crash_gives_its_answer_from_its_log(
         (delegation,) = tool_results(rt, parent)
         assert delegation.text == "Found it: 7." and not delegation.is_error
         assert len(rt.children(parent)) == 1
+
+
+def test_a_crash_of_the_parents_agent_mid_delegation_goes_on_with_the_same_child(
+    rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder
+) -> None:
+    """The parent's agent crashes while its child works: its successor takes the turn up and runs the
+    delegation again, which goes on with the same child (its answer is the tool result), not a new one."""
+    child = child_model(provider, Turn(text="child answer", latency=1.5), Turn(text="child answer"))
+    parent = session(
+        script(Turn(tool_calls=(delegate("researcher", "Work on it."),)), Turn(text="ok"), Turn(text="ok")),
+        tools=None,
+        agents=profiles(child),
+    )
+    handle = rt.prompt(parent, "go")
+    recorder.wait_for(lambda evs: any(e.type == "request_start" and e.session_id != parent for e in evs), 30)
+    rt._session(parent).refs.agent.tell(object())  # the parent's agent crashes while its child works
+    result = handle.result(timeout=60)
+    assert result.status == "ok" and result.text == "ok", result.error
+    (delegation,) = tool_results(rt, parent)
+    assert delegation.text == "child answer" and not delegation.is_error
+    assert len(rt.children(parent)) == 1
+    recorder.wait_for(
+        lambda evs: any(e.type == "agent_recovered" and e.session_id == parent for e in evs), 20
+    )
