@@ -77,7 +77,9 @@ def test_events_are_left_out_of_the_garbage_collectors_count() -> None:
         before = gc.get_count()[0]
         batch = decode_push(frame)
         assert len(batch.events) == 5_000
-        assert gc.get_count()[0] - before < 10  # the batch, its lists: not an object an event
+        # The batch and its lists, not an object an event (5,000 if events were counted); the count is the
+        # process's, so other threads allocating meanwhile add a few dozen on a loaded machine.
+        assert gc.get_count()[0] - before < 500
     finally:
         gc.enable()
 
