@@ -1,7 +1,8 @@
 """The runtime against a real model server: its own CPU per turn beside the model's, and requests refused.
 
-    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--max-output-tokens 256]
-                                    [--turn-timeout 180] [--api-base URL --model openai/NAME]
+    python -m benchmarks.bench_real [--turns 12] [--sessions 1 4] [--max-output-tokens 128]
+                                    [--summary-tokens 256] [--turn-timeout 180]
+                                    [--api-base URL --model openai/NAME]
 
 Without ``--api-base`` it starts llama.cpp's server with SmolLM2-135M-Instruct (both from PyPI,
 ``benchmarks/_llama.py``): for N concurrent sessions, ``--ctx-size 2048×N -np N`` (a slot of 2,048 tokens
@@ -9,10 +10,12 @@ each), a new server for each N. Each session is what a newcomer starts (``model=
 api_base, no window configured: the runtime finds it from the server) and runs ``--turns`` short turns;
 the windows fill and compact on the way (the compactions are the model's own summaries).
 
-Answers are capped at ``--max-output-tokens`` (256 by default; ``agent.max_output_tokens``): SmolLM2 often
-writes on until the window's room is spent (1,300-1,700 tokens), and four such answers on two cores take a
-minute each, so uncapped (``--max-output-tokens 0``) the default run takes 10+ minutes. At 256 a session's
-context still reaches the compaction threshold every three or four turns: the run reports its compactions.
+Answers are capped at ``--max-output-tokens`` (128 by default; ``agent.max_output_tokens``) and summaries
+at ``--summary-tokens`` (256; ``compaction.summary_max_output_tokens``): SmolLM2 often writes on until the
+window's room is spent (1,300-1,700 tokens), and four such answers on two cores take a minute each, so
+uncapped (``0`` for either) the default run takes 10+ minutes; with answers of 256 it took 8.7 minutes at
+load 3.5-6. At 128 a session's context still reaches the compaction threshold (0.8 × (2,048 − 1,024
+reserved)) every few turns: the run reports its compactions.
 
 Per N: turns (``ok``, ``timed_out``: no result within ``--turn-timeout``, then aborted) and their wall
 time; the runtime's CPU per turn (this process: the actors, the gateway, the log writer, the compactions'
@@ -50,7 +53,8 @@ TOPICS = (
     "submarines", "penguins", "castles", "thunderstorms", "libraries", "kites", "salt", "clocks", "foxes",
 )  # fmt: skip
 SYSTEM = "You are a helpful assistant. Answer briefly."
-DEFAULT_MAX_OUTPUT_TOKENS = 256
+DEFAULT_MAX_OUTPUT_TOKENS = 128
+DEFAULT_SUMMARY_TOKENS = 256
 DEFAULT_TURN_TIMEOUT = 180.0
 _RECORDED = frozenset(
     {
@@ -103,6 +107,7 @@ def run_sessions(
     server_pid: int | None,
     max_output_tokens: int | None = DEFAULT_MAX_OUTPUT_TOKENS,
     turn_timeout: float = DEFAULT_TURN_TIMEOUT,
+    summary_tokens: int | None = DEFAULT_SUMMARY_TOKENS,
 ) -> tuple[dict[str, Any], list[tuple[float, Any]]]:
     """Run ``sessions`` newcomers' sessions of ``turns`` turns at once; the row of figures (without the
     server's counts) and every recorded event with its time."""
@@ -118,9 +123,13 @@ def run_sessions(
                     events.append((time.monotonic(), event))
 
         sub = rt.subscribe(callback=record)
-        config = {"agent.max_output_tokens": max_output_tokens} if max_output_tokens else None
+        config: dict[str, Any] = {}
+        if max_output_tokens:
+            config["agent.max_output_tokens"] = max_output_tokens
+        if summary_tokens:
+            config["compaction.summary_max_output_tokens"] = summary_tokens
         sids = [
-            rt.start_session(model=model, api_base=api_base, system_prompt=SYSTEM, config=config)
+            rt.start_session(model=model, api_base=api_base, system_prompt=SYSTEM, config=config or None)
             for _ in range(sessions)
         ]
         windows = sorted({rt.context_stats(s).window for s in sids})
@@ -176,6 +185,7 @@ def run_sessions(
         "timed_out": statuses.count("timed_out"),
         "window": "/".join(str(w) for w in windows),
         "answer_cap": max_output_tokens or None,
+        "summary_cap": summary_tokens or None,
         "mean_answer_tokens": round(statistics.mean(answers)) if answers else None,
         "wall_s": round(wall, 1),
         "turns_per_s": round(done / wall, 3) if wall else None,
@@ -235,23 +245,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         "window leaves",
     )
     parser.add_argument(
+        "--summary-tokens",
+        type=int,
+        default=DEFAULT_SUMMARY_TOKENS,
+        help="cap each summary (compaction.summary_max_output_tokens; default %(default)s); 0: the default",
+    )
+    parser.add_argument(
         "--turn-timeout",
         type=float,
         default=DEFAULT_TURN_TIMEOUT,
         help="seconds a turn may take before it is aborted and reported as timed_out (default %(default)s)",
     )
     args = parser.parse_args(argv)
-    cap = args.max_output_tokens or None
+    cap, summary = args.max_output_tokens or None, args.summary_tokens or None
     _progress(
         f"bench_real: {args.sessions} concurrent sessions x {args.turns} turns, answers capped at "
-        f"{cap or 'the room the window leaves'} tokens, {args.turn_timeout:g} s a turn at most"
+        f"{cap or 'the room the window leaves'} tokens, summaries at {summary or 'the default'}, "
+        f"{args.turn_timeout:g} s a turn at most"
     )
     rows = []
     for n in args.sessions:
         started = time.monotonic()
         if args.api_base:
             _progress(f"{n} session(s) on {args.api_base}")
-            row, events = run_sessions(args.api_base, args.model, n, args.turns, None, cap, args.turn_timeout)
+            row, events = run_sessions(
+                args.api_base, args.model, n, args.turns, None, cap, args.turn_timeout, summary
+            )
             rows.append(refusals(row, events, None, ()))
         else:
             from benchmarks._llama import (
@@ -270,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 binary, gguf, Path(tempfile.mkdtemp()), ctx_size=2048 * n, slots=n
             ) as server:
                 row, events = run_sessions(
-                    server.url, args.model, n, args.turns, server.process.pid, cap, args.turn_timeout
+                    server.url, args.model, n, args.turns, server.process.pid, cap, args.turn_timeout, summary
                 )
             counts = server_counts(server.log)
             rows.append(refusals(row, events, counts.requests, counts.refused))
@@ -288,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "model": args.model,
             "turns_per_session": args.turns,
             "max_output_tokens": cap,
+            "summary_max_output_tokens": summary,
             "turn_timeout_s": args.turn_timeout,
             "command": " ".join(
                 ["python -m benchmarks.bench_real", *(sys.argv[1:] if argv is None else argv)]
