@@ -412,6 +412,37 @@ def test_a_shard_whose_channel_cannot_be_reached_gets_turns_and_events_by_ray_ca
         cluster.remove_shard(new)
 
 
+def test_a_cluster_lists_the_turns_a_dead_runtime_left_open_and_takes_them_up(
+    cluster: ClusterRuntime, provider: Any
+) -> None:
+    """Design §3.12 on the cluster: a runtime that shared the cluster's sessions directory died mid-turn (its
+    log and journal of open turns as it left them); ``interrupted_sessions`` on the front lists the session,
+    and resuming it there takes the turn up on its shard, the front's handle under the original prompt id."""
+    model = f"cut-cluster-{os.getpid()}"
+    provider.add_script(model, [Turn(text="never delivered", latency=30), Turn(text="taken up on a shard")])
+    sid = f"cut-off-{os.getpid()}"
+    with Runtime(sessions_dir=cluster.sessions_path) as gone:
+        gone.start_session(sid, model=f"openai/{model}", api_base=provider.url, api_key="sk-local")
+        prompt_id = gone.prompt(sid, "finish this").id
+        deadline = time.monotonic() + 30
+        while provider.remaining_turns(model) == 2:
+            assert time.monotonic() < deadline, "the turn never reached the model"
+            time.sleep(0.02)
+        gone.flush()
+        (log,) = cluster.sessions_path.rglob(f"{sid}.jsonl")
+        log_then = log.read_bytes()
+        journal_then = Path(gone._machinery.turns.path).read_bytes()
+    log.write_bytes(log_then)  # as the runtime that died left them
+    (cluster.sessions_path / "turns" / f"{os.getpid()}-gone.jsonl").write_bytes(journal_then)
+
+    assert sid in cluster.interrupted_sessions()
+    cluster.resume_session(sid, api_key="sk-local")
+    handle = cluster.resumed_turn(sid)
+    assert handle is not None and handle.id == prompt_id
+    assert handle.result(timeout=60).text == "taken up on a shard"
+    assert sid not in cluster.interrupted_sessions()
+
+
 def test_a_tool_heavy_turn_whose_shard_is_killed_finishes_on_another(
     cluster: ClusterRuntime, provider: Any, workspace: Path
 ) -> None:
