@@ -15,6 +15,7 @@ Everything here is a function of its arguments: no actors, no I/O. ``count`` is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -31,14 +32,19 @@ __all__ = [
     "BASIS_LAST_RESPONSE",
     "CONFIGURED",
     "ESTIMATED",
+    "MAX_COUNT_RATIO",
     "MIN_ANSWER_TOKENS",
+    "MIN_RATIO_SAMPLE",
     "MIN_RESERVE_TOKENS",
     "RESERVE_TOKENS",
     "RESERVE_WINDOW_DIVISOR",
+    "STAND_IN_COUNT_RATIO",
     "UNTRUSTED_STOP_REASONS",
     "ContextEstimate",
     "ContextStats",
+    "CountRatio",
     "answer_cap",
+    "answer_margin",
     "compaction_threshold",
     "context_stats",
     "effective_limit",
@@ -73,6 +79,12 @@ class ContextEstimate(msgspec.Struct, frozen=True, kw_only=True):
     last_output_tokens: int | None = None
     new_messages_tokens: int = 0  # counted: the messages after the last response (all of them if none)
     basis: str = BASIS_FULL
+
+    @property
+    def anchored_tokens(self) -> int:
+        """The part of :attr:`tokens` that is the provider's own count (the anchor's input and output); the
+        rest was counted here, with a tokenizer that may not be the server's. 0 for a full count."""
+        return 0 if self.estimated else max(0, self.tokens - self.new_messages_tokens)
 
 
 def usable_response(msg: Message) -> bool:
@@ -165,17 +177,84 @@ MIN_ANSWER_TOKENS: Final = 32
 """The smallest answer a request asks for: a prompt that leaves less is the overflow path's business."""
 
 
+STAND_IN_COUNT_RATIO: Final = 1.25
+"""What a server's tokenizer is assumed to count per token counted here until the session has measured it,
+when the count is a stand-in (cl100k for a model that is not OpenAI's). Measured: SmolLM2's tokenizer counts
+1.14-1.26 × cl100k (llama.cpp's usage against our estimates, real tier); other tokenizers were not measured
+here, and a session learns its own ratio from its first reply (:class:`CountRatio`)."""
+MIN_RATIO_SAMPLE: Final = 256
+"""A reply teaches the count ratio only when at least this many tokens of its request were counted here: a
+few counted tokens beside the provider's anchor say nothing about the tokenizer (framing noise)."""
+MAX_COUNT_RATIO: Final = 2.0
+"""The highest ratio learned (a provider that adds a hidden prompt must not shrink answers to nothing)."""
+
+
+class CountRatio:
+    """A session's learned ratio of the server's prompt count to ours (design §4.5), for the answer cap.
+
+    Each reply with usage tells what the server counted for a request whose estimate had ``counted`` tokens
+    counted here on top of an ``anchored`` part that was the provider's own: (actual − anchored) ÷ counted.
+    The highest seen is kept (between 1/2 and :data:`MAX_COUNT_RATIO`): the ratio varies with the text (prose,
+    code, JSON), and an answer cap too large is refused where one a little short only stops early.
+    ``default`` stands until a reply has taught it (:data:`STAND_IN_COUNT_RATIO` for a stand-in tokenizer).
+    """
+
+    __slots__ = ("_learned", "default")
+
+    def __init__(self, default: float = 1.0) -> None:
+        self.default = default
+        self._learned: float | None = None
+
+    @property
+    def value(self) -> float:
+        """The ratio to apply: the learned one, or the default while nothing was learned."""
+        return self.default if self._learned is None else self._learned
+
+    @property
+    def learned(self) -> bool:
+        """Whether a reply has taught the ratio."""
+        return self._learned is not None
+
+    def observe(self, *, actual_input: int, estimate: int, counted: int) -> None:
+        """A reply's ``usage.input_tokens`` (``actual_input``) for a request estimated at ``estimate``
+        tokens, ``counted`` of them counted here (the rest the provider's own count)."""
+        if counted < MIN_RATIO_SAMPLE or actual_input <= 0 or counted > estimate:
+            return
+        ratio = (actual_input - (estimate - counted)) / counted
+        ratio = min(MAX_COUNT_RATIO, max(0.5, ratio))
+        self._learned = ratio if self._learned is None else max(self._learned, ratio)
+
+
+def answer_margin(window: int, counted_tokens: int = 0, count_ratio: float = 1.0) -> int:
+    """The tokens an answer cap keeps free below the window for the estimate's error (design §4.5): a
+    sixteenth of the window (at least 16), or, when more, what the server's tokenizer is expected to count
+    beyond ours over the ``counted_tokens`` counted here (× ``count_ratio`` − 1), plus a 64th of the window
+    (at least 16) for the ratio's own drift. The provider's own part of the estimate has no such error."""
+    fixed = max(16, window // 16)
+    excess = math.ceil(max(0, counted_tokens) * (count_ratio - 1.0))
+    return max(fixed, excess + max(16, window // 64))
+
+
 def answer_cap(
-    *, window: int | None, prompt_tokens: int, configured: int | None = None, model_max: int | None = None
+    *,
+    window: int | None,
+    prompt_tokens: int,
+    configured: int | None = None,
+    model_max: int | None = None,
+    counted_tokens: int = 0,
+    count_ratio: float = 1.0,
 ) -> int | None:
     """The ``max_tokens`` of a request (design §4.5): the configured or the model's output limit, and never
     more than the room the window leaves after the prompt, so a model stops with ``length`` instead of
-    running into the end of its context. The room keeps a margin of a sixteenth of the window (at least
-    16 tokens) for the estimate's error: a server's tokenizer need not be the one counted with. ``window``
-    None (unknown): only the output limits. None: ask for nothing (the provider's default)."""
+    running into the end of its context, and a server that refuses prompt + ``max_tokens`` > window (vLLM,
+    SGLang, OpenAI, Anthropic) never refuses it. The room keeps :func:`answer_margin` for the estimate's
+    error: ``counted_tokens`` of ``prompt_tokens`` were counted here, with a tokenizer that need not be the
+    server's (it counts ``count_ratio`` × ours). ``window`` None (unknown): only the output limits. None: ask
+    for nothing (the provider's default)."""
     limits = [n for n in (configured, model_max) if n is not None and n > 0]
     if window is not None and window > 0:
-        room = window - max(0, prompt_tokens) - max(16, window // 16)
+        margin = answer_margin(window, min(counted_tokens, max(0, prompt_tokens)), count_ratio)
+        room = window - max(0, prompt_tokens) - margin
         limits.append(max(MIN_ANSWER_TOKENS, room))
     return min(limits) if limits else None
 

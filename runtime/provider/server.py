@@ -118,6 +118,8 @@ class LocalProvider:
         tpm: float | None = None,
         max_concurrent: int | None = None,
         rate_limit_headers: bool = True,
+        prompt_ratio: float = 1.0,
+        refuse_answer_overflow: bool = False,
     ) -> None:
         errors.overflow_error(overflow_format, 1, 1)  # fail fast on an unknown format
         self.limiter = ProviderLimiter(
@@ -128,6 +130,14 @@ class LocalProvider:
         (unless ``rate_limit_headers`` is false). Replace it to change the limits."""
         self.context_window = context_window
         self.overflow_format = overflow_format
+        self.prompt_ratio = prompt_ratio
+        """Prompts are counted ``prompt_ratio`` × the encoding's count (in usage and against the window), as a
+        server whose tokenizer is not ours counts them (SmolLM2's counts ~1.2 × cl100k)."""
+        self.refuse_answer_overflow = refuse_answer_overflow
+        """Refuse a request whose prompt + ``max_tokens`` (or ``max_completion_tokens``) exceeds the window, as
+        vLLM, SGLang and OpenAI do (llama.cpp does not: it stops at its context), with the overflow error of
+        ``overflow_format`` (``vllm``: "… you requested 2059 tokens (980 in the messages, 1079 in the
+        completion) …")."""
         self.latency = latency
         self.chunk_chars = max(1, chunk_chars)
         self.chunk_delay = chunk_delay
@@ -348,7 +358,7 @@ class LocalProvider:
             log(401, "auth")
             return error_response(errors.auth_error())
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        count = self._counter.prompt(messages, tools, model=model)
+        count = self._counter.prompt(messages, tools, model=model).scaled(self.prompt_ratio)
         limiter = self.limiter
         if not limiter.active:
             return await self._answer(request, body, model, stream, messages, tools, count, log, {})
@@ -386,9 +396,11 @@ class LocalProvider:
     ) -> Response:
         fault = self._take_fault()
         window = self._window_of(model)
-        if fault is None and count.prompt_tokens > window:
-            completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-            error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, int(completion))
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        completion = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+        answer = completion if self.refuse_answer_overflow else 0
+        if fault is None and count.prompt_tokens + answer > window:
+            error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, completion)
             log(error.status, "overflow", count)
             return error_response(error)
         source = "policy"

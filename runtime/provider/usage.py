@@ -18,6 +18,7 @@ Cached tokens imitate prompt caching: the prompt is a chain of prefixes (tools, 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
@@ -42,6 +43,16 @@ class PromptCount(msgspec.Struct, frozen=True):
     cached_tokens: int
     cache_write_tokens: int = 0
     """Tokens written to the cache (Anthropic's Messages API; automatic caching writes nothing billed)."""
+
+    def scaled(self, ratio: float) -> PromptCount:
+        """This count as a tokenizer that counts ``ratio`` × ours would give it (rounded up)."""
+        if ratio == 1.0:
+            return self
+        return PromptCount(
+            prompt_tokens=math.ceil(self.prompt_tokens * ratio),
+            cached_tokens=math.ceil(self.cached_tokens * ratio),
+            cache_write_tokens=math.ceil(self.cache_write_tokens * ratio),
+        )
 
 
 class TokenCounter:

@@ -21,11 +21,12 @@ import msgspec
 
 from runtime import events as ev
 from runtime.context.caching import CacheWatch
-from runtime.context.estimate import effective_limit
+from runtime.context.estimate import CountRatio, effective_limit
 from runtime.context.integrity import repair_tool_calls
 from runtime.durable import step_record
 from runtime.handles import TurnResult
 from runtime.messages import Message, ToolCallPart
+from runtime.turn import fit
 from runtime.turn.effects import (
     Awaited,
     Effect,
@@ -97,6 +98,8 @@ class CounterLike(Protocol):
 class _EstimateLike(Protocol):
     @property
     def tokens(self) -> int: ...
+    @property
+    def anchored_tokens(self) -> int: ...
 
 
 class MeasureLike(Protocol):
@@ -146,6 +149,8 @@ class MachineCore(ABC):
         # A pending reason to compact before the next request (e.g. usage_overflow), across turns.
         self.pending_trigger: CompactionTrigger | None = None
         self.cache_watch = CacheWatch()  # design §4.7: a response that broke the cached prefix
+        # the server's prompt count ÷ ours, learned from replies: the answer cap's margin (design §4.5)
+        self.count_ratio = CountRatio(fit.default_count_ratio(model, spec.config))
         self._busy_with_recovery = recovering
         self._traced = traced
         self._flow: Flow | None = None
@@ -372,8 +377,9 @@ class MachineCore(ABC):
         """The next request of ``run``, once the context passes the rules (``view``: the context, if known)."""
 
     @abstractmethod
-    def _decide(self, run: TurnState, context: tuple[Message, ...], estimate: int) -> Flow:
-        """The rules of the next request over ``context`` (``estimate`` tokens), then the request."""
+    def _decide(self, run: TurnState, context: tuple[Message, ...], estimate: int, anchored: int = 0) -> Flow:
+        """The rules of the next request over ``context`` (``estimate`` tokens, ``anchored`` of them the
+        provider's own count: 0 after a compaction), then the request."""
 
     @abstractmethod
     def _run_tools(self, run: TurnState, calls: tuple[ToolCallPart, ...]) -> Flow:

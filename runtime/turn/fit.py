@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from runtime.context import working_set as ws
-from runtime.context.estimate import answer_cap
+from runtime.context.estimate import STAND_IN_COUNT_RATIO, answer_cap
 from runtime.messages import Message
 from runtime.turn.effects import SaveOutput
 from runtime.turn.state import TurnState
@@ -29,6 +29,7 @@ __all__ = [
     "answer_cap_for",
     "clip_again",
     "clip_results",
+    "default_count_ratio",
     "full_output",
     "prompt_refusal",
 ]
@@ -124,9 +125,19 @@ def full_output(message: Message, spill_dir: Path) -> tuple[tuple[str, str], Sav
     return (path, sha), SaveOutput(path, data)
 
 
-def answer_cap_for(model: str, window: int, estimate: int, config: Config) -> int | None:
+def answer_cap_for(
+    model: str,
+    window: int,
+    estimate: int,
+    config: Config,
+    *,
+    counted: int | None = None,
+    count_ratio: float = 1.0,
+) -> int | None:
     """A request's ``max_tokens``: the room the window leaves (when the window is known: the model's, a
-    configured one, or one learned from the provider), within the output limits (design §4.5)."""
+    configured one, or one learned from the provider), within the output limits (design §4.5). ``counted``
+    of the ``estimate`` was counted here (None: all of it), by a tokenizer the server's counts
+    ``count_ratio`` × (the session's :class:`~runtime.context.estimate.CountRatio`)."""
     from runtime.models import model_info
 
     models = config.models
@@ -137,4 +148,21 @@ def answer_cap_for(model: str, window: int, estimate: int, config: Config) -> in
         prompt_tokens=estimate,
         configured=config.agent.max_output_tokens,
         model_max=info.max_output_tokens,
+        counted_tokens=estimate if counted is None else counted,
+        count_ratio=count_ratio,
     )
+
+
+def default_count_ratio(model: str, config: Config) -> float:
+    """The count ratio a session assumes before a reply has taught it: 1.0 when the counts are the model's
+    own (an OpenAI model's tiktoken encoding, one configured, or the server's ``/tokenize``), else
+    :data:`~runtime.context.estimate.STAND_IN_COUNT_RATIO` (cl100k standing in for another tokenizer)."""
+    from runtime.tokens import CL100K_BASE, encoding_for_model
+
+    tokens = config.tokens
+    if tokens.encoding is not None or tokens.server_tokenize:
+        return 1.0
+    base = model.rsplit("/", 1)[-1].lower().removeprefix("ft:")
+    if encoding_for_model(model) != CL100K_BASE or base.startswith(("gpt-4", "gpt-3.5", "text-embedding")):
+        return 1.0
+    return STAND_IN_COUNT_RATIO

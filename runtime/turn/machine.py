@@ -30,6 +30,7 @@ import msgspec
 from runtime import events as ev
 from runtime.context import working_set as ws
 from runtime.context.caching import min_cacheable_tokens, place_breakpoints, request_shape
+from runtime.context.estimate import CountRatio, usable_response
 from runtime.context.integrity import CLIENT_CALLS_KEY, one_call, request_view
 from runtime.durable import step_record
 from runtime.messages import KIND_STEER, Message, ToolCallPart, Usage, new_id, system
@@ -165,7 +166,10 @@ class TurnMachine(RecoveryFlows):
         counter: CounterLike | None = None,
         measure: MeasureLike | None = None,
     ) -> None:
-        """The session switched models (its window and counter with it, when given)."""
+        """The session switched models (its window and counter with it, when given); the count ratio is
+        learned again (another model, another tokenizer)."""
+        if model != self.model:
+            self.count_ratio = CountRatio(fit.default_count_ratio(model, self.spec.config))
         self.model = model
         if context_window is not None:
             self.context_window = context_window
@@ -233,9 +237,10 @@ class TurnMachine(RecoveryFlows):
             self._publish(ev.SessionDead, message=view.dead)
             yield from self._finish("error", view.dead, code="session_dead")
             return
-        yield from self._decide(run, view.messages, self.measure(view).tokens)
+        measured = self.measure(view)
+        yield from self._decide(run, view.messages, measured.tokens, measured.anchored_tokens)
 
-    def _decide(self, run: TurnState, context: tuple[Message, ...], estimate: int) -> Flow:
+    def _decide(self, run: TurnState, context: tuple[Message, ...], estimate: int, anchored: int = 0) -> Flow:
         cfg = self.spec.config
         while True:
             compaction = cfg.compaction
@@ -255,7 +260,7 @@ class TurnMachine(RecoveryFlows):
                 compactable=functools.partial(ws.compactable_tokens, context, self.counter.count_message),
             )
             if decision.action == "send":
-                yield from self._request(run, context, estimate)
+                yield from self._request(run, context, estimate, anchored)
                 return
             if decision.action == "fail":
                 code, message = decision.code or "error", decision.message or "the request cannot be sent"
@@ -272,6 +277,7 @@ class TurnMachine(RecoveryFlows):
                     self._out.extend(saves)
                     if again is not None:
                         changed, context, estimate = again
+                        anchored = min(anchored, estimate)  # (clipping takes counted tokens away)
                         yield from self._ask(Overlay(changed))
                         continue
                 if code == ws.CONTEXT_OVERFLOW and self._prompt_caused_overflow(run, estimate):
@@ -292,7 +298,7 @@ class TurnMachine(RecoveryFlows):
                 self._publish(ev.SessionDead, message=message)
                 yield from self._finish("error", message, code="session_dead")
                 return
-            context, estimate = outcome.messages, outcome.estimate
+            context, estimate, anchored = outcome.messages, outcome.estimate, 0  # (a full count)
 
     # -- the working set: a step's results clipped to fit (design §5.13) -------------------------------------
     def _working_set_budget(self, call: Message | None) -> int:
@@ -317,13 +323,16 @@ class TurnMachine(RecoveryFlows):
         return READ_SAVED if READ_SAVED in self.spec.tools else None
 
     # -- the request -----------------------------------------------------------------------------------------
-    def _request(self, run: TurnState, context: tuple[Message, ...], estimate: int) -> Flow:
+    def _request(
+        self, run: TurnState, context: tuple[Message, ...], estimate: int, anchored: int = 0
+    ) -> Flow:
         repairs, view = request_view(context)
         while repairs:  # every tool call gets exactly one result before the next provider call (design §3.6)
             extra = sum(self.counter.count_message(m) for m in repairs)
             yield from self._ask(Persist(messages=tuple(repairs)))
             context, estimate = (*context, *repairs), estimate + extra
             repairs, view = request_view(context)
+        counted = max(0, estimate - anchored)  # (repairs add counted tokens: the anchored part stays)
         cfg = self.spec.config
         options = run.options
         system_prompt = self.spec.system_prompt if options.instructions is None else options.instructions
@@ -345,7 +354,16 @@ class TurnMachine(RecoveryFlows):
             messages=tuple(messages),
             tools=tuple(tools),
             cache=cache,
-            max_tokens=options.answer_cap(fit.answer_cap_for(self.model, self.context_window, estimate, cfg)),
+            max_tokens=options.answer_cap(
+                fit.answer_cap_for(
+                    self.model,
+                    self.context_window,
+                    estimate,
+                    cfg,
+                    counted=counted,
+                    count_ratio=self.count_ratio.value,
+                )
+            ),
             extra=options.extra(tools=bool(tools)),
             one_call=not options.parallel_tool_calls,
             estimated_tokens=estimate,
@@ -355,7 +373,7 @@ class TurnMachine(RecoveryFlows):
         self.cache_watch.sent(request_shape(self.model, system_prompt or "", tools, messages))
         run.step += 1
         self._record(run, "request", step=run.step)
-        run.estimated_tokens = estimate
+        run.estimated_tokens, run.counted_tokens = estimate, counted
         transport = yield Route(request)
         run.message_id = new_id()
         self._publish(
@@ -418,6 +436,10 @@ class TurnMachine(RecoveryFlows):
                     model=self.model,
                 )
             run.usage = run.usage + message.usage
+            if usable_response(message):  # the server's count against ours: the answer cap's ratio
+                self.count_ratio.observe(
+                    actual_input=usage.input_tokens, estimate=run.estimated_tokens, counted=run.counted_tokens
+                )
             self.context_tokens = message.usage.input_tokens + message.usage.output_tokens
         # A final answer ends the turn: its append also makes the log durable (no SyncTurn after it).
         run.synced = not message.tool_calls

@@ -151,6 +151,7 @@ class TurnState:
     awaiting: tuple[ToolCallPart, ...] = ()  # the client tool calls the turn stops for (TurnOptions)
     message_id: str | None = None  # the id the current step's answer gets (announced by request_start)
     estimated_tokens: int = 0
+    counted_tokens: int = 0  # the part of estimated_tokens counted here (not the provider's own count)
     waited: float = 0.0  # seconds its calls waited for capacity (against capacity.queue_timeout)
     queued_pool: str = ""  # the pool its current call waits for
     last_message: Message | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 import tiktoken
 
 import runtime  # noqa: F401  (offline environment for tiktoken)
+from runtime.context.overflow import is_context_overflow, stated_window
 from runtime.provider import OVERFLOW_FORMATS, Fault, LocalProvider, ToolCallSpec, Turn, cli_main, policy
 from runtime.provider.script import load_scripts
 
@@ -47,6 +49,8 @@ def client(provider: LocalProvider) -> Iterator[httpx.Client]:
     provider.context_window = 4_000
     provider.overflow_format = "openai"
     provider.chunk_chars = 24
+    provider.prompt_ratio = 1.0
+    provider.refuse_answer_overflow = False
     with httpx.Client(base_url=provider.url, timeout=5.0) as c:
         yield c
 
@@ -230,6 +234,39 @@ def test_overflow_answers_in_the_vendor_format_without_consuming_a_turn(
     assert provider.request_log[-1].outcome == "overflow"
     small = chat(client, f"overflow-{fmt}", [{"role": "user", "content": "hi"}])
     assert small.json()["choices"][0]["message"]["content"] == "after compaction"
+
+
+def test_a_vllm_like_server_refuses_prompt_plus_max_tokens_and_counts_with_its_own_ratio(
+    provider: LocalProvider, client: httpx.Client
+) -> None:
+    messages = [{"role": "user", "content": "lorem ipsum " * 100}]
+    prompt = expected_prompt(messages)
+    provider.add_script("vllm-like", [Turn(text="fits")], loop=True)
+    # by default (llama.cpp's way) a max_tokens past the window is no refusal: the model stops at the end
+    provider.context_window = prompt + 100
+    assert chat(client, "vllm-like", messages, max_tokens=150).status_code == 200
+    # vLLM's way: prompt + max_tokens > window is refused, in vLLM's words, the window learnable from them
+    provider.refuse_answer_overflow = True
+    provider.overflow_format = "vllm"
+    response = chat(client, "vllm-like", messages, max_tokens=150)
+    assert response.status_code == 400
+    message = response.json()["message"]
+    assert message == (
+        f"This model's maximum context length is {prompt + 100} tokens. However, you requested {prompt + 150} "
+        f"tokens ({prompt} in the messages, 150 in the completion). Please reduce the length of the messages "
+        "or completion."
+    )
+    assert stated_window(message=message, status_code=400) == prompt + 100
+    assert is_context_overflow(message=message, status_code=400)
+    assert provider.request_log[-1].outcome == "overflow"
+    assert chat(client, "vllm-like", messages, max_completion_tokens=100).status_code == 200
+    # a tokenizer that counts 1.25 × ours: in the usage and against the window
+    provider.prompt_ratio = 1.25
+    usage = chat(client, "vllm-like", messages).json()["usage"]
+    assert usage["prompt_tokens"] == math.ceil(prompt * 1.25)
+    room = provider.context_window - math.ceil(prompt * 1.25)
+    assert chat(client, "vllm-like", messages, max_tokens=room).status_code == 200
+    assert chat(client, "vllm-like", messages, max_tokens=room + 1).status_code == 400
 
 
 def test_overflow_bodies_follow_each_vendor_shape(provider: LocalProvider, client: httpx.Client) -> None:

@@ -7,6 +7,7 @@ result each prompt got.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,30 @@ def test_an_illegal_move_raises() -> None:
     m = machine()
     with pytest.raises(IllegalTransition):
         m._enter(AgentState.STREAMING)
+
+
+def test_the_answer_cap_learns_how_much_more_the_server_counts() -> None:
+    # design §4.5: a stand-in tokenizer's count (an unknown model: cl100k) keeps a margin of its expected
+    # excess, 1.25 × until a reply says how much the server really counted; the fake measure counts in full
+    cfg = config(**{"models.context_windows": {"openai/smollm2": 2_048}})
+    m = TurnMachine(
+        Spec(cfg),
+        counter=Counter(),
+        measure=Measure(),
+        model="openai/smollm2",
+        context_window=2_048,
+        spill_dir=Path("/nonexistent/s1.spill"),
+    )
+    w = World(m)
+    text = "a fairly long note about the harbour and its ledgers " * 40  # ~540 tokens as counted here
+    w.prompt(prompt(text))
+    first = w.run_until(fx.CallModel, [])
+    assert isinstance(first, fx.CallModel)
+    estimate = first.request.estimated_tokens
+    assert first.request.max_tokens == 2_048 - estimate - max(128, math.ceil(estimate * 0.25) + 32)
+    w.run([answer("noted", input_tokens=round(estimate * 1.5))])  # the server counted 1.5 × ours
+    w.prompt(prompt(text))
+    second = w.run_until(fx.CallModel, [])
+    assert isinstance(second, fx.CallModel)
+    estimate = second.request.estimated_tokens
+    assert second.request.max_tokens == 2_048 - estimate - (math.ceil(estimate * 0.5) + 32)

@@ -42,6 +42,7 @@ class Counter:
 @dataclass(frozen=True)
 class Estimate:
     tokens: int
+    anchored_tokens: int = 0
 
 
 class Measure:

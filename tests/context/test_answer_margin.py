@@ -1,0 +1,127 @@
+"""The answer cap's margin for the estimate's error (design §4.5): a count made here with a stand-in
+tokenizer, and the ratio a session learns from the server's own counts."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.config import Config
+from runtime.context.estimate import (
+    MAX_COUNT_RATIO,
+    MIN_RATIO_SAMPLE,
+    STAND_IN_COUNT_RATIO,
+    ContextEstimate,
+    CountRatio,
+    answer_cap,
+    answer_margin,
+)
+from runtime.turn.fit import answer_cap_for, default_count_ratio
+
+
+def test_the_case_real_measured_is_no_longer_over_the_window() -> None:
+    # llama.cpp + SmolLM2, right after a compaction: 841 counted with cl100k, 980 by the server (1.165 ×)
+    old = 2_048 - 841 - 128
+    assert 980 + old > 2_048  # what was asked: vLLM refuses 2,059 > 2,048
+    cap = answer_cap(window=2_048, prompt_tokens=841, counted_tokens=841, count_ratio=STAND_IN_COUNT_RATIO)
+    assert cap is not None and 980 + cap <= 2_048
+    assert cap >= 2_048 - 980 - 128  # still most of the room: 956 of the 1,068 the server would accept
+    # at the worst ratio measured (1.26), learned from an earlier reply, it still fits
+    cap = answer_cap(window=2_048, prompt_tokens=841, counted_tokens=841, count_ratio=1.26)
+    assert cap is not None and round(841 * 1.26) + cap <= 2_048
+
+
+def test_the_provider_s_own_count_needs_no_more_than_the_fixed_margin() -> None:
+    # an anchored estimate: 1,500 of 1,600 tokens were the provider's usage, 100 counted here
+    anchored = answer_cap(window=2_048, prompt_tokens=1_600, counted_tokens=100, count_ratio=1.25)
+    assert anchored == 2_048 - 1_600 - 128
+    # a ratio at or below 1 (the server counts no more than we do): the sixteenth, as before
+    assert answer_margin(2_048, 1_900, 1.0) == 128
+    assert answer_margin(2_048, 1_900, 0.8) == 128
+    assert answer_margin(128_000, 100_000, 1.0) == 8_000
+    # the default arguments keep the old rule
+    assert answer_cap(window=2_048, prompt_tokens=1_500) == 2_048 - 1_500 - 128
+
+
+def test_a_large_counted_part_keeps_its_expected_excess_and_a_slack() -> None:
+    # 100,000 counted at 1.25: 25,000 beyond ours, plus a 64th of the window for the ratio's drift
+    assert answer_margin(128_000, 100_000, 1.25) == 25_000 + 2_000
+    assert answer_margin(1_024, 600, 1.25) == 150 + 16
+
+
+@given(
+    window=st.integers(256, 1_000_000),
+    counted=st.integers(0, 1_000_000),
+    ratio=st.floats(0.5, MAX_COUNT_RATIO),
+)
+def test_the_server_s_count_plus_the_cap_fits_when_the_ratio_is_right(
+    window: int, counted: int, ratio: float
+) -> None:
+    cap = answer_cap(window=window, prompt_tokens=counted, counted_tokens=counted, count_ratio=ratio)
+    assert cap is not None
+    server = counted * ratio
+    if cap > 32:  # (a prompt that leaves nothing asks for the minimum: the overflow path's business)
+        assert server + cap <= window - 16
+    assert answer_margin(window, counted, ratio) >= max(16, window // 16)
+
+
+def test_the_ratio_is_learned_from_the_counted_part_only() -> None:
+    ratio = CountRatio(STAND_IN_COUNT_RATIO)
+    assert ratio.value == STAND_IN_COUNT_RATIO and not ratio.learned
+    # a full count: 800 counted, the server said 960
+    ratio.observe(actual_input=960, estimate=800, counted=800)
+    assert ratio.learned and abs(ratio.value - 1.2) < 1e-9
+    # anchored: 1,000 of the provider's own plus 400 counted, the server said 1,400 + 400 × 1.25
+    ratio.observe(actual_input=1_500, estimate=1_400, counted=400)
+    assert abs(ratio.value - 1.25) < 1e-9
+    # the highest is kept: a lower one later does not lower it
+    ratio.observe(actual_input=1_000, estimate=1_000, counted=1_000)
+    assert abs(ratio.value - 1.25) < 1e-9
+
+
+def test_too_few_counted_tokens_or_absurd_figures_teach_nothing() -> None:
+    ratio = CountRatio(1.0)
+    ratio.observe(actual_input=5_000, estimate=1_100, counted=MIN_RATIO_SAMPLE - 1)
+    ratio.observe(actual_input=0, estimate=1_000, counted=1_000)
+    ratio.observe(actual_input=900, estimate=100, counted=1_000)  # counted cannot exceed the estimate
+    assert not ratio.learned and ratio.value == 1.0
+    ratio.observe(actual_input=100_000, estimate=1_000, counted=1_000)  # a hidden prompt: bounded
+    assert ratio.value == MAX_COUNT_RATIO
+    low = CountRatio(STAND_IN_COUNT_RATIO)
+    low.observe(actual_input=10, estimate=1_000, counted=1_000)  # a server that counts far fewer
+    assert low.value == 0.5  # the margin is then the fixed one (answer_margin never goes below it)
+
+
+def test_the_anchored_part_of_an_estimate_is_the_provider_s_count() -> None:
+    full = ContextEstimate(tokens=900, estimated=True, new_messages_tokens=850)
+    assert full.anchored_tokens == 0
+    anchored = ContextEstimate(
+        tokens=1_300,
+        estimated=False,
+        last_input_tokens=1_000,
+        last_output_tokens=100,
+        new_messages_tokens=200,
+    )
+    assert anchored.anchored_tokens == 1_100
+
+
+def test_the_default_ratio_is_for_stand_in_counts_only() -> None:
+    config = Config()
+    assert default_count_ratio("openai/smollm2", config) == STAND_IN_COUNT_RATIO
+    assert default_count_ratio("anthropic/claude-sonnet-4-5", config) == STAND_IN_COUNT_RATIO
+    assert default_count_ratio("openai/gpt-4o-mini", config) == 1.0  # o200k: the model's own
+    assert default_count_ratio("gpt-4-turbo", config) == 1.0  # cl100k is gpt-4's own
+    assert (
+        default_count_ratio("openai/smollm2", config.with_overrides({"tokens.server_tokenize": True})) == 1.0
+    )
+    assert (
+        default_count_ratio("openai/smollm2", config.with_overrides({"tokens.encoding": "o200k_base"})) == 1.0
+    )
+
+
+def test_the_request_s_cap_uses_the_counted_part_and_the_ratio() -> None:
+    config = Config().with_overrides({"models.context_windows": {"openai/smollm2": 2_048}})
+    full = answer_cap_for("openai/smollm2", 2_048, 841, config, count_ratio=1.25)
+    anchored = answer_cap_for("openai/smollm2", 2_048, 841, config, counted=41, count_ratio=1.25)
+    assert full is not None and anchored is not None
+    assert anchored == 2_048 - 841 - 128 > full
