@@ -116,6 +116,8 @@ class Relay:
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
         self._feeds: set[str] = set()  # the shards whose feed is open
         self._held: dict[str, tuple[str, list[Event]]] = {}  # session -> (its dead shard, what came since)
+        # session -> the last seq a replay passed on: its new shard's feed may still bring those events
+        self._replayed: dict[str, int] = {}
         self._waiting = 0  # threads in wait_seen
         self.since = time.time()
         """When it was made: a replay after a shard's death passes on nothing older."""
@@ -154,7 +156,7 @@ class Relay:
         (as :meth:`_RelayBus.offer`, one lock for them all); with ``wake`` False, the subscriber's reader
         is woken only by :meth:`wake`."""
         with self._cond:  # (the private bus's lock)
-            held, seen, types = self._held, self._seen, self.types
+            held, seen, types, replayed = self._held, self._seen, self.types, self._replayed
             sub = self.subscription
             queue, size, open_ = sub._queue, sub.queue_size, not sub.closed
             for event in events if isinstance(events, list) else (events,):
@@ -166,6 +168,12 @@ class Relay:
                     if waiting is not None and waiting[0] != shard:
                         waiting[1].append(event)
                         continue
+                if replayed:
+                    upto = replayed.get(event.session_id)
+                    if upto is not None:
+                        if event.seq <= upto:  # the transcript's replay passed it on already
+                            continue
+                        del replayed[event.session_id]  # the feed has caught up with the replay
                 seen[event.session_id] = event.seq
                 # (a type not asked for: the session_stopped the move barrier wanted)
                 if open_ and (types is None or event.type in types):
@@ -202,7 +210,8 @@ class Relay:
 
     def release(self, session_id: str, replayed: list[Event]) -> None:
         """Pass on ``replayed`` (the session's transcript after :meth:`seen`), then what was held, each
-        event once and in order."""
+        event once and in order. The new shard's feed may still bring events the replay read from its
+        transcript (the replay and the feed are two channels): :meth:`deliver` drops those."""
         with self._cond:
             _, waiting = self._held.pop(session_id, ("", []))
             for event in sorted(replayed, key=lambda e: e.seq):
@@ -211,6 +220,8 @@ class Relay:
             for event in waiting:
                 if event.seq > self._seen.get(session_id, 0):
                     self._publish(event)
+            if replayed:
+                self._replayed[session_id] = self._seen.get(session_id, 0)
             self._cond.notify_all()
 
     def wait_seen(self, session_id: str, seq: int, shard: str, timeout: float) -> bool:
