@@ -88,12 +88,16 @@ class _LockHolders:
 
     A store releases its lock from the writer thread once its last writes are done, so a restarted store
     may find the lock still held by its stopped predecessor (wait for it) — or by a live second store of
-    the same session (refuse at once).
+    the same session (refuse at once). A store that fails leaves its lock here (:meth:`park`) for the store
+    its supervisor starts in its place (:meth:`take`): the lock file is not deleted and created again, which
+    on a full disk fails (its owner cannot be written) and restarted the store over and over. A parked lock
+    nobody takes within ``_RELEASE_WAIT`` (the supervisor gave up, or stopped) is released.
     """
 
     def __init__(self) -> None:
         self._guard = threading.Condition(threading.Lock())
         self._refs: dict[str, pykka.ActorRef[SessionStore]] = {}
+        self._parked: dict[str, SessionLock] = {}
 
     def add(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
         with self._guard:
@@ -105,9 +109,44 @@ class _LockHolders:
                 del self._refs[key]
                 self._guard.notify_all()
 
+    def park(self, key: str, lock: SessionLock) -> None:
+        """Keep the lock of a store that failed for its successor; release it if none takes it in time."""
+        with self._guard:
+            self._parked[key] = lock
+        timer = threading.Timer(_RELEASE_WAIT, self.unpark, (key, lock))
+        timer.daemon = True
+        timer.start()
+
+    def take(self, key: str, ref: pykka.ActorRef[SessionStore]) -> SessionLock | None:
+        """The lock a failed store of this session left, now held by ``ref``; None if there is none."""
+        with self._guard:
+            lock = self._parked.pop(key, None)
+            if lock is not None:
+                self._refs[key] = ref
+            return lock
+
+    def unpark(self, key: str, lock: SessionLock | None = None) -> None:
+        """Release the parked lock ``key`` (only if it is ``lock``, when given): nobody takes it over."""
+        with self._guard:
+            parked = self._parked.get(key)
+            if parked is None or (lock is not None and parked is not lock):
+                return
+            del self._parked[key]
+            failed = self._refs.get(key)  # the store that parked it (a successor may lock it once released)
+        parked.release()
+        with self._guard:
+            if self._refs.get(key) is failed:
+                self._refs.pop(key, None)
+            self._guard.notify_all()
+
     def wait_released(self, key: str, timeout: float) -> bool:
         """Wait until no store of this process holds the lock ``key`` (a stopped store lets go of it from
-        the writer thread once its last writes are done); False if one still does after ``timeout``."""
+        the writer thread once its last writes are done); False if one still does after ``timeout``. A lock
+        parked for a successor is released at once: the caller has stopped the session's stores."""
+        with self._guard:
+            if not self._guard.wait_for(lambda: key not in self._refs or key in self._parked, timeout):
+                return False
+        self.unpark(key)
         with self._guard:
             return self._guard.wait_for(lambda: key not in self._refs, timeout)
 
@@ -233,7 +272,8 @@ class SessionStore(PooledActor):
             try:
                 directory.ensure()
                 try:
-                    lock = directory.lock(session_id)
+                    # The lock of a predecessor that failed (its close ran before this, on this thread)
+                    lock = _holders.take(key, me) or directory.lock(session_id)
                 except SessionLockedError as exc:
                     # A store of this process that stopped a moment ago lets go of the lock once its last
                     # writes are done: try again shortly. A live second store is refused at once.
@@ -328,27 +368,30 @@ class SessionStore(PooledActor):
         self._close_log()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
-        self._close_log()
+        self._close_log(park=True)
 
-    def _close_log(self) -> None:
+    def _close_log(self, *, park: bool = False) -> None:
         """Release the lock once the writer has written (and synced) everything queued for this log —
-        or, when the store stops while still opening, once the writer has done with the opening."""
+        or, when the store stops while still opening, once the writer has done with the opening. A store
+        that failed (``park``) leaves it for the store restarted in its place (see :class:`_LockHolders`)."""
         lock, self._lock = self._lock, None
         opening, self._opening = self._opening, None
         if lock is None and opening is None:
             return
         me = self.actor_ref
 
-        def release(_error: Exception | None = None) -> None:
+        def release(_error: Exception | None = None, *, keep: bool = park) -> None:
             held = lock if lock is not None else opening.lock if opening is not None else None
-            if held is not None:
+            if held is not None and keep and held.held:
+                _holders.park(str(held.path), held)
+            elif held is not None:
                 held.release()
                 _holders.remove(str(held.path), me)
 
         try:
             self._log.close(release)
-        except WriterClosedError:
-            release()
+        except WriterClosedError:  # the runtime is closing: no successor will open the log
+            release(keep=False)
 
     def _handle_receive(self, message: Any) -> Any:
         # pykka's own messages (proxy calls and attribute reads) wait for the opening too; a stop does not

@@ -17,6 +17,7 @@ import errno
 import itertools
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pytest
 from runtime import Runtime, SessionError
 from runtime.config import Config
 from runtime.provider.script import Turn
-from runtime.store.sessions import SessionDirectory
+from runtime.store.sessions import SessionDirectory, SessionLock
 from tests.reliability.support import check_log
 
 _names = itertools.count(1)
@@ -45,6 +46,9 @@ class SmallDisk:
     def free(self) -> None:
         raise NotImplementedError
 
+    def top_up(self) -> None:
+        """Take whatever space was freed since :meth:`fill` (as other writers to a busy disk do)."""
+
 
 class Tmpfs(SmallDisk):
     """A 2 MB tmpfs: ``fill`` writes a file until the disk is full, ``free`` removes it."""
@@ -55,6 +59,11 @@ class Tmpfs(SmallDisk):
             while True:
                 fh.write(block)
         with contextlib.suppress(OSError), (self.path / "filler-tail").open("wb", buffering=0) as fh:
+            while True:
+                fh.write(b"\0")
+
+    def top_up(self) -> None:
+        with contextlib.suppress(OSError), (self.path / "filler-tail").open("ab", buffering=0) as fh:
             while True:
                 fh.write(b"\0")
 
@@ -122,7 +131,7 @@ def _config() -> Config:
 
 
 def test_a_full_disk_fails_the_turn_then_refuses_prompts_by_name_and_recovers_without_a_restart(
-    disk: SmallDisk, provider: Any
+    disk: SmallDisk, provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name = f"disk-full-{next(_names)}"
     provider.add_script(name, [Turn(text="noted")], loop=True)
@@ -132,8 +141,17 @@ def test_a_full_disk_fails_the_turn_then_refuses_prompts_by_name_and_recovers_wi
         for i in range(3):
             assert rt.prompt(sid, f"before {i}").result(timeout=30).status == "ok"
         acknowledged = [m.text for m in rt.messages(sid)]
+        errors: list[Any] = []
+        rt.subscribe(sid, ["error"], callback=errors.append)
 
         disk.fill()
+        real_release = SessionLock.release
+
+        def release(lock: SessionLock) -> None:  # the space a deleted lock file frees goes to other writers
+            real_release(lock)
+            disk.top_up()
+
+        monkeypatch.setattr(SessionLock, "release", release)
         failed = rt.prompt(sid, PROMPT).result(timeout=30)  # the handle resolves: no 60 s wait
         assert failed.status == "error" and failed.error is not None
         assert failed.error.startswith("persistence_failed") and "No space left" in failed.error
@@ -141,7 +159,14 @@ def test_a_full_disk_fails_the_turn_then_refuses_prompts_by_name_and_recovers_wi
             with pytest.raises(SessionError, match=r"cannot write its log .*No space left on device"):
                 rt.prompt(sid, PROMPT)
         assert [m.text for m in rt.messages(sid)] == acknowledged  # reads still work
+        time.sleep(0.5)
+        # The store stays up while the disk is full: a failed write restarts it once, and the restarted
+        # store keeps the session's lock (before, re-creating the lock file failed on the full disk, and the
+        # store was restarted over and over until its supervisor gave up, again and again).
+        assert [e.message for e in errors if e.code == "store_open"] == []
+        assert SessionDirectory(sessions).lock_path(sid).stat().st_size > 0  # never an empty lock file
 
+        monkeypatch.setattr(SessionLock, "release", real_release)
         disk.free()
         after = rt.prompt(sid, "after").result(timeout=30)  # the same runtime, no restart
         assert after.status == "ok", after.error
