@@ -38,6 +38,9 @@ class Terminal:
         pid, fd = pty.fork()
         if pid == 0:  # the child: only exec (the parent has threads)
             os.chdir(cwd)
+            # A foreground job of a terminal's shell: Ctrl-C interrupts it, even when these tests run in a
+            # background job that ignores SIGINT (an ignored signal stays ignored across exec).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(argv[0], argv, env)
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         self.pid, self.fd = pid, fd
