@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import msgspec
 import pykka
 
-from actors.protocol import Ask
+from actors.protocol import Asking
 from runtime.actor import PooledActor, PooledFuture
 from runtime.errors import RuntimeStateError
 from runtime.events import Event, ProviderRetry
 
 if TYPE_CHECKING:
+    from runtime.actor import Ref
     from runtime.gateway import RetryInfo
 
 log = logging.getLogger("agentcell.actors")
 
 Publish = Callable[[Event], Any]
 R = TypeVar("R")
+Q = TypeVar("Q")
 
 
 def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[RetryInfo], None]:
@@ -57,7 +59,7 @@ class Reply(msgspec.Struct, frozen=True):
     error: BaseException | None = None
 
 
-def _deliver(caller: pykka.ActorRef[Any], token: int, future: PooledFuture[Any]) -> None:
+def _deliver(caller: Ref[Reply], token: int, future: PooledFuture[Any]) -> None:
     """Tell ``caller`` the outcome of its call ``token``.
 
     A module-level function bound with ``functools.partial``, not a closure: a closure that passes
@@ -94,13 +96,14 @@ class SessionActor(PooledActor):
         self._pending: dict[int, Callable[[Any], None]] = {}  # each takes its call's reply type
 
     # -- asynchronous request/reply -------------------------------------------------------------------
-    def call(
-        self, target: pykka.ActorRef[Any], message: Ask[R], then: Callable[[R | CallFailed], None]
-    ) -> None:
+    def call(self, target: Ref[Q], message: Asking[R, Q], then: Callable[[R | CallFailed], None]) -> None:
         """Ask ``target`` without blocking; ``then(value)`` runs later in this actor.
 
         ``message`` is an :class:`~actors.protocol.Ask` of its reply's type, which is what ``then``
-        receives: the type checker sees that ``then`` handles the reply the message gets.
+        receives, and one of the messages ``target`` takes (its ref is a ``Ref`` of the actor's union, e.g.
+        :data:`~actors.protocol.StoreMessage`): the type checker sees both that the target takes the
+        message and that ``then`` handles the reply the message gets. (A message of a union type, e.g.
+        ``Compact | MaybeCompact``, is not inferred: call with one class.)
 
         A callee that cannot answer at once takes the reply over with ``defer_reply()`` and completes it
         later (or returns a ``PooledFuture`` it completes later); either way ``then`` gets the value.
@@ -108,10 +111,10 @@ class SessionActor(PooledActor):
         If the target fails or is dead, ``then`` receives a :class:`CallFailed` instance instead of a value.
         """
         token = next(self._tokens)
-        self._pending[token] = cast(Callable[[Any], None], then)
+        self._pending[token] = then
         me = self.actor_ref
-        try:
-            future = cast(PooledFuture[Any], target.ask(message, block=False))
+        try:  # (an Asking[R, Q] is a Q: its _message() says so to the type checker, which cannot see it here)
+            future = cast(PooledFuture[Any], target.ask(message, block=False))  # type: ignore[call-overload]
         except pykka.ActorDeadError as exc:
             me.tell(Reply(token, error=exc))
             return

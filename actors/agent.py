@@ -33,6 +33,7 @@ from runtime.turn.machine import CLIENT_TOOL_CLASH, TurnMachine
 from runtime.turn.state import TRANSITIONS, AgentState, Handover, IllegalTransition
 
 if TYPE_CHECKING:
+    from runtime.actor import Ref
     from runtime.gateway import CallHandle, CompletionRequest, CompletionResult, Delta, RetryInfo, Route
     from runtime.observability.tracing import Tracing
     from runtime.tools.executor import ContextFactory, ToolBatchHandle, ToolRunResult
@@ -389,12 +390,12 @@ class Agent(SessionActor):
 
     @_performs(fx.Compact)
     def _compact(self, effect: fx.Compact) -> None:
-        request: p.Compact | p.MaybeCompact = (
-            p.Compact(trigger=effect.trigger, emergency=True)
-            if effect.emergency
-            else p.MaybeCompact(trigger=effect.trigger)
-        )
-        self.call(self.refs.compactor, request, self._then(effect.ticket))
+        if effect.emergency:
+            self.call(
+                self.refs.compactor, p.Compact(effect.trigger, emergency=True), self._then(effect.ticket)
+            )
+        else:
+            self.call(self.refs.compactor, p.MaybeCompact(effect.trigger), self._then(effect.ticket))
 
     @_performs(fx.ArchiveTools)
     def _archive_tools(self, effect: fx.ArchiveTools) -> None:
@@ -409,7 +410,7 @@ class Agent(SessionActor):
         )
         self.call(self.refs.overflow, classify, self._then(effect.ticket))
 
-    def _store(self, optional: bool) -> Any:
+    def _store(self, optional: bool) -> Ref[p.StoreMessage] | None:
         """The store's ref; when ``optional``, None while it is not running (else that is a failure)."""
         return self.refs.store_ref if optional else self.refs.store
 

@@ -10,6 +10,11 @@ reader sees in one place what each actor understands and what it answers, and my
   the wrong reply is a type error, not a crash at run time.
 * A message that only informs (``RecordResponse``, ``SetModel``) is a plain frozen Struct, sent with
   ``tell``.
+* What each actor takes is one union here (:data:`AgentMessage`, :data:`CompactorMessage`,
+  :data:`StoreMessage`, :data:`UsageMessage`, :data:`OverflowMessage`), and a sender holds the actor's ref
+  as a :class:`runtime.actor.Ref` of it (:class:`actors.wiring.SessionRefs`): a ``tell``, ``ask`` or
+  ``call`` of a message the actor does not take is a type error. Each actor's ``on_receive`` matches its
+  union, plus :class:`actors._base.Reply` and the messages it sends itself.
 * :class:`SetModel` is the one model switch: the session tells it to every actor that cares.
 
 Only what crosses from one actor to another is here. The messages an actor sends itself (a provider's
@@ -21,7 +26,7 @@ Every message is a frozen :class:`msgspec.Struct`, matched by type in ``on_recei
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import msgspec
 
@@ -33,21 +38,25 @@ from runtime.store.entries import CompactionEntry, Entry, StepEntry
 from runtime.store.tree import SessionTree
 
 if TYPE_CHECKING:  # field types only: msgspec never resolves them (these messages are not encoded)
-    from pykka import ActorRef
+    from typing import Self
 
+    from runtime.actor import Ref
     from runtime.gateway import ProviderError
     from runtime.tokens import TokenCounter
 
 __all__ = [
     "Abort",
+    "AgentMessage",
     "AgentStatus",
     "Append",
     "Ask",
+    "Asking",
     "Branch",
     "Calibration",
     "CheckUsage",
     "ClassifyError",
     "Compact",
+    "CompactorMessage",
     "ContextView",
     "GetCalibration",
     "GetContext",
@@ -60,6 +69,7 @@ __all__ = [
     "MaybeCompact",
     "MessagesView",
     "Outcome",
+    "OverflowMessage",
     "Overlay",
     "Prompt",
     "RecordCompaction",
@@ -71,14 +81,18 @@ __all__ = [
     "SetMetadata",
     "SetModel",
     "SetVisibility",
+    "StoreMessage",
     "Stored",
     "SyncTurn",
     "TurnOptions",
+    "UsageMessage",
     "UsageOverflowed",
     "Verdict",
 ]
 
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+Q_co = TypeVar("Q_co", covariant=True)
 
 
 class Ask(msgspec.Struct, Generic[R], frozen=True):
@@ -87,9 +101,26 @@ class Ask(msgspec.Struct, Generic[R], frozen=True):
     The type parameter is for the type checker only; at run time an ``Ask`` is an ordinary message.
     """
 
+    if TYPE_CHECKING:  # what :class:`Asking` reads; nothing at run time
 
-ReplyTo: TypeAlias = "ActorRef[Any] | Callable[[Any], Any] | None"
-"""Where a store sends its answer instead of answering the ask: an actor (told it), or a function."""
+        def _reply(self) -> R: ...
+
+        def _message(self) -> Self: ...
+
+
+class Asking(Protocol[R_co, Q_co]):
+    """An :class:`Ask` seen twice by the type checker: answered with an ``R_co``, and a ``Q_co`` (its own
+    class). ``SessionActor.call(target: Ref[Q], message: Asking[R, Q], ...)`` so checks both that the
+    target takes the message and that the continuation takes its reply, with no intersection types."""
+
+    def _reply(self) -> R_co: ...
+
+    def _message(self) -> Q_co: ...
+
+
+ReplyTo: TypeAlias = "Ref[R] | Callable[[R], Any] | None"
+"""Where a store sends its answer (an ``R``) instead of answering the ask: an actor that takes it (told
+it), or a function."""
 
 
 # -- the whole session ------------------------------------------------------------------------------------
@@ -290,7 +321,7 @@ class Append(Ask[Stored], frozen=True):
 
     messages: tuple[Message, ...] | Message
     parent_id: str | None = None
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
     with_view: bool = False
     end_turn: bool = False
     steps: tuple[StepEntry, ...] = ()
@@ -306,14 +337,14 @@ class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
     mode: CompactionMode = "summarize"
     trigger: CompactionTrigger = "threshold"
     artifacts: tuple[str, ...] = ()
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class Overlay(Ask[Stored], frozen=True):
     """Replace messages of the path by id in the views (archived or cleared tool results)."""
 
     replacements: tuple[Message, ...]
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class SetVisibility(Ask[Stored], frozen=True, kw_only=True):
@@ -325,14 +356,14 @@ class SetVisibility(Ask[Stored], frozen=True, kw_only=True):
     message_ids: tuple[str, ...]
     agent_visible: bool | None = None
     user_visible: bool | None = None
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class Branch(Ask[Stored], frozen=True):
     """Move the leaf to ``leaf_id`` (``None``: before the first message)."""
 
     leaf_id: str | None
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class SetMetadata(Ask[Stored], frozen=True):
@@ -340,7 +371,7 @@ class SetMetadata(Ask[Stored], frozen=True):
 
     key: str
     value: Any
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class SyncTurn(Ask[Stored], frozen=True):
@@ -348,7 +379,7 @@ class SyncTurn(Ask[Stored], frozen=True):
     at the current leaf (an error or an abort, with no final answer to say so), so a restart does not take
     it for a turn cut off by a crash."""
 
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
     ended: bool = False
 
 
@@ -356,25 +387,25 @@ class RecordStep(Ask[Stored], frozen=True):
     """Record a step of a turn before its effect (design §3.12): acknowledged once it is written."""
 
     step: StepEntry
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[Stored] = None
 
 
 class GetContext(Ask[ContextView], frozen=True):
     """Ask for the model-facing view: answered with a :class:`ContextView`."""
 
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[ContextView] = None
 
 
 class GetMessages(Ask[MessagesView], frozen=True):
     """Ask for the user's view: answered with a :class:`MessagesView`."""
 
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[MessagesView] = None
 
 
 class GetTree(Ask[SessionTree], frozen=True):
     """Ask for a copy of the whole tree: answered with a :class:`SessionTree` the caller owns."""
 
-    reply_to: ReplyTo = None
+    reply_to: ReplyTo[SessionTree] = None
 
 
 # -- the usage tracker ------------------------------------------------------------------------------------
@@ -448,7 +479,7 @@ class CheckUsage(Ask[bool], frozen=True):
     """
 
     input_tokens: int
-    notify: ActorRef[Any] | None = None
+    notify: Ref[UsageOverflowed] | None = None
 
 
 # -- the compactor ----------------------------------------------------------------------------------------
@@ -495,3 +526,28 @@ class Compact(Ask[Outcome], frozen=True):
 class MaybeArchiveTools(Ask[ContextView | None], frozen=True):
     """Archive old tool results when there are more than ``tool_call_cutoff`` (5.9). Answered with the
     view the next request can be made from when the context is as it was, or None when this changed it."""
+
+
+# -- what each actor takes ------------------------------------------------------------------------------
+# Besides these, every actor takes its calls' replies (:class:`actors._base.Reply`) and the messages it
+# sends itself (private to its module). tests/session/test_protocol.py checks each union against the
+# actor's ``on_receive``.
+
+AgentMessage: TypeAlias = Prompt | Abort | SetModel | GetState | UsageOverflowed
+CompactorMessage: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools | SetModel
+StoreMessage: TypeAlias = (
+    GetContext
+    | Append
+    | SyncTurn
+    | RecordStep
+    | RecordCompaction
+    | Overlay
+    | SetVisibility
+    | Branch
+    | SetMetadata
+    | SetModel
+    | GetMessages
+    | GetTree
+)
+UsageMessage: TypeAlias = RecordResponse | SetModel | Reset | Restore | GetTotals | GetCalibration
+OverflowMessage: TypeAlias = ClassifyError | CheckUsage | SetModel

@@ -246,19 +246,17 @@ class Session:
             pykka.ActorDeadError: the actor it is for is not running.
         """
         refs = self.ensure_running()
-        target: ActorRef[Any]
         match message:
             case GetContext() | GetMessages() | Branch():
-                target = refs.store
+                return cast(R, refs.store.ask(message, timeout=timeout))
             case GetTotals() | GetCalibration():
-                target = refs.usage
+                return cast(R, refs.usage.ask(message, timeout=timeout))
             case GetState():
-                target = refs.agent
+                return cast(R, refs.agent.ask(message, timeout=timeout))
             case GetContextStats():
                 return cast(R, self._context_stats(timeout))
             case _:
                 raise TypeError(f"a session is not asked {type(message).__name__}")
-        return cast(R, target.ask(message, timeout=timeout))
 
     def _context_stats(self, timeout: float) -> ContextStats:
         view = self.ask(GetContext(), timeout)

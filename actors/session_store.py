@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pykka
@@ -61,7 +61,7 @@ from actors.protocol import (
     SyncTurn,
 )
 from runtime import events as ev
-from runtime.actor import PooledActor
+from runtime.actor import PooledActor, Ref
 from runtime.actor._pykka import ActorStop
 from runtime.context.integrity import unfinished_turn
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
@@ -78,6 +78,7 @@ log = logging.getLogger("agentcell.store")
 
 Publish = Callable[[ev.Event], Any]
 Estimator = Callable[[Sequence[Message]], int]
+T = TypeVar("T")
 
 _RELEASE_WAIT = 5.0  # seconds a restarting store waits for its stopped predecessor to let go of the lock
 _RETRY_DELAY = 0.005  # seconds between two tries meanwhile
@@ -564,7 +565,7 @@ class SessionStore(PooledActor):
     def _write(
         self,
         entries: tuple[Entry, ...],
-        reply_to: ReplyTo,
+        reply_to: ReplyTo[Stored],
         view: ContextView | None = None,
         *,
         restart_on_failure: bool = True,
@@ -612,7 +613,7 @@ class SessionStore(PooledActor):
         except (UnicodeEncodeError, msgspec.EncodeError) as exc:  # e.g. a lone surrogate: it cannot be stored
             done(exc)  # like a failed write: the tree is ahead of the log, so the store restarts from it
 
-    def _sync(self, reply_to: ReplyTo, *, answer: bool = True) -> None:
+    def _sync(self, reply_to: ReplyTo[Stored], *, answer: bool = True) -> None:
         """Make the log durable; acknowledge like a write (not when ``answer`` is False: the command that
         asked for it is answered by its own write)."""
         future: pykka.Future[Stored] | None = None
@@ -633,7 +634,7 @@ class SessionStore(PooledActor):
 
         self._log.sync(done)
 
-    def _answer(self, reply_to: ReplyTo, value: Any) -> Any:
+    def _answer(self, reply_to: ReplyTo[T], value: T) -> T | None:
         if reply_to is None:
             return value
         _deliver(reply_to, value)
@@ -659,7 +660,10 @@ def _check_appendable(tree: SessionTree, batch: tuple[Message, ...], parent_id: 
 
 
 def _settle(
-    reply_to: ReplyTo, future: pykka.Future[Stored] | None, reply: Stored, error: Exception | None = None
+    reply_to: ReplyTo[Stored],
+    future: pykka.Future[Stored] | None,
+    reply: Stored,
+    error: Exception | None = None,
 ) -> None:
     if reply_to is not None:
         _deliver(reply_to, reply)
@@ -670,12 +674,12 @@ def _settle(
             future.set_exception((type(error), error, error.__traceback__))
 
 
-def _deliver(reply_to: pykka.ActorRef[Any] | Callable[[Any], Any], value: Any) -> None:
+def _deliver(reply_to: Ref[T] | Callable[[T], Any], value: T) -> None:
     try:
-        if isinstance(reply_to, pykka.ActorRef):
-            reply_to.tell(value)
-        else:
+        if callable(reply_to):  # (an actor's ref is not callable)
             reply_to(value)
+        else:
+            reply_to.tell(value)
     except pykka.ActorDeadError:
         log.debug("reply to a stopped actor dropped: %r", value)
     except Exception:

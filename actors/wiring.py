@@ -6,16 +6,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pykka import Actor, ActorDeadError, ActorRef
+from pykka import ActorDeadError
 
 from runtime.config import AgentProfile, Config, McpServerConfig
 from runtime.handles import Handle, PromptHandle
 
 if TYPE_CHECKING:
-    from actors.overflow_detector import OverflowDetector
-    from actors.session_store import SessionStore
-    from actors.usage_tracker import UsageTracker
-    from runtime.actor import Dispatcher
+    from actors.protocol import (
+        AgentMessage,
+        CompactorMessage,
+        OverflowMessage,
+        SetModel,
+        StoreMessage,
+        UsageMessage,
+    )
+    from runtime.actor import Dispatcher, Ref
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
     from runtime.gateway import Gateway
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
     from runtime.tools.registry import ToolRegistry
     from runtime.turn.state import Handover
 
-A = TypeVar("A", bound=Actor)
+M = TypeVar("M")
 
 
 @dataclass
@@ -72,52 +77,57 @@ class Services:
 
 @dataclass
 class SessionRefs:
-    """The current refs of a session's actors, typed by actor; the session updates them when its
-    supervisor restarts one.
+    """The current refs of a session's actors, each typed by the messages its actor takes (design §1.2);
+    the session updates them when its supervisor restarts one.
 
     ``store_ref`` .. ``agent_ref`` are None while that actor is not running. The properties ``store`` ..
     ``agent`` are what the actors use: the running actor's ref, or :class:`pykka.ActorDeadError`.
     """
 
-    store_ref: ActorRef[SessionStore] | None = None
-    usage_ref: ActorRef[UsageTracker] | None = None
-    overflow_ref: ActorRef[OverflowDetector] | None = None
-    # The compactor's and the agent's refs are ActorRef[Any]: the agent and the compactor are built from this
-    # module (it is below them: imports go one way), so it names neither class.
-    compactor_ref: ActorRef[Any] | None = None  # an actors.compactor.Compactor
-    agent_ref: ActorRef[Any] | None = None  # an actors.agent.Agent
+    store_ref: Ref[StoreMessage] | None = None
+    usage_ref: Ref[UsageMessage] | None = None
+    overflow_ref: Ref[OverflowMessage] | None = None
+    compactor_ref: Ref[CompactorMessage] | None = None
+    agent_ref: Ref[AgentMessage] | None = None
     handover: Handover | None = None  # a crashed agent's turn, for its successor to take up
     learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
     # The turn its agent took up from the log when it started (design §3.12): its handle, or None.
     resumed: Handle[PromptHandle | None] = field(default_factory=Handle)
 
     @property
-    def store(self) -> ActorRef[SessionStore]:
+    def store(self) -> Ref[StoreMessage]:
         return _running(self.store_ref, "store")
 
     @property
-    def usage(self) -> ActorRef[UsageTracker]:
+    def usage(self) -> Ref[UsageMessage]:
         return _running(self.usage_ref, "usage tracker")
 
     @property
-    def overflow(self) -> ActorRef[OverflowDetector]:
+    def overflow(self) -> Ref[OverflowMessage]:
         return _running(self.overflow_ref, "overflow detector")
 
     @property
-    def compactor(self) -> ActorRef[Any]:
+    def compactor(self) -> Ref[CompactorMessage]:
         return _running(self.compactor_ref, "compactor")
 
     @property
-    def agent(self) -> ActorRef[Any]:
+    def agent(self) -> Ref[AgentMessage]:
         return _running(self.agent_ref, "agent")
 
-    def running(self) -> list[ActorRef[Any]]:
-        """The refs of the actors running now, in start order (store first, agent last)."""
-        refs = (self.store_ref, self.usage_ref, self.overflow_ref, self.compactor_ref, self.agent_ref)
+    def running(self) -> list[Ref[SetModel]]:
+        """The refs of the actors running now, in start order (store first, agent last): every one takes a
+        :class:`~actors.protocol.SetModel`."""
+        refs: tuple[Ref[SetModel] | None, ...] = (
+            self.store_ref,
+            self.usage_ref,
+            self.overflow_ref,
+            self.compactor_ref,
+            self.agent_ref,
+        )
         return [ref for ref in refs if ref is not None]
 
 
-def _running(ref: ActorRef[A] | None, what: str) -> ActorRef[A]:
+def _running(ref: Ref[M] | None, what: str) -> Ref[M]:
     if ref is None:
         raise ActorDeadError(f"the session's {what} actor is not running")
     return ref

@@ -19,7 +19,7 @@ Differences from pykka, all deliberate:
 One concept per module, as in pykka: ``_future`` (:class:`PooledFuture`), ``_mailbox`` (the inbox that
 schedules its actor), ``_monitor`` (:class:`ActorExit`, :func:`monitor`, :func:`kill`), ``_timers``,
 ``_dispatcher`` (:class:`Dispatcher` and the process-wide default), ``_actor`` (:class:`PooledActor`),
-``_stop_flag``; and ``_pykka``, the one module that touches pykka's private internals. The errors are in
+``_stop_flag``, ``_ref`` (:class:`Ref`, a ref typed by the messages its actor takes); and ``_pykka``, the one module that touches pykka's private internals. The errors are in
 :mod:`runtime.errors` (:class:`DispatcherClosed` is re-exported here).
 """
 
@@ -27,6 +27,7 @@ from runtime.actor._actor import PooledActor
 from runtime.actor._dispatcher import Dispatcher, default_dispatcher, set_default_dispatcher
 from runtime.actor._future import PooledFuture
 from runtime.actor._monitor import ActorExit, ExitReason, Monitor, kill, monitor
+from runtime.actor._ref import Ref
 from runtime.actor._timers import TimerHandle
 from runtime.errors import DispatcherClosed
 
@@ -38,6 +39,7 @@ __all__ = [
     "Monitor",
     "PooledActor",
     "PooledFuture",
+    "Ref",
     "TimerHandle",
     "default_dispatcher",
     "kill",
