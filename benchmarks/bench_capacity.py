@@ -17,8 +17,10 @@ Sides, all in this process, taking turns slice by slice (A B C .. C B A):
 - ``agents_sdk``: the OpenAI Agents SDK's ``Runner.run_streamed`` on a chat-completions model (tracing off),
   if ``openai-agents`` is installed (``pip install 'agentcell[bench]'``); the table says when it is not.
 
-CPU is this process's (every thread), per answered turn; the provider's CPU is reported beside it, to show
-it was not the limit. Targets (design §8): the runtime on the native transport <= 0.6x the CPU per turn of the
+CPU is this process's (every thread), per answered turn, and its split into user and system time (the
+system part, syscalls and fsync among them, is the one that swings most from run to run on a shared
+machine); the provider's CPU is reported beside it, to show it was not the limit. To compare two versions
+of agentcell on this benchmark, ``python -m benchmarks.ab REV --bench capacity`` runs both, alternating. Targets (design §8): the runtime on the native transport <= 0.6x the CPU per turn of the
 bare openai SDK loop and <= 0.2x bare litellm's.
 
 Run: ``python -m benchmarks.bench_capacity`` (``--quick``: 200 sessions, one slice a side).
@@ -32,6 +34,7 @@ import contextlib
 import gc
 import multiprocessing
 import multiprocessing.connection
+import os
 import random
 import shutil
 import statistics
@@ -116,6 +119,8 @@ class Run:
     provider_cpu_seconds: float
     latencies: list[float] = field(default_factory=list)
     retries: int = 0
+    user_seconds: float = 0.0  # cpu_seconds split: this process's own code and the kernel's work for it
+    system_seconds: float = 0.0
 
     @property
     def turns_per_s(self) -> float:
@@ -355,24 +360,29 @@ async def _slice(side: Any, sessions: int, turns: int, provider: ProviderProcess
     latencies: list[float] = []
     retries_before = getattr(side, "retries", 0)
     gc.collect()
-    cpu, provider_cpu, began = time.process_time(), provider.cpu(), time.perf_counter()
+    times, provider_cpu, began = os.times(), provider.cpu(), time.perf_counter()
     await asyncio.gather(*(side.conversation(i, turns, latencies) for i in range(sessions)))
     if isinstance(side, RuntimeSide):
         await asyncio.to_thread(side.rt.services.writer.flush)
     seconds = time.perf_counter() - began
+    after = os.times()
+    user, system = after.user - times.user, after.system - times.system
     run = Run(
         side.name,
         sessions,
         len(latencies),
         seconds,
-        time.process_time() - cpu,
+        user + system,
         provider.cpu() - provider_cpu,
         latencies,
         getattr(side, "retries", 0) - retries_before,
+        user,
+        system,
     )
     print(
         f"  {run.side:16} sessions={sessions:<5} turns={run.turns:<6} {run.turns_per_s:7.1f} turns/s"
-        f"  cpu {run.cpu_ms_per_turn:6.2f} ms/turn  p50 {_percentile(latencies, 0.5):5.2f} s"
+        f"  cpu {run.cpu_ms_per_turn:6.2f} ms/turn (user {user / run.turns * 1000:4.2f} sys"
+        f" {system / run.turns * 1000:4.2f})  p50 {_percentile(latencies, 0.5):5.2f} s"
         f"  provider cpu {run.provider_cpu_seconds / seconds * 100:4.0f}%",
         flush=True,
     )
@@ -427,6 +437,8 @@ def _row(name: str, runs: list[Run]) -> dict[str, Any]:
         "slices": len(runs),
         "turns_per_s": round(statistics.median(r.turns_per_s for r in runs), 1),
         "cpu_ms_per_turn": round(statistics.median(r.cpu_ms_per_turn for r in runs), 3),
+        "user_ms_per_turn": round(statistics.median(r.user_seconds / r.turns * 1000 for r in runs), 3),
+        "sys_ms_per_turn": round(statistics.median(r.system_seconds / r.turns * 1000 for r in runs), 3),
         "cpu_util": round(statistics.median(r.cpu_seconds / r.seconds for r in runs), 2),
         "provider_cpu_util": round(statistics.median(r.provider_cpu_seconds / r.seconds for r in runs), 2),
         "p50_s": round(_percentile(latencies, 0.5), 2),
