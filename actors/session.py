@@ -22,7 +22,7 @@ from actors.overflow_detector import OverflowDetector
 from actors.protocol import (
     Abort,
     AgentStatus,
-    Ask,
+    Asking,
     Branch,
     Compact,
     GetCalibration,
@@ -50,6 +50,10 @@ CHILD_ORDER = ("store", "usage", "overflow", "compactor", "agent")
 
 SessionCommand: TypeAlias = Prompt | Abort | Compact | SetModel
 """What :meth:`Session.tell` takes."""
+SessionQuery: TypeAlias = (
+    GetContext | GetMessages | Branch | GetTotals | GetCalibration | GetState | GetContextStats
+)
+"""What :meth:`Session.ask` takes."""
 
 A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
@@ -235,7 +239,7 @@ class Session:
             case _:
                 raise TypeError(f"a session is not told {type(message).__name__}")
 
-    def ask(self, message: Ask[R], timeout: float) -> R:
+    def ask(self, message: Asking[R, SessionQuery], timeout: float) -> R:
         """Ask the session and wait up to ``timeout`` seconds for the answer (from a plain thread, never
         from an actor): the store answers for the session's history, the usage tracker for its usage, the
         agent for its state; :class:`GetContextStats` is answered from the store's view and the usage

@@ -30,8 +30,8 @@ from runtime.errors import SessionError
 from runtime.events import Event, MessageAppended, PersistenceFailed
 
 if TYPE_CHECKING:
-    from actors.protocol import Ask
-    from actors.session import Session, SessionCommand
+    from actors.protocol import Asking
+    from actors.session import Session, SessionCommand, SessionQuery
 
 __all__ = ["WriteHealth", "ask", "tell"]
 
@@ -127,7 +127,9 @@ def tell(session: Session, message: SessionCommand, health: WriteHealth | None =
         time.sleep(0.02)
 
 
-def ask(session: Session, message: Ask[R], timeout: float, health: WriteHealth | None = None) -> R:
+def ask(
+    session: Session, message: Asking[R, SessionQuery], timeout: float, health: WriteHealth | None = None
+) -> R:
     """``session.ask(message, timeout)`` with pykka's errors turned into ours: ``TimeoutError`` when no
     answer came in time, :class:`SessionError` when the actor stays gone (after up to a second's wait)."""
     deadline = time.monotonic() + _RESTART_WAIT

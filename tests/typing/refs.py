@@ -80,4 +80,5 @@ class Caller(SessionActor):
 def session(session: Session, prompt: Prompt) -> Usage:
     session.tell(prompt)
     session.tell(GetState())  # type: ignore[arg-type]
+    session.ask(Compact(), 1.0)  # type: ignore[arg-type]
     return session.ask(GetTotals(), 1.0)
