@@ -9,6 +9,7 @@ failed). The big form of the first one is ``slow``; ``benchmarks/bench_limits.py
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,7 +188,10 @@ def test_a_turn_that_waits_past_its_deadline_ends_rate_limited(tmp_path: Path) -
         seen.wait_type("error", len(failed))
         errors = seen.of("error")
         assert {e.code for e in errors} == {"rate_limited"} and all(e.retryable for e in errors)
-        assert all(provider.url in e.message and "waited 0.6 s" in e.message for e in errors)
+        assert all(provider.url in e.message for e in errors)
+        # how long it waited: its budget, or a little more when the machine is busy (the timer fires late)
+        waits = [float(m.group(1)) for e in errors if (m := re.search(r"waited ([0-9.]+) s", e.message))]
+        assert len(waits) == len(errors) and all(0.6 <= w < 2.0 for w in waits), waits
         assert provider.limiter.counts(KEY)[1] == 0  # the key refused nothing: the runtime waited instead
 
 
