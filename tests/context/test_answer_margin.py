@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from runtime.config import Config
 from runtime.context.estimate import (
     MAX_COUNT_RATIO,
+    MIN_ANSWER_TOKENS,
     MIN_RATIO_SAMPLE,
     STAND_IN_COUNT_RATIO,
     ContextEstimate,
@@ -125,3 +126,57 @@ def test_the_request_s_cap_uses_the_counted_part_and_the_ratio() -> None:
     anchored = answer_cap_for("openai/smollm2", 2_048, 841, config, counted=41, count_ratio=1.25)
     assert full is not None and anchored is not None
     assert anchored == 2_048 - 841 - 128 > full
+
+
+def test_the_margin_s_floors_and_whole_tokens() -> None:
+    """The margin is a whole number of tokens: a sixteenth of the window, never under 16; the ratio's excess
+    plus a 64th of the window (never under 16) when that is more."""
+    assert answer_margin(200) == 16  # a tiny window: the floor, not 12
+    assert answer_margin(2_050) == 128  # 2,050 / 16 = 128.125: whole tokens
+    assert answer_margin(1_000, 600, 1.25) == 150 + 16  # a 64th (15) is floored at 16
+    assert answer_margin(100_000, 80_000, 1.25) == 20_000 + 1_562  # 100,000 / 64 = 1,562.5
+    assert answer_margin(2_048, 1_900) == 128  # counted tokens without a ratio: no excess
+    for margin in (answer_margin(2_050), answer_margin(100_000, 80_000, 1.25)):
+        assert isinstance(margin, int)
+
+
+def test_nothing_counted_here_needs_no_margin_for_the_ratio() -> None:
+    """An estimate that is all the provider's own count keeps the fixed margin, whatever the ratio."""
+    assert answer_margin(256, count_ratio=MAX_COUNT_RATIO) == 16
+    assert answer_margin(256, 0, MAX_COUNT_RATIO) == 16
+    assert answer_cap(window=256, prompt_tokens=100, count_ratio=MAX_COUNT_RATIO) == 256 - 100 - 16
+    # a prompt of no (or a nonsensical negative) size has nothing counted in it, whatever the caller says
+    assert answer_cap(window=256, prompt_tokens=0, counted_tokens=5, count_ratio=MAX_COUNT_RATIO) == 240
+    assert answer_cap(window=256, prompt_tokens=-5, counted_tokens=100, count_ratio=MAX_COUNT_RATIO) == 240
+
+
+def test_a_counted_prompt_without_a_ratio_keeps_the_sixteenth() -> None:
+    assert answer_cap(window=2_048, prompt_tokens=1_000, counted_tokens=1_000) == 2_048 - 1_000 - 128
+    # the ratio given is the ratio used: 2.0 doubles the counted part, plus a 64th of the window
+    doubled = answer_cap(window=2_048, prompt_tokens=600, counted_tokens=600, count_ratio=2.0)
+    assert doubled == 2_048 - 600 - (600 + 32)
+
+
+def test_the_output_limits_and_an_unknown_window() -> None:
+    """The cap is the smallest of the configured limit, the model's and the room the window leaves; a limit
+    of 0 (unknown in a model map) is none, and a window of 0 is an unknown one."""
+    assert answer_cap(window=None, prompt_tokens=10) is None  # nothing known: ask for nothing
+    assert answer_cap(window=0, prompt_tokens=10) is None
+    assert answer_cap(window=None, prompt_tokens=10, model_max=0) is None
+    assert answer_cap(window=None, prompt_tokens=10, configured=1) == 1
+    assert answer_cap(window=None, prompt_tokens=10, configured=500, model_max=300) == 300
+    assert answer_cap(window=2_048, prompt_tokens=100, configured=500) == 500
+    assert answer_cap(window=2_048, prompt_tokens=100, model_max=8_192) == 2_048 - 100 - 128
+    # however little room is left, a request asks for the smallest answer (the overflow path decides)
+    assert answer_cap(window=2_048, prompt_tokens=2_000) == MIN_ANSWER_TOKENS
+    assert answer_cap(window=1, prompt_tokens=0) == MIN_ANSWER_TOKENS
+
+
+def test_the_ratio_s_default_and_its_sample_boundaries() -> None:
+    assert CountRatio().value == 1.0 and not CountRatio().learned  # until told otherwise: our count
+    at_sample = CountRatio()
+    at_sample.observe(actual_input=320, estimate=MIN_RATIO_SAMPLE, counted=MIN_RATIO_SAMPLE)
+    assert at_sample.learned and at_sample.value == 320 / MIN_RATIO_SAMPLE  # exactly the sample: taught
+    one = CountRatio(STAND_IN_COUNT_RATIO)
+    one.observe(actual_input=1, estimate=1_000, counted=1_000)  # any positive count teaches (bounded)
+    assert one.learned and one.value == 0.5

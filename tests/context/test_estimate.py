@@ -162,6 +162,30 @@ def test_the_automatic_reserve_is_an_eighth_of_a_small_window_so_it_compacts_lat
     assert reserve_tokens(32_000, CompactionConfig(reserve_tokens=0)) == 0
 
 
+@pytest.mark.parametrize(
+    ("window", "reserve"),
+    [
+        (16_384, 2_048),  # an eighth of the window
+        (8_200, 1_025),  # just over the floor: an eighth
+        (8_192, 1_024),  # an eighth is the floor itself
+        (8_191, 1_024),  # under it: the floor, 1,024
+        (2_049, 1_024),  # the floor is at most half the window: 1,024 still fits
+        (2_047, 1_023),  # ... and here it is half the window, rounded down
+        (33_003, 4_125),  # whole tokens: 33,003 / 8 = 4,125.375
+        (131_072, 16_384),  # the automatic reserve reached
+        (131_080, 16_384),  # ... and never more: an eighth would be 16,385
+    ],
+)
+def test_the_automatic_reserve_at_its_boundaries(window: int, reserve: int) -> None:
+    """The automatic reserve is a whole number of tokens: 16,384, at most an eighth of the window, at least
+    1,024, never over half the window; the compaction limit is the window less it."""
+    auto = CompactionConfig()
+    got = reserve_tokens(window, auto)
+    assert got == reserve and isinstance(got, int)
+    limit = effective_limit(window, auto)
+    assert limit == window - reserve and isinstance(limit, int)
+
+
 def test_should_compact_at_the_threshold() -> None:
     config = CompactionConfig()
     threshold = compaction_threshold(128_000, config)
