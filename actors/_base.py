@@ -32,8 +32,11 @@ R = TypeVar("R")
 Q = TypeVar("Q")
 
 
-def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Callable[[RetryInfo], None]:
-    """A gateway ``on_retry`` callback that broadcasts each retry as a ``provider_retry`` event."""
+def retry_reporter(
+    publish: Publish, session_id: str, turn_id: str | None, request_id: str | None = None
+) -> Callable[[RetryInfo], None]:
+    """A gateway ``on_retry`` callback that broadcasts each retry as a ``provider_retry`` event (of the
+    turn ``turn_id``'s call, or of the summarizer call ``request_id``)."""
 
     def on_retry(info: RetryInfo) -> None:
         publish(
@@ -45,10 +48,29 @@ def retry_reporter(publish: Publish, session_id: str, turn_id: str | None) -> Ca
                 delay=info.delay,
                 error=info.error,
                 status_code=info.status_code,
+                kind=info.kind,
+                request_id=request_id,
             )
         )
 
     return on_retry
+
+
+def server_of(api_base: str | None) -> tuple[str | None, int | None]:
+    """The host and port of an endpoint's ``api_base`` (None, None without one): what a ``request_start``
+    and a ``summary_request`` say of where the call goes (the OpenTelemetry ``server.*`` attributes)."""
+    if not api_base:
+        return None, None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(api_base)
+    if not parts.hostname:
+        return None, None
+    try:
+        port = parts.port
+    except ValueError:  # a port that is no number: the host alone
+        return parts.hostname, None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
 class Reply(msgspec.Struct, frozen=True):

@@ -20,7 +20,7 @@ import pykka
 
 from actors import compactor as cp
 from actors import protocol as p
-from actors._base import CallFailed, Reply, SessionActor, retry_reporter
+from actors._base import CallFailed, Reply, SessionActor, retry_reporter, server_of
 from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
@@ -34,8 +34,8 @@ from runtime.turn.state import TRANSITIONS, AgentState, Handover, IllegalTransit
 
 if TYPE_CHECKING:
     from runtime.actor import Ref
-    from runtime.gateway import CallHandle, CompletionRequest, CompletionResult, Delta, RetryInfo, Route
-    from runtime.observability.tracing import Tracing
+    from runtime.bus import EventBus
+    from runtime.gateway import CallHandle, CompletionRequest, CompletionResult, Delta, RetryInfo
     from runtime.tools.executor import ContextFactory, ToolBatchHandle, ToolRunResult
     from runtime.tools.registry import Tool, ToolRegistry
 
@@ -134,13 +134,14 @@ class Agent(SessionActor):
             context_window=context_window,
             spill_dir=services.directory.spill_dir(spec.session_id),
             recovering=recovering,
-            traced=services.tracing is not None,
         )
+        self._content = services.content  # prompts and answers for the spans (telemetry.record_content)
+        self._server = server_of(spec.api_base)
         self._recovering = recovering
         self._incoming: Prompt | None = None  # the prompt being handled: answered even if handling crashes
         self._call: CallHandle | None = None  # the turn's provider call in flight
         self._tools: ToolBatchHandle | None = None  # the turn's tools running
-        self._prepared: tuple[CompletionRequest, Route] | None = None  # the request routed last
+        self._prepared: CompletionRequest | None = None  # the request routed last
 
     @property
     def state(self) -> AgentState:
@@ -209,6 +210,8 @@ class Agent(SessionActor):
         return None
 
     def _on_prompt(self, prompt: Prompt) -> None:
+        if self._content is not None:  # for its turn's span, should it start one (its agent_start)
+            self._content.put(self.session_id, "prompt", prompt.handle.id, prompt.inputs)
         self._perform(self.machine.prompt(prompt))
 
     # -- performing effects ---------------------------------------------------------------------------------
@@ -305,40 +308,15 @@ class Agent(SessionActor):
     def _cancel_approvals(self, effect: fx.CancelApprovals) -> None:
         self.services.approvals.cancel_session(self.session_id, effect.reason)
 
-    @_performs(fx.EndSpan)
-    def _end_span(self, effect: fx.EndSpan) -> None:
-        tracing = self.services.tracing
-        if tracing is not None:
-            tracing.end_turn(
-                effect.span,
-                self.session_id,
-                status=effect.status,
-                usage=effect.usage,
-                steps=effect.steps,
-                error=effect.error,
-                code=effect.code,
-                answer=effect.answer,
-            )
-
     @_performs(fx.RestoreUsage)
     def _restore_usage(self, effect: fx.RestoreUsage) -> None:
         self.refs.usage.tell(p.Restore(effect.messages))
 
     @_performs(fx.Abandon)
     def _abandon(self, effect: fx.Abandon) -> None:
-        abandon(effect.handover, effect.reason, self.services.tracing, self.session_id)
+        abandon(effect.handover, effect.reason, self.services.bus, self.session_id)
 
     # awaited: answered at once (the machine's next effects returned) or later (None returned)
-
-    @_performs(fx.StartSpan)
-    def _start_span(self, effect: fx.StartSpan) -> list[fx.Effect]:
-        tracing = self.services.tracing
-        span = (
-            None
-            if tracing is None
-            else tracing.start_turn(self.session_id, effect.turn_id, model=effect.model, inputs=effect.inputs)
-        )
-        return self.machine.answer(effect.ticket, span)
 
     @_performs(fx.TakeHandover)
     def _take_handover(self, effect: fx.TakeHandover) -> list[fx.Effect]:
@@ -347,7 +325,10 @@ class Agent(SessionActor):
 
     @_performs(fx.Route)
     def _route(self, effect: fx.Route) -> list[fx.Effect]:
-        return self.machine.answer(effect.ticket, self._prepare(effect.request))
+        routed = self._prepare(effect.request)
+        if self._content is not None and self._prepared is not None:  # for the call's span: before its event
+            self._content.put(self.session_id, "request", effect.request_id, self._prepared.messages)
+        return self.machine.answer(effect.ticket, routed)
 
     @_performs(fx.RefreshTools)
     def _refresh_tools(self, effect: fx.RefreshTools) -> list[fx.Effect] | None:
@@ -452,9 +433,9 @@ class Agent(SessionActor):
         self.call(self.refs.store, p.Append((message,), end_turn=effect.end_turn), answered)
 
     # -- the provider call ------------------------------------------------------------------------------
-    def _prepare(self, spec: fx.RequestSpec) -> str:
+    def _prepare(self, spec: fx.RequestSpec) -> fx.Routed:
         """Build the request the machine decided (with the session's endpoint, key and limits) and say
-        which transport it goes over."""
+        where it goes."""
         from runtime.capacity import Priority
         from runtime.gateway import Admission, CacheHints, CompletionRequest
 
@@ -489,13 +470,16 @@ class Agent(SessionActor):
             ),
         )
         route = self.services.gateway.route(request)
-        self._prepared = (request, route)
-        return route.transport
+        self._prepared = request
+        address, port = self._server
+        return fx.Routed(
+            transport=route.transport, provider=route.provider, server_address=address, server_port=port
+        )
 
     @_performs(fx.CallModel)
     def _call_model(self, effect: fx.CallModel) -> None:
         assert self._prepared is not None
-        (request, route), self._prepared = self._prepared, None
+        request, self._prepared = self._prepared, None
         cfg = self.spec.config
         me, ticket, publish, sid, turn = (
             self.actor_ref,
@@ -536,7 +520,11 @@ class Agent(SessionActor):
         def on_stall(seconds: float) -> None:
             publish(ev.StreamStalled(session_id=sid, turn_id=turn, seconds=seconds))
 
+        content, request_id = self._content, effect.message_id
+
         def deliver(result: CompletionResult) -> None:
+            if content is not None and result.message is not None:  # for the call's span: before its event
+                content.put(sid, "response", request_id, result.message)
             me.tell(_ProviderDone(ticket, result, message_id[0]))
 
         report_retry = retry_reporter(publish, sid, turn)
@@ -554,14 +542,6 @@ class Agent(SessionActor):
                 )
             report_retry(info)
 
-        on_result: Callable[[CompletionResult], None] = deliver
-        on_retry: Callable[[RetryInfo], None] = reset_then_report
-        tracing = self.services.tracing
-        if tracing is not None:
-            span = self.machine.run.span if self.machine.run is not None else None
-            chat = tracing.start_chat(span, sid, request, turn_id=turn, provider=route.provider)
-            on_result, on_retry = tracing.watch_chat(chat, on_result, on_retry)
-
         def on_queued(pool: str, position: int, estimated_wait: float) -> None:
             me.tell(_Queued(ticket, pool, position, estimated_wait))
 
@@ -570,9 +550,9 @@ class Agent(SessionActor):
 
         self._call = self.services.gateway.complete(
             request,
-            on_result,
+            deliver,
             on_delta=on_delta,
-            on_retry=on_retry,
+            on_retry=reset_then_report,
             on_stall=on_stall,
             stall_after=cfg.agent.stream_stall_seconds,
             on_queued=on_queued,
@@ -584,7 +564,7 @@ class Agent(SessionActor):
     def _run_tools(self, effect: fx.RunTools) -> None:
         ticket, calls, turn, step = effect.ticket, effect.calls, effect.turn_id, effect.step
         me, sid, publish = self.actor_ref, self.session_id, self.publish
-        spec, services = self.spec, self.services
+        spec, services, content = self.spec, self.services, self._content
         cfg = spec.config
 
         def on_start(call: ToolCallPart) -> None:
@@ -598,26 +578,26 @@ class Agent(SessionActor):
             publish(ev.ToolOutput(session_id=sid, turn_id=turn, call_id=call.id, chunk=chunk))
 
         def on_done(res: ToolRunResult) -> None:
+            message = res.message
+            error = None
+            if message.is_error:
+                kind = message.metadata.get("error")
+                error = kind if isinstance(kind, str) else "tool_error"
+            if content is not None:  # what the call's span records (telemetry.record_content)
+                content.put(sid, "result", res.call.id, message.text)
             publish(
                 ev.ToolExecutionEnd(
                     session_id=sid,
                     turn_id=turn,
                     call_id=res.call.id,
                     name=res.call.name,
-                    is_error=res.message.is_error,
+                    is_error=message.is_error,
                     duration=res.duration,
-                    output_chars=len(res.message.text),
+                    output_chars=len(message.text),
                     truncated=res.truncated,
+                    error=error,
                 )
             )
-
-        callbacks: tuple[Callable[[ToolCallPart], None], Callable[[ToolRunResult], None]] = (
-            on_start,
-            on_done,
-        )
-        if services.tracing is not None:
-            span = self.machine.run.span if self.machine.run is not None else None
-            callbacks = services.tracing.watch_tools(span, sid, turn, on_start, on_done)
 
         approve = None
         if spec.approval is not None or spec.require_approval:
@@ -634,9 +614,9 @@ class Agent(SessionActor):
             limits=cfg.tool_output,
             spill_dir=services.directory.spill_dir(sid),
             approve=approve,
-            on_start=callbacks[0],
+            on_start=on_start,
             on_output=on_output,
-            on_done=callbacks[1],
+            on_done=on_done,
             on_all_done=lambda results: me.tell(_ToolsDone(ticket, list(results))),
             before_run=self._tool_start_recorder(turn, step),
         )
@@ -680,21 +660,28 @@ class Agent(SessionActor):
         )
 
 
-def abandon(handover: Handover, reason: str, tracing: Tracing | None = None, session_id: str = "") -> None:
+def abandon(handover: Handover, reason: str, bus: EventBus | None = None, session_id: str = "") -> None:
     """Answer every prompt of a handover nobody will take up (the session stopped, or could not recover);
-    with ``tracing``, end the span of its run."""
+    with ``bus``, its run ends for subscribers too (its ``error`` and ``agent_end``, as any turn does)."""
     run = handover.run
-    if run is not None and run.span is not None and tracing is not None:
-        span, run.span = run.span, None
-        tracing.end_turn(
-            span,
-            session_id,
-            status="error",
-            usage=run.usage,
-            steps=run.step,
-            error=reason,
-            code="agent_crashed",
-        )
+    if run is not None and bus is not None:
+        try:
+            bus.publish(
+                ev.ErrorOccurred(
+                    session_id=session_id, message=reason, code="agent_crashed", turn_id=run.turn_id
+                )
+            )
+            bus.publish(
+                ev.AgentEnd(
+                    session_id=session_id,
+                    turn_id=run.turn_id,
+                    status="error",
+                    usage=run.usage,
+                    steps=run.step,
+                )
+            )
+        except Exception:  # the bus may be gone at shutdown; the handles are answered regardless
+            log.debug("could not publish the end of an abandoned turn", exc_info=True)
     if run is not None:
         run.prompt.handle.set_result(
             TurnResult(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import msgspec
 
 from actors import protocol as p
-from actors._base import CallFailed, Reply, SessionActor, retry_reporter
+from actors._base import CallFailed, Reply, SessionActor, retry_reporter, server_of
 from actors.protocol import Compact, MaybeArchiveTools, MaybeCompact, Outcome, SetModel
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
@@ -30,7 +30,7 @@ from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger
 from runtime.handles import CompactionResult
-from runtime.messages import KIND_COMPACTION_SUMMARY, Message, Usage
+from runtime.messages import KIND_COMPACTION_SUMMARY, Message, Usage, new_id
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
@@ -112,7 +112,6 @@ class _Job:
     artifacts: list[str] = field(default_factory=list)
     calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
-    span: Any = None  # the compaction's span, when the runtime traces (design §7.5)
     spent: Usage = field(default_factory=Usage)  # what its summarizer calls cost (design §4.1)
 
 
@@ -175,7 +174,6 @@ class Compactor(SessionActor):
             tokens = job.tokens_before or (job.estimate.tokens if job.estimate is not None else 0)
             try:
                 if isinstance(request, MaybeCompact | Compact) and job.plan is not None:  # it was announced
-                    self._end_span(job, error=f"the compaction was interrupted: {why}", reason="interrupted")
                     self.emit(
                         ev.CompactionFailed,
                         error=f"the compaction was interrupted: {why}",
@@ -183,6 +181,8 @@ class Compactor(SessionActor):
                         tokens=tokens,
                         window=self.context_window,
                         trigger=request.trigger,
+                        messages=len(job.view.messages) if job.view is not None else 0,
+                        mode=self.cfg.mode,
                     )
                 job.fail(why)
             except Exception:  # the bus or a caller may be gone at shutdown: answer the rest regardless
@@ -327,9 +327,12 @@ class Compactor(SessionActor):
                 self._fail(job, trigger, "nothing_to_compact", plan.reason, job.estimate.tokens)
             return
         self.emit(
-            ev.CompactionStart, trigger=trigger, messages_before=len(messages), tokens_before=tokens_before
+            ev.CompactionStart,
+            trigger=trigger,
+            messages_before=len(messages),
+            tokens_before=tokens_before,
+            mode=self.cfg.mode,
         )
-        self._start_span(job, trigger, len(messages), tokens_before)
         job.plan = plan
         job.answers = [None] * len(plan.requests)
         job.outstanding = len(plan.requests)
@@ -431,22 +434,58 @@ class Compactor(SessionActor):
             transport=self.spec.config.gateway.transport,
             cache=cache,
         )
-        me = self.actor_ref
+        me, sid, publish, content = self.actor_ref, self.session_id, self.publish, self.services.content
+        request_id = new_id()
+        address, port = server_of(self.spec.api_base)
+        if content is not None:  # what the call's span records (telemetry.record_content): before its event
+            content.put(sid, "request", request_id, messages)
+        self.emit(
+            ev.SummaryRequest,
+            request_id=request_id,
+            purpose="tool_summary" if isinstance(job.request, MaybeArchiveTools) else "summary",
+            model=model,
+            max_tokens=max_tokens,
+            server_address=address,
+            server_port=port,
+        )
 
-        def deliver(result: CompletionResult) -> None:
+        def deliver(result: CompletionResult) -> None:  # on the gateway's loop
+            error, message = result.error, result.message
+            if error is not None:
+                if error.kind != "cancelled":  # (cut short by the compaction's end: that end says so)
+                    publish(
+                        ev.RequestFailed(
+                            session_id=sid,
+                            turn_id=None,
+                            request_id=request_id,
+                            kind=error.kind,
+                            message=error.message,
+                            status_code=error.status_code,
+                            attempts=result.attempts,
+                            transport=result.transport or None,
+                            pool=result.pool or None,
+                            waited=result.waited,
+                        )
+                    )
+            elif message is not None:
+                if content is not None:
+                    content.put(sid, "response", request_id, message)
+                publish(
+                    ev.SummaryResponse(
+                        session_id=sid,
+                        request_id=request_id,
+                        stop_reason=message.stop_reason or ("tool_calls" if message.tool_calls else "stop"),
+                        usage=message.usage or result.usage,
+                        attempts=result.attempts,
+                        transport=result.transport or None,
+                        pool=result.pool or None,
+                        waited=result.waited,
+                    )
+                )
             me.tell(_SummaryDone(job.id, index, result))
 
-        on_result: Callable[[CompletionResult], None] = deliver
-        on_retry: Callable[[RetryInfo], None] = retry_reporter(
-            self.publish, self.session_id, None
-        )  # events too
-        tracing = self.services.tracing
-        if tracing is not None:  # a compaction's summary, or a tool archive's (under the running turn)
-            parent = job.span if job.span is not None else tracing.turn_span(self.session_id)
-            purpose = "summary" if job.span is not None else "tool_summary"
-            chat = tracing.start_chat(parent, self.session_id, request, purpose=purpose)
-            on_result, on_retry = tracing.watch_chat(chat, on_result, on_retry)
-        job.calls.append(self.services.gateway.complete(request, on_result, on_retry=on_retry))
+        on_retry: Callable[[RetryInfo], None] = retry_reporter(publish, sid, None, request_id)  # events too
+        job.calls.append(self.services.gateway.complete(request, deliver, on_retry=on_retry))
 
     def _on_summary(self, done: _SummaryDone) -> None:
         job = self._active
@@ -523,13 +562,6 @@ class Compactor(SessionActor):
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, ""))
             self.refs.usage.tell(p.Reset(context_tokens=tokens_after))
             self._record_spend(summary, job)  # the summarizer's spend is the session's (design §4.1)
-            self._end_span(
-                job,
-                messages_after=len(outcome.messages),
-                tokens_after=tokens_after,
-                summary_chars=len(summary.text),
-                fallback=outcome.fallback,
-            )
             self.emit(
                 ev.CompactionEnd,
                 trigger=trigger,
@@ -596,11 +628,14 @@ class Compactor(SessionActor):
         """A compaction with nothing to reduce: said once (``compaction_skipped``), the history unchanged."""
         self._spent_unlogged(job)
         messages = tuple(job.view.messages)
-        if job.span is None:
-            self._start_span(job, trigger, len(messages), job.tokens_before)
-        self._end_span(job, skipped=reason)
         self.emit(
-            ev.CompactionSkipped, reason=reason, message=message, tokens=job.tokens_before, trigger=trigger
+            ev.CompactionSkipped,
+            reason=reason,
+            message=message,
+            tokens=job.tokens_before,
+            trigger=trigger,
+            messages=len(messages),
+            mode=self.cfg.mode,
         )
         assert job.estimate is not None
         self._done(
@@ -627,9 +662,6 @@ class Compactor(SessionActor):
         dead: bool = False,
     ) -> None:
         self._spent_unlogged(job)
-        if job.span is None:  # it failed before it started (nothing to compact): a span says so all the same
-            self._start_span(job, trigger, len(job.view.messages) if job.view is not None else 0, tokens)
-        self._end_span(job, error=message, reason=reason)
         self.emit(
             ev.CompactionFailed,
             error=message,
@@ -638,6 +670,8 @@ class Compactor(SessionActor):
             tokens=tokens,
             window=self.context_window,
             trigger=trigger,
+            messages=len(job.view.messages) if job.view is not None else 0,
+            mode=self.cfg.mode,
         )
         self._done(
             job,
@@ -650,23 +684,6 @@ class Compactor(SessionActor):
                 tokens_before=tokens,
             ),
         )
-
-    def _start_span(self, job: _Job, trigger: CompactionTrigger, messages: int, tokens: int) -> None:
-        tracing = self.services.tracing
-        if tracing is not None:
-            job.span = tracing.start_compaction(
-                self.session_id,
-                trigger=trigger,
-                mode=self.cfg.mode,
-                messages_before=messages,
-                tokens_before=tokens,
-            )
-
-    def _end_span(self, job: _Job, **outcome: Any) -> None:
-        span, job.span = job.span, None
-        tracing = self.services.tracing
-        if span is not None and tracing is not None:
-            tracing.end_compaction(span, **outcome)
 
     def _next_artifact_number(self) -> int:
         """The next compaction number for artifact names. Numbers continue from the artifacts on disk across

@@ -464,7 +464,7 @@ class Session:
             abandon(
                 self.refs.handover,
                 f"the session's actors kept crashing and were stopped ({error})",
-                self.services.tracing,
+                self.services.bus,
                 self.session_id,
             )
         self.refs = _NO_REFS

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from runtime.approval import ApprovalBroker, ApprovalCallable
     from runtime.bus import EventBus
     from runtime.gateway import Gateway
-    from runtime.observability.tracing import Tracing
+    from runtime.observability.content import ContentTap
     from runtime.store.sessions import SessionDirectory
     from runtime.store.turns import TurnJournal
     from runtime.store.writer import LogWriter
@@ -69,7 +69,7 @@ class Services:
     writer: LogWriter
     directory: SessionDirectory
     approvals: ApprovalBroker
-    tracing: Tracing | None = None  # OpenTelemetry spans (design §7.5); None: the runtime does not trace
+    content: ContentTap | None = None  # what spans record of prompts and answers (telemetry.record_content)
     mcp: McpHub | None = None
     turns: TurnJournal | None = None  # which sessions have a turn under way (design §3.12)
     awake: set[Any] = field(default_factory=set)  # the sessions whose actors run (what hibernation looks at)

@@ -2,8 +2,8 @@
 
 One :class:`Machinery` per start: the dispatcher every pooled actor runs on, the event bus (the transcript
 writer its sink), the I/O loop and gateway, the tool executor, the log writer, the sessions directory,
-this runtime's segment of the sessions index and its journal of open turns, the MCP hub and tracing
-(together the actors' :class:`~actors.wiring.Services`), the root supervisor, and the reaper thread that hibernates idle sessions
+this runtime's segment of the sessions index and its journal of open turns, the MCP hub (together the
+actors' :class:`~actors.wiring.Services`), the spans' subscriber when the runtime traces, the root supervisor, and the reaper thread that hibernates idle sessions
 (``persistence.hibernate_after``, design §8). A failed write of a transcript or of the index is told to
 subscribers as ``persistence_failed`` (design §9), not just logged.
 """
@@ -69,6 +69,10 @@ class Machinery:
                 directory, writer, on_error=self._transcript_failed, left_out=left_out
             )
             self.bus.add_sink(self.transcripts)
+        # the spans, made from the events (design §7.5): subscribed before any session publishes
+        self.tracing = tracing_for(cfg.telemetry, tracer_provider)
+        if self.tracing is not None:
+            self.tracing.attach(self.bus)
         self.services = Services(
             dispatcher=self.dispatcher,
             bus=self.bus,
@@ -82,12 +86,10 @@ class Machinery:
             writer=writer,
             directory=directory,
             approvals=ApprovalBroker(self.bus.publish),
-            tracing=tracing_for(cfg.telemetry, tracer_provider),
+            content=self.tracing.content if self.tracing is not None else None,
             mcp=(hub := McpHub()),
             turns=(turns := TurnJournal(self.sessions_path, writer, fsync=cfg.persistence.fsync)),
         )
-        if self.services.tracing is not None:
-            self.services.tracing.parent_of = self.bus.parent_of  # a sub-agent's turn: under its tool call
         self.io.add_closer(hub.aclose)  # (a safety net: stop() stops every MCP server first)
         self.root = Supervisor.start_tree([], strategy="one_for_one", name="root", dispatcher=self.dispatcher)
         self.services.gateway.preload()  # import litellm on the I/O loop now, not on the first turn
@@ -185,6 +187,8 @@ class Machinery:
         self.services.writer.close()
         self.turns.close()  # (deleted when no turn is left open: the writer wrote every end)
         self.services.directory.close()
+        if self.tracing is not None:  # (the spans of every event published, ended before stop returns)
+            self.tracing.close(timeout)
         self.bus.close()
         self.dispatcher.shutdown()
 

@@ -16,8 +16,10 @@ runtime must know of it is a class attribute with a default (:attr:`Event.opens_
 :attr:`Event.fragment`). Everything else is derived from the declarations: :data:`EVENTS` (in order),
 :data:`EVENT_TYPES`, :data:`FRAGMENT_TYPES`, the :data:`AnyEvent` union the decoders read, this module's
 ``__all__``, the names ``runtime`` exports (and the README's list of them), the transcript's rule, the
-dashboard's stream and the metrics' subscription (which counts the events it has a rule for:
-``runtime/observability/metrics.py``). A new event is then its declaration plus its behaviour (who
+dashboard's stream, the metrics' subscription (which counts the events it has a rule for:
+``runtime/observability/metrics.py``) and the spans' (the OpenTelemetry spans are made from the events
+they have a rule for, at the events' timestamps: ``runtime/observability/tracing.py``). What a span or a
+metric needs of an event is a field of it. A new event is then its declaration plus its behaviour (who
 publishes it, who reacts to it).
 """
 
@@ -146,19 +148,23 @@ class Branched(Event, frozen=True, tag="branched"):
 class AgentStart(Event, frozen=True, tag="agent_start"):
     """A turn begins, for a prompt (at once, or when it leaves the queue) or for a turn a crash cut off that
     is taken up (``turn_resumed`` follows, design §3.12). ``turn_id`` names the turn in every event of it;
-    ``prompt_id`` is the id of the handle (or the HTTP ``prompt_id``) its result answers. Its last event is
-    its ``agent_end``."""
+    ``prompt_id`` is the id of the handle (or the HTTP ``prompt_id``) its result answers; ``model`` the model
+    it starts with (empty from a runtime before it was added). Its last event is its ``agent_end``."""
 
     turn_id: str
     prompt_id: str | None = None
+    model: str = ""
 
 
 class RequestStart(Event, frozen=True, tag="request_start"):
     """The turn sends a step's request to the model. ``attempt``: the step's number in the turn (its n-th
     model request, from 1; a retry of the same request is ``provider_retry``); ``messages``: the messages it
     carries; ``estimated_tokens``: the runtime's count of it (design §4.2); ``transport``: the gateway
-    transport it goes over; ``message_id``: the id its answer will be appended with. Waiting for capacity
-    (``request_queued``) comes after it."""
+    transport it goes over; ``message_id``: the id its answer will be appended with (it names the call in
+    its ``request_failed``, whatever a ``stream_reset`` renames the answer to); ``provider``: litellm's name
+    of the provider; ``max_tokens``: the answer's cap sent with it; ``server_address`` and ``server_port``:
+    the endpoint of a session with an ``api_base``. Waiting for capacity (``request_queued``) comes after
+    it. Its end is its ``turn_end`` (answered), ``request_failed``, or the turn's end (cancelled)."""
 
     turn_id: str
     attempt: int
@@ -167,6 +173,31 @@ class RequestStart(Event, frozen=True, tag="request_start"):
     estimated_tokens: int
     transport: str | None = None  # the gateway transport the call goes over: litellm or openai_compat
     message_id: str | None = None  # the id the answer will have when it is appended
+    provider: str | None = None
+    max_tokens: int | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+
+
+class RequestFailed(Event, frozen=True, tag="request_failed"):
+    """A provider call failed for good (its retries spent, or an error no retry helps; not a cancelled
+    one): a turn's step (``turn_id``, ``request_id`` its ``request_start``'s ``message_id``) or a summarizer's
+    (``turn_id`` None, ``request_id`` its ``summary_request``'s). ``kind``: the error's kind
+    (``rate_limit``, ``transient``, ``timeout``, ``auth``, ``context_overflow``, ...), ``message`` its text,
+    ``status_code`` the HTTP status if any, ``attempts`` the attempts made, ``transport`` the one it went
+    over (empty if it never started), ``pool`` and ``waited`` the capacity pool it went through and the
+    seconds it waited (design §3.11). What follows a turn's is the turn's: an overflow's compaction, or
+    its ``error``."""
+
+    turn_id: str | None
+    request_id: str | None
+    kind: str
+    message: str
+    status_code: int | None = None
+    attempts: int = 1
+    transport: str | None = None
+    pool: str | None = None
+    waited: float = 0.0
 
 
 class RequestQueued(Event, frozen=True, tag="request_queued"):
@@ -277,8 +308,9 @@ class ToolOutput(Event, frozen=True, tag="tool_output"):
 class ToolExecutionEnd(Event, frozen=True, tag="tool_execution_end"):
     """A tool call has its result: ``is_error`` (a failure, a denial, a time-out), ``duration`` in seconds,
     ``output_chars`` the characters of the result the model gets, ``truncated`` when the output was cut to the
-    limits (the rest saved for ``read_saved``, design §3.5). Its ``message_appended`` follows once the step's
-    results are in the log."""
+    limits (the rest saved for ``read_saved``, design §3.5), ``error`` the kind of a failed call's error
+    (``tool_error``, ``timeout``, ``denied``, ``aborted``, ...; None when it did not fail). Its
+    ``message_appended`` follows once the step's results are in the log."""
 
     turn_id: str
     call_id: str
@@ -287,6 +319,7 @@ class ToolExecutionEnd(Event, frozen=True, tag="tool_execution_end"):
     duration: float
     output_chars: int
     truncated: bool = False
+    error: str | None = None
 
 
 class ApprovalRequest(Event, frozen=True, tag="approval_request"):
@@ -311,24 +344,30 @@ class ApprovalResponse(Event, frozen=True, tag="approval_response"):
 
 class TurnEnd(Event, frozen=True, tag="turn_end"):
     """A step's model response is complete (not the turn: that is ``agent_end``): its ``stop_reason``
-    (``stop``, ``tool_calls``, ``length``, ...) and that response's ``usage``."""
+    (``stop``, ``tool_calls``, ``length``, ...) and that response's ``usage``; ``attempts`` the provider
+    attempts it took (retries included), ``pool`` and ``waited`` the capacity pool it went through and the
+    seconds it waited for it (design §3.11)."""
 
     turn_id: str
     stop_reason: str
     usage: Usage = msgspec.field(default_factory=Usage)
+    attempts: int = 1
+    pool: str | None = None
+    waited: float = 0.0
 
 
 class AgentEnd(Event, frozen=True, tag="agent_end"):
     """The turn is over, the last of its events: ``status`` ``ok``, ``aborted`` or ``error`` (an ``error``
     event before it says why), ``usage`` the turn's own (every step, design §4.1), ``context_window`` and
-    ``context_tokens`` (the context after its last response). Its handle resolves once it is queued to every
-    subscriber."""
+    ``context_tokens`` (the context after its last response), ``steps`` its model requests. Its handle
+    resolves once it is queued to every subscriber."""
 
     turn_id: str
     status: Literal["ok", "aborted", "error"]
     usage: Usage = msgspec.field(default_factory=Usage)
     context_window: int = 0
     context_tokens: int = 0
+    steps: int = 0
 
 
 class MessageQueued(Event, frozen=True, tag="message_queued"):
@@ -387,8 +426,9 @@ class TurnResumed(Event, frozen=True, tag="turn_resumed"):
 
 class ProviderRetry(Event, frozen=True, tag="provider_retry"):
     """A model call failed in a way worth retrying (a 429, a 5xx, a reset, a stall) and is tried again after
-    ``delay`` seconds: ``attempt`` is the failed attempt (from 1) of ``max_attempts``, ``error`` and
-    ``status_code`` say how it failed (design §3.7). ``turn_id`` is None for a compaction's summarizer."""
+    ``delay`` seconds: ``attempt`` is the failed attempt (from 1) of ``max_attempts``, ``error``, ``kind`` (the
+    error's kind: ``rate_limit``, ``transient``, ...) and ``status_code`` say how it failed (design §3.7).
+    ``turn_id`` is None for a summarizer's call, which ``request_id`` names (its ``summary_request``'s)."""
 
     turn_id: str | None
     attempt: int
@@ -396,6 +436,8 @@ class ProviderRetry(Event, frozen=True, tag="provider_retry"):
     delay: float
     error: str
     status_code: int | None = None
+    kind: str = ""
+    request_id: str | None = None
 
 
 class ErrorOccurred(Event, frozen=True, tag="error"):
@@ -476,12 +518,43 @@ class WindowLearned(Event, frozen=True, tag="window_learned"):
 class CompactionStart(Event, frozen=True, tag="compaction_start"):
     """A compaction begins (design §5.10): its ``trigger`` (``threshold``, ``overflow``, ``manual``,
     ``usage_overflow``), ``messages_before`` in the model's view and ``tokens_before``, a full count of the
-    request the context would make. ``compaction_end``, ``compaction_failed`` or ``compaction_skipped``
+    request the context would make, in ``mode`` (``compaction.mode``). Its summarizer calls
+    (``summary_request``) come next; ``compaction_end``, ``compaction_failed`` or ``compaction_skipped``
     follows."""
 
     trigger: CompactionTrigger
     messages_before: int
     tokens_before: int
+    mode: CompactionMode = "summarize"
+
+
+class SummaryRequest(Event, frozen=True, tag="summary_request"):
+    """A compaction (``purpose`` ``summary``) or a tool archive (``tool_summary``, design §5.9) asks the
+    summarizer ``model`` for a summary: ``request_id`` names the call in its ``summary_response`` (or
+    ``request_failed``) and ``provider_retry`` events; ``max_tokens``, ``server_address`` and
+    ``server_port`` as a ``request_start`` says them."""
+
+    request_id: str
+    purpose: str
+    model: str
+    max_tokens: int | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+
+
+class SummaryResponse(Event, frozen=True, tag="summary_response"):
+    """The summarizer answered the ``summary_request`` ``request_id``: its ``stop_reason``, ``usage``,
+    ``attempts`` (retries included), the ``transport`` it went over, and the capacity ``pool`` and seconds
+    ``waited`` (design §3.11). A call that failed ends in ``request_failed`` instead; one cut short by the
+    compaction's end, in nothing."""
+
+    request_id: str
+    stop_reason: str
+    usage: Usage = msgspec.field(default_factory=Usage)
+    attempts: int = 1
+    transport: str | None = None
+    pool: str | None = None
+    waited: float = 0.0
 
 
 class CompactionEnd(Event, frozen=True, tag="compaction_end"):
@@ -504,7 +577,9 @@ class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     """A compaction failed and the conversation is unchanged: ``error`` for a person, ``reason`` for a program
     (``summarizer_failed``, ``no_progress``, ``store_error``, ``interrupted``, ...), ``context_exceeded`` when
     it could not get under the window (the session is marked dead, ``session_dead``), ``tokens`` the context's
-    count before it, ``window`` the session's, ``trigger`` as its ``compaction_start`` said."""
+    count before it, ``window`` the session's, ``trigger`` as its ``compaction_start`` said (or would have:
+    one that failed before it started has none), ``messages`` in the model's view before it, ``mode``
+    the compaction's."""
 
     error: str
     reason: str = "error"
@@ -512,18 +587,23 @@ class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     tokens: int = 0
     window: int = 0
     trigger: CompactionTrigger | None = None
+    messages: int = 0
+    mode: CompactionMode | None = None
 
 
 class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
     """A compaction that had nothing to reduce: the history is too short to summarize
     (``reason`` ``nothing_to_compact``), or its summary would not have made it shorter (``no_progress``).
     The history is unchanged and the session goes on: not an error. ``tokens`` is the same full count a
-    ``compaction_start`` before it reported; ``message`` says why, for a person."""
+    ``compaction_start`` before it reported (a manual compaction with nothing to compact has none);
+    ``message`` says why, for a person; ``messages`` in the model's view, ``mode`` the compaction's."""
 
     reason: str
     message: str
     tokens: int = 0
     trigger: CompactionTrigger | None = None
+    messages: int = 0
+    mode: CompactionMode | None = None
 
 
 class ToolResultsArchived(Event, frozen=True, tag="tool_results_archived"):

@@ -1,7 +1,9 @@
 """Observability (design §7.5): OpenTelemetry spans and Prometheus metrics.
 
     tracing.py   Tracing: invoke_agent / chat / execute_tool / compaction spans after the GenAI
-                 semantic conventions, on ``opentelemetry-api`` only
+                 semantic conventions, on ``opentelemetry-api`` only, made from the event bus
+    content.py   ContentTap: the prompts and answers spans record with ``telemetry.record_content``
+    genai.py     the GenAI semantic conventions' attribute names and message form, as the spans use them
     metrics.py   RuntimeMetrics: Prometheus metrics derived from the event bus (``Runtime.metrics()``,
                  ``GET /metrics`` of ``agentcell serve``)
 

@@ -1,19 +1,31 @@
-"""OpenTelemetry spans of the runtime's work (design §7.5), after the GenAI semantic conventions.
+"""OpenTelemetry spans of the runtime's work (design §7.5), after the GenAI semantic conventions, made from
+the event bus.
 
 One ``invoke_agent`` span per turn, with a ``chat`` span per provider call, an ``execute_tool`` span per tool
 call and a ``compaction`` span per compaction under it (a compaction's summarizer calls are ``chat`` spans
 under the compaction). A manual compaction outside a turn is a root span; a sub-agent's turn is a child of
 the ``execute_tool`` span of the delegation that started it.
 
-The work of one turn hops between actor threads, the gateway's asyncio loop and the tool workers, so no span
-is ever made "current" (OpenTelemetry's context is thread- and task-local): every span is started with an
-explicit parent, which the agent keeps with its turn and the compactor with its job. :class:`Tracing` keeps
-the open turn span of each session, which is how a compaction finds its turn, and the open tool spans by
-call id, which is how a sub-agent's turn finds the call it answers.
+The spans are derived from the events, as the metrics are: :class:`Tracing` subscribes once to every
+session's events of the types it has a rule for (:data:`SPAN_TYPES`; a rule is a method marked
+``@_traces(EventClass)``), and a thread of its own reads them and opens and ends spans at the events' own
+timestamps. Nothing on the turn's path knows of spans: the turn machine, the agent, the compactor, the
+gateway and the tools publish their events as they do without tracing. The facts a span needs are fields
+of its events (the turn's ``model`` and ``steps``, a call's ``provider``, ``server_address``, ``attempts``,
+``pool``, a tool error's kind, ...); the spans' parents are the events' own links (a turn's session and
+``turn_id``, a sub-agent's ``parent_call_id``).
+
+Delivery is the bus's (design §1.4): publishing never waits for the spans. The subscription's queue holds
+:data:`QUEUE_SIZE` events (it takes no deltas); its thread applies the rules as they come. If it falls that
+far behind, the bus drops the oldest and says so (``subscriber_lagged``): the spans of that session open at that
+moment get an ``agentcell.events_lost`` event, a span whose end was lost is ended at the session's next turn
+or its ``session_stopped`` with ``agentcell.span.incomplete``, and the rest of the trace goes on. The
+runtime's ``stop`` waits for the spans of its last events (:meth:`Tracing.close`) and ends those left open.
 
 Prompt and completion text (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.call.arguments``, ``gen_ai.tool.call.result``) are recorded
-only with ``telemetry.record_content = true``.
+only with ``telemetry.record_content = true``; the events do not carry it, so it comes through
+:class:`~runtime.observability.content.ContentTap` (see there).
 
 This module imports ``opentelemetry``; :func:`runtime.observability.tracing_for` decides whether it is
 needed at all, so a runtime without tracing never imports it.
@@ -22,72 +34,129 @@ needed at all, so a runtime without tracing never imports it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from runtime.messages import Message, ReasoningPart, TextPart, ToolCallPart, Usage
+from runtime import events as ev
+from runtime.messages import Message
+from runtime.observability.content import ContentTap
+from runtime.observability.genai import (
+    AGENT_NAME,
+    CONVERSATION,
+    ERROR_TYPE,
+    FINISH_REASONS,
+    INPUT_MESSAGES,
+    INSTRUMENTATION,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    PROVIDER,
+    REQUEST_MAX_TOKENS,
+    REQUEST_MODEL,
+    SESSION_ID,
+    SYSTEM_INSTRUCTIONS,
+    TOOL_ARGUMENTS,
+    TOOL_CALL_ID,
+    TOOL_NAME,
+    TOOL_RESULT,
+    TOOL_TYPE,
+    TURN_ID,
+    messages_json,
+    provider_name,
+    usage_attributes,
+)
 
-__all__ = ["PROVIDER_NAMES", "Tracing"]
+if TYPE_CHECKING:
+    from runtime.bus import EventBus, Subscription
 
-INSTRUMENTATION = "agentcell"
+__all__ = ["QUEUE_SIZE", "SPAN_TYPES", "Tracing"]
 
-# litellm's provider names -> the gen_ai.provider.name values of the conventions (others pass unchanged).
-PROVIDER_NAMES = {
-    "azure": "azure.ai.openai",
-    "azure_ai": "azure.ai.inference",
-    "bedrock": "aws.bedrock",
-    "gemini": "gcp.gemini",
-    "vertex_ai": "gcp.vertex_ai",
-    "vertex_ai_beta": "gcp.vertex_ai",
-    "mistral": "mistral_ai",
-    "xai": "x_ai",
-    "watsonx": "ibm.watsonx.ai",
-}
+log = logging.getLogger("agentcell.tracing")
 
-# Attribute names: the GenAI conventions' own, then agentcell's for what they do not name.
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-CONVERSATION = "gen_ai.conversation.id"
-AGENT_NAME = "gen_ai.agent.name"
-REQUEST_MODEL = "gen_ai.request.model"
-REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
-REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_RESULT = "gen_ai.tool.call.result"
-ERROR_TYPE = "error.type"
-SESSION_ID = "agentcell.session.id"
-TURN_ID = "agentcell.turn.id"
+QUEUE_SIZE = 100_000
+"""The events the spans' subscription holds before the bus drops its oldest (design §1.4)."""
+
+INCOMPLETE = "agentcell.span.incomplete"
+
+_Rule = TypeVar("_Rule", bound=Callable[..., None])
+_RULES: dict[type[ev.Event], Callable[[Any, Any], None]] = {}
+"""Each event type the spans are made from -> its rule (a method of :class:`Tracing`)."""
+
+
+def _traces(kind: type[ev.Event]) -> Callable[[_Rule], _Rule]:
+    """Declares a method of :class:`Tracing` the rule for events of ``kind``: the spans subscribe to the
+    types that have a rule (:data:`SPAN_TYPES`), so a new span of an event is its rule alone."""
+
+    def register(rule: _Rule) -> _Rule:
+        _RULES[kind] = rule
+        return rule
+
+    return register
+
+
+def _ns(ts: float) -> int:
+    """An event's timestamp (seconds) as OpenTelemetry's (nanoseconds)."""
+    return int(ts * 1e9)
+
+
+@dataclass
+class _Turn:
+    span: Span
+    turn_id: str
+    error: tuple[str, str] | None = None  # the (code, message) of the error event that ends it
+    answer: Message | None = None  # its latest answer (recorded content only)
+
+
+@dataclass
+class _Chat:
+    span: Span
+    request_id: str | None
+    transport: str | None = None
+
+
+@dataclass
+class _Session:
+    """The open spans of one session."""
+
+    turn: _Turn | None = None
+    chat: _Chat | None = None  # the turn's provider call in flight
+    tools: dict[str, Span] = field(default_factory=dict)  # call id -> its execute_tool span
+    compaction: Span | None = None
+    summaries: dict[str, _Chat] = field(default_factory=dict)  # request id -> a summarizer call's span
+
+    def spans(self) -> Iterable[Span]:
+        if self.chat is not None:
+            yield self.chat.span
+        yield from self.tools.values()
+        yield from (chat.span for chat in self.summaries.values())
+        if self.compaction is not None:
+            yield self.compaction
+        if self.turn is not None:
+            yield self.turn.span
 
 
 class Tracing:
-    """Starts and ends the runtime's spans on ``tracer``; thread-safe (spans are started and ended on
-    whichever thread the work is on, always with an explicit parent)."""
+    """The runtime's spans on ``tracer``, made from its events (see the module's docstring).
+
+    :meth:`attach` subscribes to a bus and starts the thread that reads it; :meth:`handle` applies the rules
+    to one event (that thread's work, callable directly on events from elsewhere). ``content`` is where
+    actors put what spans record of prompts and answers: None unless ``record_content``.
+    """
 
     def __init__(self, tracer: trace.Tracer, *, record_content: bool = False) -> None:
         self.tracer = tracer
         self.record_content = record_content
-        self._turns: dict[str, Span] = {}  # session id -> its open turn span
-        self._tools: dict[tuple[str, str], Span] = {}  # (session id, call id) -> open execute_tool span
-        self._lock = threading.Lock()
-        self.parent_of: Callable[[str], tuple[str, str] | None] = lambda session_id: None
-        """A sub-agent session's (parent session, call id): the runtime sets the event bus's ``parent_of``."""
+        self.content: ContentTap | None = ContentTap() if record_content else None
+        self.lost = 0
+        """Events the subscription lost by falling behind (each ``subscriber_lagged``'s ``dropped``)."""
+        self._sessions: dict[str, _Session] = {}
+        self._subscription: Subscription | None = None
+        self._lock = threading.Lock()  # (the subscription's thread applies the rules; close ends the rest)
 
     @classmethod
     def for_provider(cls, provider: trace.TracerProvider | None, *, record_content: bool = False) -> Tracing:
@@ -100,282 +169,475 @@ class Tracing:
             tracer = provider.get_tracer(INSTRUMENTATION, __version__)
         return cls(tracer, record_content=record_content)
 
-    # -- turns ----------------------------------------------------------------------------------------
-    def start_turn(
-        self, session_id: str, turn_id: str, *, model: str, inputs: Sequence[Message] = ()
-    ) -> Span:
-        """The ``invoke_agent`` span of a turn (a child of the delegating tool call's span for a sub-agent);
-        ``inputs``: what the prompt records (the user's message, or a client's tool results)."""
+    # -- the subscription -------------------------------------------------------------------------------
+    def attach(self, bus: EventBus, *, queue_size: int = QUEUE_SIZE) -> None:
+        """Make spans of ``bus``'s events from now on, on the subscription's own thread."""
+        self._subscription = bus.subscribe("*", SPAN_TYPES, callback=self.handle, queue_size=queue_size)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the spans of every event published so far are made (False if ``timeout`` passed
+        first). Every event of a turn is published before its handle resolves, so after
+        ``handle.result()`` a flush sees the turn's spans ended (and handed to the span processors)."""
+        return self._subscription is None or self._subscription.flush(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Make the spans of the events published so far, stop reading, and end the spans left open (their
+        end was never published: a turn cut off by the runtime's stop) as incomplete."""
+        if self._subscription is not None:
+            if not self.flush(timeout):
+                log.warning("tracing: the spans of some events were not made within %s s", timeout)
+            self._subscription.close()
+        with self._lock:
+            for sid in list(self._sessions):
+                self._end_session(sid, None)
+
+    def handle(self, event: ev.Event) -> None:
+        """Apply the rule of ``event``'s type (if any); a rule that fails is logged, never raised."""
+        try:
+            with self._lock:
+                if isinstance(
+                    event, ev.SubscriberLagged
+                ):  # (the subscription's own: sent whatever the filter)
+                    self._lagged(event)
+                    return
+                rule = _RULES.get(type(event))
+                if rule is not None:
+                    rule(self, event)
+        except Exception:  # a span must never stop the spans of the rest
+            log.exception("tracing: could not apply the span rule of a %s event", event.type)
+
+    def _session(self, sid: str) -> _Session:
+        session = self._sessions.get(sid)
+        if session is None:
+            session = self._sessions[sid] = _Session()
+        return session
+
+    def _content(self, sid: str, kind: Any, key: str | None) -> Any:
+        return None if self.content is None else self.content.take(sid, kind, key)
+
+    def _lagged(self, event: ev.SubscriberLagged) -> None:
+        self.lost += event.dropped
+        session = self._sessions.get(event.session_id)
+        if session is not None:
+            for span in session.spans():
+                span.add_event("agentcell.events_lost", {"dropped": event.dropped}, timestamp=_ns(event.ts))
+
+    def _end_session(self, sid: str, ts: float | None) -> None:
+        """End every span of ``sid`` still open (their ends were lost, or never published)."""
+        session = self._sessions.pop(sid, None)
+        if session is not None:
+            for span in session.spans():
+                _incomplete(span, ts)
+        if self.content is not None:
+            self.content.forget(sid)
+
+    # -- turns ------------------------------------------------------------------------------------------
+    @_traces(ev.AgentStart)
+    def _agent_start(self, event: ev.AgentStart) -> None:
+        sid = event.session_id
+        session = self._session(sid)
+        if session.turn is not None:  # the end of the one before was lost: its open spans end here
+            chat, session.chat = session.chat, None
+            for span in [
+                *([chat.span] if chat is not None else []),
+                *session.tools.values(),
+                session.turn.span,
+            ]:
+                _incomplete(span, event.ts)
+            session.tools.clear()
         parent: Span | None = None
-        link = self.parent_of(session_id)
-        if link is not None:
-            parent = self._tools.get(link)
+        if event.parent_session_id is not None and event.parent_call_id is not None:
+            delegating = self._sessions.get(event.parent_session_id)
+            if delegating is not None:
+                parent = delegating.tools.get(event.parent_call_id)
         attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
-            PROVIDER: _provider_name(None, model),
+            PROVIDER: provider_name(None, event.model),
             AGENT_NAME: INSTRUMENTATION,
-            CONVERSATION: session_id,
-            REQUEST_MODEL: model,
-            SESSION_ID: session_id,
-            TURN_ID: turn_id,
+            CONVERSATION: sid,
+            REQUEST_MODEL: event.model,
+            SESSION_ID: sid,
+            TURN_ID: event.turn_id,
         }
-        if self.record_content and inputs:
-            attributes[INPUT_MESSAGES] = _messages_json(inputs)
+        inputs = self._content(sid, "prompt", event.prompt_id)
+        if inputs:
+            attributes[INPUT_MESSAGES] = messages_json(inputs)
         span = self.tracer.start_span(
             f"invoke_agent {INSTRUMENTATION}",
             context=_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attributes,
+            start_time=_ns(event.ts),
         )
-        with self._lock:
-            self._turns[session_id] = span
-        return span
+        session.turn = _Turn(span, event.turn_id)
 
-    def end_turn(
-        self,
-        span: Span,
-        session_id: str,
-        *,
-        status: str,
-        usage: Usage,
-        steps: int,
-        error: str | None = None,
-        code: str | None = None,
-        answer: Message | None = None,
-    ) -> None:
-        with self._lock:
-            if self._turns.get(session_id) is span:
-                del self._turns[session_id]
-        if not span.is_recording():
-            span.end()
+    @_traces(ev.ErrorOccurred)
+    def _error(self, event: ev.ErrorOccurred) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is not None and session.turn is not None and session.turn.turn_id == event.turn_id:
+            session.turn.error = (event.code, event.message)
+
+    @_traces(ev.AgentAbort)
+    def _agent_abort(self, event: ev.AgentAbort) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is not None:
+            self._cancel_chat(session, event.ts)
+
+    @_traces(ev.AgentEnd)
+    def _agent_end(self, event: ev.AgentEnd) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is None:
             return
-        span.set_attributes(
-            {**_usage_attributes(usage), "agentcell.turn.status": status, "agentcell.turn.steps": steps}
+        self._cancel_chat(session, event.ts)
+        turn = session.turn
+        if turn is None or turn.turn_id != event.turn_id:
+            return
+        session.turn = None
+        span = turn.span
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    **usage_attributes(event.usage),
+                    "agentcell.turn.status": event.status,
+                    "agentcell.turn.steps": event.steps,
+                }
+            )
+            if self.record_content and turn.answer is not None and event.status == "ok":
+                answer = turn.answer
+                span.set_attribute(OUTPUT_MESSAGES, messages_json([answer], finish_reason=answer.stop_reason))
+            if event.status == "error":
+                code, message = turn.error or (None, None)
+                span.set_attribute(ERROR_TYPE, code or "_OTHER")
+                span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=_ns(event.ts))
+
+    # -- a turn's provider calls ------------------------------------------------------------------------
+    @_traces(ev.RequestStart)
+    def _request_start(self, event: ev.RequestStart) -> None:
+        sid = event.session_id
+        session = self._session(sid)
+        self._cancel_chat(session, event.ts)  # one still open was cut off (an agent crash mid-call)
+        attributes = self._chat_attributes(
+            sid, event.model, event.provider, event.max_tokens, event.server_address, event.server_port
         )
-        if self.record_content and answer is not None and status == "ok":
-            span.set_attribute(OUTPUT_MESSAGES, _messages_json([answer], finish_reason=answer.stop_reason))
-        if status == "error":
-            span.set_attribute(ERROR_TYPE, code or "_OTHER")
-            span.set_status(Status(StatusCode.ERROR, error))
-        span.end()
+        attributes[TURN_ID] = event.turn_id
+        self._request_content(attributes, sid, event.message_id)
+        parent = session.turn.span if session.turn is not None else None
+        span = self.tracer.start_span(
+            f"chat {event.model}",
+            context=_context(parent),
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=_ns(event.ts),
+        )
+        session.chat = _Chat(span, event.message_id, event.transport)
 
-    def turn_span(self, session_id: str) -> Span | None:
-        """The session's open turn span, if a turn is running."""
-        return self._turns.get(session_id)
+    @_traces(ev.ProviderRetry)
+    def _provider_retry(self, event: ev.ProviderRetry) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is None:
+            return
+        chat = session.chat if event.turn_id is not None else session.summaries.get(event.request_id or "")
+        if chat is None:
+            return
+        attributes: dict[str, Any] = {
+            "agentcell.retry.attempt": event.attempt,
+            "agentcell.retry.max_attempts": event.max_attempts,
+            "agentcell.retry.delay": event.delay,
+            ERROR_TYPE: event.kind or "_OTHER",
+            "exception.message": event.error,
+        }
+        if event.status_code is not None:
+            attributes["http.response.status_code"] = event.status_code
+        chat.span.add_event("retry", attributes, timestamp=_ns(event.ts))
 
-    # -- provider calls -------------------------------------------------------------------------------
-    def start_chat(
+    @_traces(ev.TurnEnd)
+    def _turn_end(self, event: ev.TurnEnd) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is None or session.chat is None:
+            return
+        chat, session.chat = session.chat, None
+        answer = self._content(event.session_id, "response", chat.request_id)
+        if answer is not None and session.turn is not None:
+            session.turn.answer = answer
+        _answered(chat, event, answer, self.record_content)
+
+    @_traces(ev.RequestFailed)
+    def _request_failed(self, event: ev.RequestFailed) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is None:
+            return
+        if event.turn_id is not None:
+            chat, session.chat = session.chat, None
+        else:
+            chat = session.summaries.pop(event.request_id or "", None)
+        if chat is None:
+            return
+        span = chat.span
+        if span.is_recording():
+            span.set_attribute("agentcell.attempts", event.attempts)
+            transport = event.transport or chat.transport
+            if transport:
+                span.set_attribute("agentcell.transport", transport)
+            _pool_attributes(span, event.pool, event.waited)
+            span.set_attribute(ERROR_TYPE, event.kind)
+            if event.status_code is not None:
+                span.set_attribute("http.response.status_code", event.status_code)
+            span.set_status(Status(StatusCode.ERROR, event.message))
+        span.end(end_time=_ns(event.ts))
+
+    def _cancel_chat(self, session: _Session, ts: float) -> None:
+        """End the turn's provider call in flight, if any, as cancelled (the turn ended or moved on)."""
+        chat, session.chat = session.chat, None
+        if chat is not None:
+            if chat.span.is_recording():
+                if chat.transport:
+                    chat.span.set_attribute("agentcell.transport", chat.transport)
+                chat.span.set_attribute(ERROR_TYPE, "cancelled")
+            chat.span.end(end_time=_ns(ts))
+
+    def _chat_attributes(
         self,
-        parent: Span | None,
-        session_id: str,
-        request: Any,  # runtime.gateway.CompletionRequest
-        *,
-        turn_id: str | None = None,
-        provider: str | None = None,
-        purpose: str | None = None,
-    ) -> Span:
-        """A ``chat`` span for one provider call (its retries included), a child of ``parent``."""
+        sid: str,
+        model: str,
+        provider: str | None,
+        max_tokens: int | None,
+        address: str | None,
+        port: int | None,
+    ) -> dict[str, Any]:
         attributes: dict[str, Any] = {
             OPERATION: "chat",
-            PROVIDER: _provider_name(provider, request.model),
-            REQUEST_MODEL: request.model,
-            CONVERSATION: session_id,
-            SESSION_ID: session_id,
+            PROVIDER: provider_name(provider, model),
+            REQUEST_MODEL: model,
+            CONVERSATION: sid,
+            SESSION_ID: sid,
         }
-        if turn_id is not None:
-            attributes[TURN_ID] = turn_id
-        if purpose is not None:
-            attributes["agentcell.call.purpose"] = purpose
-        if request.max_tokens is not None:
-            attributes[REQUEST_MAX_TOKENS] = request.max_tokens
-        if request.temperature is not None:
-            attributes[REQUEST_TEMPERATURE] = request.temperature
-        if request.api_base:
-            parts = urlsplit(request.api_base)
-            if parts.hostname:
-                attributes["server.address"] = parts.hostname
-                attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
-        if self.record_content:
-            system = [m for m in request.messages if isinstance(m, Message) and m.role == "system"]
-            rest = [m for m in request.messages if isinstance(m, Message) and m.role != "system"]
-            if system:
-                attributes[SYSTEM_INSTRUCTIONS] = json.dumps(
-                    [{"type": "text", "content": m.text} for m in system], ensure_ascii=False
-                )
-            attributes[INPUT_MESSAGES] = _messages_json(rest)
-        return self.tracer.start_span(
-            f"chat {request.model}", context=_context(parent), kind=SpanKind.CLIENT, attributes=attributes
-        )
+        if max_tokens is not None:
+            attributes[REQUEST_MAX_TOKENS] = max_tokens
+        if address:
+            attributes["server.address"] = address
+            if port is not None:
+                attributes["server.port"] = port
+        return attributes
 
-    def watch_chat(
-        self, span: Span, on_result: Callable[[Any], object], on_retry: Callable[[Any], object] | None
-    ) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
-        """``Gateway.complete`` callbacks that also record the call on ``span``: its retries as events, and
-        its result (delivered exactly once, from the gateway's loop) ending it."""
-
-        def result(value: Any) -> None:
-            self.end_chat(span, value)
-            on_result(value)
-
-        def retry(info: Any) -> None:
-            self.chat_retry(span, info)
-            if on_retry is not None:
-                on_retry(info)
-
-        return result, retry
-
-    def chat_retry(self, span: Span, info: Any) -> None:  # info: runtime.gateway.RetryInfo
-        """A failed attempt that will be retried: an event on the call's span."""
-        attributes: dict[str, Any] = {
-            "agentcell.retry.attempt": info.attempt,
-            "agentcell.retry.max_attempts": info.max_attempts,
-            "agentcell.retry.delay": info.delay,
-            ERROR_TYPE: info.kind,
-            "exception.message": info.error,
-        }
-        if info.status_code is not None:
-            attributes["http.response.status_code"] = info.status_code
-        span.add_event("retry", attributes)
-
-    def end_chat(self, span: Span, result: Any) -> None:  # result: runtime.gateway.CompletionResult
-        """End a ``chat`` span with the call's usage and finish reason, or its error."""
-        if not span.is_recording():
-            span.end()
+    def _request_content(self, attributes: dict[str, Any], sid: str, request_id: str | None) -> None:
+        """A request's system instructions and input messages, when content is recorded."""
+        messages = self._content(sid, "request", request_id)
+        if messages is None:
             return
-        span.set_attribute("agentcell.attempts", result.attempts)
-        if result.transport:
-            span.set_attribute("agentcell.transport", result.transport)
-        if result.pool:  # admission control (design §3.11): the key's pool and the wait for its capacity
-            span.set_attribute("agentcell.capacity.pool", result.pool)
-            span.set_attribute("agentcell.capacity.waited_seconds", round(result.waited, 3))
-        error = result.error
-        message: Message | None = result.message
-        if error is not None:
-            span.set_attribute(ERROR_TYPE, error.kind)
-            if error.status_code is not None:
-                span.set_attribute("http.response.status_code", error.status_code)
-            if error.kind != "cancelled":
-                span.set_status(Status(StatusCode.ERROR, error.message))
-        elif message is not None:
-            span.set_attributes(_usage_attributes(message.usage or result.usage))
-            finish = message.stop_reason or ("tool_calls" if message.tool_calls else "stop")
-            span.set_attribute(FINISH_REASONS, [finish])
-            if self.record_content:
-                span.set_attribute(OUTPUT_MESSAGES, _messages_json([message], finish_reason=finish))
-        span.end()
+        system = [m for m in messages if isinstance(m, Message) and m.role == "system"]
+        rest = [m for m in messages if isinstance(m, Message) and m.role != "system"]
+        if system:
+            attributes[SYSTEM_INSTRUCTIONS] = json.dumps(
+                [{"type": "text", "content": m.text} for m in system], ensure_ascii=False
+            )
+        attributes[INPUT_MESSAGES] = messages_json(rest)
 
-    # -- tool calls -----------------------------------------------------------------------------------
-    def start_tool(self, parent: Span | None, session_id: str, turn_id: str, call: ToolCallPart) -> Span:
-        """An ``execute_tool`` span for one tool call, a child of the turn's span."""
+    # -- tool calls -------------------------------------------------------------------------------------
+    @_traces(ev.ToolExecutionStart)
+    def _tool_start(self, event: ev.ToolExecutionStart) -> None:
+        session = self._session(event.session_id)
+        session.tools[event.call_id] = self._tool_span(session, event, event.ts, event.arguments)
+
+    def _tool_span(
+        self, session: _Session, event: ev.ToolExecutionStart | ev.ToolExecutionEnd, ts: float, arguments: str
+    ) -> Span:
         attributes: dict[str, Any] = {
             OPERATION: "execute_tool",
-            TOOL_NAME: call.name,
-            TOOL_CALL_ID: call.id,
+            TOOL_NAME: event.name,
+            TOOL_CALL_ID: event.call_id,
             TOOL_TYPE: "function",
-            CONVERSATION: session_id,
-            SESSION_ID: session_id,
-            TURN_ID: turn_id,
+            CONVERSATION: event.session_id,
+            SESSION_ID: event.session_id,
+            TURN_ID: event.turn_id,
         }
-        if self.record_content:
-            attributes[TOOL_ARGUMENTS] = call.arguments
-        span = self.tracer.start_span(
-            f"execute_tool {call.name}",
+        if self.record_content and arguments:
+            attributes[TOOL_ARGUMENTS] = arguments
+        parent = session.turn.span if session.turn is not None else None
+        return self.tracer.start_span(
+            f"execute_tool {event.name}",
             context=_context(parent),
             kind=SpanKind.INTERNAL,
             attributes=attributes,
+            start_time=_ns(ts),
         )
-        with self._lock:
-            self._tools[(session_id, call.id)] = span
-        return span
 
-    def watch_tools(
-        self,
-        parent: Span | None,
-        session_id: str,
-        turn_id: str,
-        on_start: Callable[[ToolCallPart], None],
-        on_done: Callable[[Any], None],
-    ) -> tuple[Callable[[ToolCallPart], None], Callable[[Any], None]]:
-        """``ToolExecutor.run`` callbacks that also give each call an ``execute_tool`` span: from when a
-        worker takes it up to its result (a call aborted before it started gets a span at its result)."""
-        spans: dict[str, Span] = {}
-
-        def started(call: ToolCallPart) -> None:
-            spans[call.id] = self.start_tool(parent, session_id, turn_id, call)
-            on_start(call)
-
-        def done(result: Any) -> None:  # runtime.tools.executor.ToolRunResult
-            span = spans.pop(result.call.id, None)
-            if span is None:
-                span = self.start_tool(parent, session_id, turn_id, result.call)
-            self.end_tool(span, session_id, result)
-            on_done(result)
-
-        return started, done
-
-    def end_tool(self, span: Span, session_id: str, result: Any) -> None:  # runtime.tools.ToolRunResult
-        with self._lock:
-            self._tools.pop((session_id, result.call.id), None)
-        message: Message = result.message
+    @_traces(ev.ToolExecutionEnd)
+    def _tool_end(self, event: ev.ToolExecutionEnd) -> None:
+        session = self._session(event.session_id)
+        span = session.tools.pop(event.call_id, None)
+        if span is None:  # a call aborted before a worker took it up: its span is its result
+            span = self._tool_span(session, event, event.ts, "")
+        result = self._content(event.session_id, "result", event.call_id)
         if span.is_recording():
-            span.set_attribute("agentcell.tool.output_chars", len(message.text))
-            if result.truncated:
+            span.set_attribute("agentcell.tool.output_chars", event.output_chars)
+            if event.truncated:
                 span.set_attribute("agentcell.tool.truncated", True)
-            if self.record_content:
-                span.set_attribute(TOOL_RESULT, message.text)
-            if message.is_error:
-                kind = message.metadata.get("error")
-                span.set_attribute(ERROR_TYPE, kind if isinstance(kind, str) else "tool_error")
-                span.set_status(Status(StatusCode.ERROR, message.text[:200]))
-        span.end()
+            if result is not None:
+                span.set_attribute(TOOL_RESULT, result)
+            if event.is_error:
+                kind = event.error or "tool_error"
+                span.set_attribute(ERROR_TYPE, kind)
+                span.set_status(Status(StatusCode.ERROR, result[:200] if result is not None else kind))
+        span.end(end_time=_ns(event.ts))
 
-    # -- compactions ----------------------------------------------------------------------------------
-    def start_compaction(
-        self, session_id: str, *, trigger: str, mode: str, messages_before: int, tokens_before: int
+    # -- compactions ------------------------------------------------------------------------------------
+    @_traces(ev.CompactionStart)
+    def _compaction_start(self, event: ev.CompactionStart) -> None:
+        session = self._session(event.session_id)
+        if session.compaction is not None:
+            _incomplete(session.compaction, event.ts)
+        session.compaction = self._compaction_span(
+            session, event, event.trigger, event.mode, event.messages_before, event.tokens_before
+        )
+
+    def _compaction_span(
+        self,
+        session: _Session,
+        event: ev.Event,
+        trigger: str | None,
+        mode: str | None,
+        messages: int,
+        tokens: int,
     ) -> Span:
         """A ``compaction`` span, a child of the session's running turn (a root span outside a turn)."""
+        sid = event.session_id
         return self.tracer.start_span(
             "compaction",
-            context=_context(self._turns.get(session_id)),
+            context=_context(session.turn.span if session.turn is not None else None),
             kind=SpanKind.INTERNAL,
             attributes={
-                CONVERSATION: session_id,
-                SESSION_ID: session_id,
-                "agentcell.compaction.trigger": trigger,
-                "agentcell.compaction.mode": mode,
-                "agentcell.compaction.messages_before": messages_before,
-                "agentcell.compaction.tokens_before": tokens_before,
+                CONVERSATION: sid,
+                SESSION_ID: sid,
+                "agentcell.compaction.trigger": trigger or "unknown",
+                "agentcell.compaction.mode": mode or "summarize",
+                "agentcell.compaction.messages_before": messages,
+                "agentcell.compaction.tokens_before": tokens,
             },
+            start_time=_ns(event.ts),
         )
 
-    def end_compaction(
-        self,
-        span: Span,
-        *,
-        messages_after: int | None = None,
-        tokens_after: int | None = None,
-        summary_chars: int | None = None,
-        fallback: bool = False,
-        error: str | None = None,
-        reason: str | None = None,
-        skipped: str | None = None,
-    ) -> None:
-        if span.is_recording():
-            if skipped is not None:  # nothing to reduce: no error
-                span.set_attribute("agentcell.compaction.skipped", skipped)
-            elif error is not None:
-                span.set_attribute(ERROR_TYPE, reason or "_OTHER")
-                span.set_status(Status(StatusCode.ERROR, error))
-            else:
-                span.set_attributes(
-                    {
-                        "agentcell.compaction.messages_after": messages_after or 0,
-                        "agentcell.compaction.tokens_after": tokens_after or 0,
-                        "agentcell.compaction.summary_chars": summary_chars or 0,
-                        "agentcell.compaction.fallback": fallback,
-                    }
+    def _end_compaction(
+        self, event: ev.CompactionEnd | ev.CompactionFailed | ev.CompactionSkipped
+    ) -> tuple[_Session, Span]:
+        """The compaction's span (one made now if it never started), taken from its session; the summarizer
+        calls it cut short are ended as cancelled."""
+        session = self._session(event.session_id)
+        for chat in session.summaries.values():
+            chat.span.set_attribute(ERROR_TYPE, "cancelled")
+            chat.span.end(end_time=_ns(event.ts))
+        session.summaries.clear()
+        span, session.compaction = session.compaction, None
+        if span is None:  # it ended before it started (nothing to compact): a span says so all the same
+            if isinstance(event, ev.CompactionEnd):
+                span = self._compaction_span(
+                    session, event, event.trigger, event.mode, event.messages_before, event.tokens_before
                 )
-        span.end()
+            else:
+                span = self._compaction_span(
+                    session, event, event.trigger, event.mode, event.messages, event.tokens
+                )
+        return session, span
+
+    @_traces(ev.CompactionEnd)
+    def _compaction_end(self, event: ev.CompactionEnd) -> None:
+        _, span = self._end_compaction(event)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "agentcell.compaction.messages_after": event.messages_after,
+                    "agentcell.compaction.tokens_after": event.tokens_after,
+                    "agentcell.compaction.summary_chars": event.summary_chars,
+                    "agentcell.compaction.fallback": event.fallback,
+                }
+            )
+        span.end(end_time=_ns(event.ts))
+
+    @_traces(ev.CompactionFailed)
+    def _compaction_failed(self, event: ev.CompactionFailed) -> None:
+        _, span = self._end_compaction(event)
+        if span.is_recording():
+            span.set_attribute(ERROR_TYPE, event.reason or "_OTHER")
+            span.set_status(Status(StatusCode.ERROR, event.error))
+        span.end(end_time=_ns(event.ts))
+
+    @_traces(ev.CompactionSkipped)
+    def _compaction_skipped(self, event: ev.CompactionSkipped) -> None:
+        _, span = self._end_compaction(event)
+        if span.is_recording():  # nothing to reduce: no error
+            span.set_attribute("agentcell.compaction.skipped", event.reason)
+        span.end(end_time=_ns(event.ts))
+
+    @_traces(ev.SummaryRequest)
+    def _summary_request(self, event: ev.SummaryRequest) -> None:
+        """A summarizer call: under its compaction, or under the running turn (a tool archive's)."""
+        sid = event.session_id
+        session = self._session(sid)
+        attributes = self._chat_attributes(
+            sid, event.model, None, event.max_tokens, event.server_address, event.server_port
+        )
+        attributes["agentcell.call.purpose"] = event.purpose
+        self._request_content(attributes, sid, event.request_id)
+        parent = session.compaction if event.purpose == "summary" else None
+        if parent is None and session.turn is not None:
+            parent = session.turn.span
+        span = self.tracer.start_span(
+            f"chat {event.model}",
+            context=_context(parent),
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=_ns(event.ts),
+        )
+        session.summaries[event.request_id] = _Chat(span, event.request_id)
+
+    @_traces(ev.SummaryResponse)
+    def _summary_response(self, event: ev.SummaryResponse) -> None:
+        session = self._sessions.get(event.session_id)
+        chat = session.summaries.pop(event.request_id, None) if session is not None else None
+        if chat is None:
+            return
+        chat.transport = event.transport
+        answer = self._content(event.session_id, "response", event.request_id)
+        _answered(chat, event, answer, self.record_content)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+    @_traces(ev.SessionStopped)
+    def _session_stopped(self, event: ev.SessionStopped) -> None:
+        self._end_session(event.session_id, event.ts)
+
+
+SPAN_TYPES: frozenset[str] = frozenset(kind.wire_name() for kind in _RULES)
+"""The event types the spans are made from: those with a rule."""
+
+
+def _answered(
+    chat: _Chat, event: ev.TurnEnd | ev.SummaryResponse, answer: Message | None, record_content: bool
+) -> None:
+    """End a ``chat`` span with the call's answer: its usage, finish reason, attempts and capacity wait."""
+    span = chat.span
+    if span.is_recording():
+        span.set_attribute("agentcell.attempts", event.attempts)
+        if chat.transport:
+            span.set_attribute("agentcell.transport", chat.transport)
+        _pool_attributes(span, event.pool, event.waited)
+        span.set_attributes(usage_attributes(event.usage))
+        span.set_attribute(FINISH_REASONS, [event.stop_reason])
+        if record_content and answer is not None:
+            span.set_attribute(OUTPUT_MESSAGES, messages_json([answer], finish_reason=event.stop_reason))
+    span.end(end_time=_ns(event.ts))
+
+
+def _pool_attributes(span: Span, pool: str | None, waited: float) -> None:
+    if pool:  # admission control (design §3.11): the key's pool and the wait for its capacity
+        span.set_attribute("agentcell.capacity.pool", pool)
+        span.set_attribute("agentcell.capacity.waited_seconds", round(waited, 3))
+
+
+def _incomplete(span: Span, ts: float | None) -> None:
+    """End a span whose end event never came (lost, or never published)."""
+    if span.is_recording():
+        span.set_attribute(INCOMPLETE, True)
+    span.end(end_time=None if ts is None else _ns(ts))
 
 
 def _context(parent: Span | None) -> Any:
@@ -383,59 +645,3 @@ def _context(parent: Span | None) -> Any:
     if parent is None:
         return trace.set_span_in_context(trace.INVALID_SPAN)
     return trace.set_span_in_context(parent)
-
-
-def _provider_name(provider: str | None, model: str) -> str:
-    """``gen_ai.provider.name``: litellm's provider for the call (else the model's prefix; none: openai), in
-    the conventions' spelling where they have one."""
-    if not provider:
-        prefix, slash, _ = model.partition("/")
-        provider = prefix if slash else "openai"
-    return PROVIDER_NAMES.get(provider, provider)
-
-
-def _usage_attributes(usage: Usage) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        INPUT_TOKENS: usage.input_tokens,
-        OUTPUT_TOKENS: usage.output_tokens,
-        CACHE_READ_TOKENS: usage.cache_read_tokens,
-    }
-    if usage.cache_write_tokens:
-        attributes[CACHE_WRITE_TOKENS] = usage.cache_write_tokens
-    if usage.reasoning_tokens:
-        attributes[REASONING_TOKENS] = usage.reasoning_tokens
-    if usage.cost is not None:
-        attributes["agentcell.usage.cost"] = usage.cost
-    if usage.costs is not None:
-        attributes["agentcell.usage.cost.input"] = usage.costs.input
-        attributes["agentcell.usage.cost.cache_read"] = usage.costs.cache_read
-        attributes["agentcell.usage.cost.cache_write"] = usage.costs.cache_write
-        attributes["agentcell.usage.cost.output"] = usage.costs.output
-        attributes["agentcell.usage.cost.saved"] = usage.costs.saved
-    return attributes
-
-
-def _messages_json(messages: Sequence[Message], finish_reason: str | None = None) -> str:
-    """Messages in the conventions' input/output messages JSON form (role, parts[, finish_reason])."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        parts: list[dict[str, Any]] = []
-        if message.role == "tool":
-            parts.append({"type": "tool_call_response", "id": message.tool_call_id, "result": message.text})
-        else:
-            for part in message.parts:
-                if isinstance(part, TextPart):
-                    parts.append({"type": "text", "content": part.text})
-                elif isinstance(part, ReasoningPart):
-                    parts.append({"type": "reasoning", "content": part.text})
-                elif isinstance(part, ToolCallPart):
-                    parts.append(
-                        {"type": "tool_call", "id": part.id, "name": part.name, "arguments": part.arguments}
-                    )
-                else:
-                    parts.append({"type": "uri", "modality": "image", "uri": getattr(part, "url", "")})
-        entry: dict[str, Any] = {"role": message.role, "parts": parts}
-        if finish_reason is not None:
-            entry["finish_reason"] = finish_reason
-        out.append(entry)
-    return json.dumps(out, ensure_ascii=False)

@@ -30,7 +30,6 @@ from runtime.turn import fit
 from runtime.turn.effects import (
     Awaited,
     Effect,
-    EndSpan,
     Failed,
     Persist,
     Publish,
@@ -132,7 +131,6 @@ class MachineCore(ABC):
         context_window: int,
         spill_dir: Path,
         recovering: bool = False,
-        traced: bool = True,
     ) -> None:
         self.spec = spec
         self.session_id = spec.session_id
@@ -152,7 +150,6 @@ class MachineCore(ABC):
         # the server's prompt count ÷ ours, learned from replies: the answer cap's margin (design §4.5)
         self.count_ratio = CountRatio(fit.default_count_ratio(model, spec.config))
         self._busy_with_recovery = recovering
-        self._traced = traced
         self._flow: Flow | None = None
         self._ticket = 0
         self._awaited: Awaited | None = None
@@ -275,7 +272,6 @@ class MachineCore(ABC):
                 if repairs:
                     yield Persist(messages=tuple(repairs), optional=True)
                     repaired = len(repairs)
-        self._end_span(run, status, error, code=code)
         if status == "aborted":
             self._publish(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
         elif status == "error":
@@ -334,28 +330,12 @@ class MachineCore(ABC):
             usage=run.usage,
             context_window=self.context_window,
             context_tokens=self.context_tokens,
+            steps=run.step,
         )
         self._emit(Publish(event, best_effort=best_effort))
 
-    def _end_span(self, run: TurnState, status: str, error: str | None, *, code: str | None) -> None:
-        """End the turn's span, if it has one open."""
-        span, run.span = run.span, None
-        if span is not None:
-            self._emit(
-                EndSpan(
-                    span=span,
-                    status=status,
-                    usage=run.usage,
-                    steps=run.step,
-                    error=error,
-                    code=code,
-                    answer=run.last_message,
-                )
-            )
-
     def _end_interrupted(self, run: TurnState, status: Literal["aborted", "error"], reason: str) -> None:
         """Close a turn cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
-        self._end_span(run, status, reason, code="agent_crashed" if status == "error" else None)
         if status == "error":
             self._emit(
                 Publish(

@@ -38,7 +38,6 @@ __all__ = [
     "Compact",
     "CompletionLike",
     "Effect",
-    "EndSpan",
     "ErrorLike",
     "Failed",
     "Hide",
@@ -59,9 +58,9 @@ __all__ = [
     "RestoreUsage",
     "Resumed",
     "Route",
+    "Routed",
     "RunTools",
     "SaveOutput",
-    "StartSpan",
     "StoredLike",
     "SyncTurn",
     "TakeHandover",
@@ -164,18 +163,6 @@ class CancelApprovals(Effect, frozen=True):
     reason: str
 
 
-class EndSpan(Effect, frozen=True, kw_only=True):
-    """End the turn's trace span (``span`` as :class:`StartSpan` answered it)."""
-
-    span: Any
-    status: str
-    usage: Any
-    steps: int
-    error: str | None
-    code: str | None
-    answer: Message | None = None
-
-
 class RestoreUsage(Effect, frozen=True):
     """Rebuild the usage tracker's totals from ``messages`` (after a restart)."""
 
@@ -183,22 +170,14 @@ class RestoreUsage(Effect, frozen=True):
 
 
 class Abandon(Effect, frozen=True):
-    """Answer every prompt of ``handover`` with an error (``reason``) and end its run's span: nobody takes
-    it up."""
+    """Answer every prompt of ``handover`` with an error (``reason``) and end its run for subscribers (its
+    ``error`` and ``agent_end``): nobody takes it up."""
 
     handover: Handover
     reason: str
 
 
 # -- awaited -------------------------------------------------------------------------------------------------
-
-
-class StartSpan(Awaited, frozen=True, kw_only=True):
-    """Open the turn's trace span. Answer: the span, or None when the runtime does not trace."""
-
-    turn_id: str
-    inputs: tuple[Message, ...]
-    model: str
 
 
 class TakeHandover(Awaited, frozen=True):
@@ -295,9 +274,21 @@ class RequestSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Route(Awaited, frozen=True):
-    """Say which transport ``request`` goes over. Answer (at once): the transport's name."""
+    """Say where ``request`` goes (``request_id``: the call's id, its ``request_start``'s ``message_id``).
+    Answer (at once): a :class:`Routed`."""
 
     request: RequestSpec
+    request_id: str = ""
+
+
+class Routed(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a request goes, as its ``request_start`` says: the gateway ``transport``, litellm's ``provider``,
+    and the endpoint's ``server_address`` and ``server_port`` (a session with an ``api_base``)."""
+
+    transport: str
+    provider: str | None = None
+    server_address: str | None = None
+    server_port: int | None = None
 
 
 class CallModel(Awaited, frozen=True, kw_only=True):
@@ -394,6 +385,10 @@ class VerdictLike(Protocol):
 class ErrorLike(Protocol):
     @property
     def kind(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def status_code(self) -> int | None: ...
 
 
 class CompletionLike(Protocol):
@@ -405,6 +400,12 @@ class CompletionLike(Protocol):
     def error(self) -> ErrorLike | None: ...
     @property
     def waited(self) -> float: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
 
 
 class ToolResultLike(Protocol):

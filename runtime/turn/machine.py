@@ -44,6 +44,7 @@ from runtime.turn.effects import (
     CancelIO,
     Classify,
     Compact,
+    CompletionLike,
     Effect,
     ModelReply,
     OutcomeLike,
@@ -55,8 +56,8 @@ from runtime.turn.effects import (
     RequestSpec,
     ResolveAbort,
     Route,
+    Routed,
     RunTools,
-    StartSpan,
     StoredLike,
     ToolResultLike,
     VerdictLike,
@@ -96,7 +97,6 @@ class TurnMachine(RecoveryFlows):
         model: the session's model; ``context_window`` its window.
         spill_dir: where a clipped result's full text is saved.
         recovering: the agent restarts after a crash: call :meth:`recover` first; prompts wait until then.
-        traced: the runtime traces turns: each turn opens a span (:class:`StartSpan`) and ends it.
     """
 
     # -- what happened ---------------------------------------------------------------------------------------
@@ -182,10 +182,8 @@ class TurnMachine(RecoveryFlows):
 
     def _start(self, run: TurnState) -> Flow:
         prompt = run.prompt
-        if self._traced:
-            run.span = yield StartSpan(turn_id=run.turn_id, inputs=prompt.inputs, model=self.model)
         self.run = run  # (from its agent_start on, the turn can be aborted)
-        self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id)
+        self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id, model=self.model)
         self._enter(AgentState.RUNNING)
         clash = sorted(run.options.client_tool_names & set(self.spec.tools.names)) if prompt.options else []
         if clash:  # the model could not tell which one it calls: refused before anything is recorded
@@ -374,8 +372,8 @@ class TurnMachine(RecoveryFlows):
         run.step += 1
         self._record(run, "request", step=run.step)
         run.estimated_tokens, run.counted_tokens = estimate, counted
-        transport = yield Route(request)
-        run.message_id = new_id()
+        request_id = run.message_id = new_id()
+        routed: Routed = yield Route(request, request_id)
         self._publish(
             ev.RequestStart,
             turn_id=run.turn_id,
@@ -383,15 +381,19 @@ class TurnMachine(RecoveryFlows):
             model=self.model,
             messages=len(messages),
             estimated_tokens=estimate,
-            transport=transport,
-            message_id=run.message_id,
+            transport=routed.transport,
+            message_id=request_id,
+            provider=routed.provider,
+            max_tokens=request.max_tokens,
+            server_address=routed.server_address,
+            server_port=routed.server_port,
         )
         self._enter(AgentState.STREAMING)
-        reply: ModelReply = yield CallModel(request=request, turn_id=run.turn_id, message_id=run.message_id)
-        yield from self._on_reply(run, reply)
+        reply: ModelReply = yield CallModel(request=request, turn_id=run.turn_id, message_id=request_id)
+        yield from self._on_reply(run, reply, request_id)
 
     # -- streaming: the provider answered --------------------------------------------------------------------
-    def _on_reply(self, run: TurnState, reply: ModelReply) -> Flow:
+    def _on_reply(self, run: TurnState, reply: ModelReply, request_id: str) -> Flow:
         result = reply.result
         run.message_id = reply.message_id
         run.waited += result.waited
@@ -399,6 +401,18 @@ class TurnMachine(RecoveryFlows):
         if result.error is not None:
             if result.error.kind == "cancelled":
                 return
+            self._publish(
+                ev.RequestFailed,
+                turn_id=run.turn_id,
+                request_id=request_id,
+                kind=result.error.kind,
+                message=result.error.message,
+                status_code=result.error.status_code,
+                attempts=result.attempts,
+                transport=result.transport or None,
+                pool=result.pool or None,
+                waited=result.waited,
+            )
             verdict: VerdictLike = yield from self._ask(
                 Classify(
                     error=result.error,
@@ -453,11 +467,19 @@ class TurnMachine(RecoveryFlows):
                 end_turn=run.synced,
             )
         )
-        yield from self._after_response(run, message)
+        yield from self._after_response(run, message, result)
 
-    def _after_response(self, run: TurnState, message: Message) -> Flow:
+    def _after_response(self, run: TurnState, message: Message, result: CompletionLike) -> Flow:
         stop = message.stop_reason or ("tool_calls" if message.tool_calls else "stop")
-        self._publish(ev.TurnEnd, turn_id=run.turn_id, stop_reason=stop, usage=message.usage or Usage())
+        self._publish(
+            ev.TurnEnd,
+            turn_id=run.turn_id,
+            stop_reason=stop,
+            usage=message.usage or Usage(),
+            attempts=result.attempts,
+            pool=result.pool or None,
+            waited=result.waited,
+        )
         calls = message.tool_calls
         if not calls:
             yield from self._finish("ok")

@@ -35,7 +35,6 @@ from runtime.turn.effects import (
     Resolve,
     RestoreUsage,
     Resumed,
-    StartSpan,
     SyncTurn,
     TakeHandover,
     VerdictLike,
@@ -151,11 +150,9 @@ class RecoveryFlows(MachineCore):
             self.run = run  # (prompts wait meanwhile)
             taken_up = handover is None
             if taken_up:  # its caller is gone with the process: the runtime hands its handle out
-                if self._traced:
-                    run.span = yield StartSpan(
-                        turn_id=run.turn_id, inputs=run.prompt.inputs, model=self.model
-                    )
-                self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id)
+                self._publish(
+                    ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id, model=self.model
+                )
             self._emit(Resumed(run.prompt.handle if taken_up else None))
             if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
                 yield RefreshTools()

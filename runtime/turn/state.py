@@ -156,7 +156,6 @@ class TurnState:
     queued_pool: str = ""  # the pool its current call waits for
     last_message: Message | None = None
     started: float = field(default_factory=time.monotonic)
-    span: Any = None  # the turn's invoke_agent span, when the runtime traces (design §7.5)
 
     @property
     def options(self) -> OptionsLike:

@@ -67,6 +67,9 @@ class Traced:
         return self.spans()
 
     def spans(self) -> list[Any]:
+        """The spans ended so far, once the spans of every event published so far are made (they are
+        made from the events, on a thread of their own: design §7.5)."""
+        assert self.rt._machinery.tracing.flush(timeout=30)
         self.provider.force_flush()
         return list(self.exporter.get_finished_spans())
 

@@ -60,7 +60,8 @@ def test_a_plain_answer_is_one_request_and_the_turn_ends_ok() -> None:
     assert w.m.state is AgentState.IDLE and w.m.run is None
 
 
-def test_an_untraced_session_without_mcp_servers_asks_for_no_span_and_no_tools_refresh() -> None:
+def test_a_session_without_mcp_servers_asks_for_no_tools_refresh_and_no_turn_asks_for_a_span() -> None:
+    """Spans are made from the events (design §7.5): a turn waits for nothing of them, traced or not."""
     plain = World(machine())
     plain.prompt(prompt("hi"))
     plain.run([answer("hello")])
@@ -72,7 +73,6 @@ def test_an_untraced_session_without_mcp_servers_asks_for_no_span_and_no_tools_r
             model="openai/gpt-4o-mini",
             context_window=WINDOW,
             spill_dir=Path("/nonexistent/s1.spill"),
-            traced=False,
         )
     )
     p = prompt("hi")
@@ -80,8 +80,49 @@ def test_an_untraced_session_without_mcp_servers_asks_for_no_span_and_no_tools_r
     bare.run([answer("hello")])
     asked = [type(e).__name__ for e in bare.seen if isinstance(e, fx.Awaited)]
     assert asked == ["Persist", "Route", "CallModel", "RecordAnswer"]
-    assert {"StartSpan", "RefreshTools"} <= {type(e).__name__ for e in plain.seen}
+    assert "RefreshTools" in {type(e).__name__ for e in plain.seen}
+    assert not [name for name in fx.__all__ if "Span" in name]
     assert bare.types() == plain.types() and bare.result(p).text == "hello"
+
+
+def test_the_events_carry_what_the_spans_of_a_turn_are_made_from() -> None:
+    """The turn's model and steps, where each call went, its attempts and capacity wait, and a failed
+    call's error: fields of the turn's events (design §7.5), not a second account kept beside them."""
+    from runtime.gateway import CompletionResult, ProviderError
+    from runtime.messages import Usage, assistant
+
+    w = World(machine())
+    p = prompt("hi")
+    w.prompt(p)
+    overflow = CompletionResult(
+        message=None,
+        error=ProviderError(kind="context_overflow", message="too long", status_code=400),
+        attempts=1,
+        transport="openai_compat",
+        pool="http://h:1|k",
+        waited=0.25,
+    )
+    busy = CompletionResult(
+        message=assistant("fits now", usage=Usage(input_tokens=50, output_tokens=5)),
+        attempts=3,
+        pool="http://h:1|k",
+        waited=1.5,
+    )
+    routed = fx.Routed(transport="openai_compat", provider="openai", server_address="h", server_port=1)
+    w.run([overflow, busy], Route=routed)
+    (start,) = w.of("agent_start")
+    assert start.model == "openai/gpt-4o-mini"
+    first, _ = w.of("request_start")
+    assert (first.provider, first.server_address, first.server_port) == ("openai", "h", 1)
+    assert first.max_tokens is not None and first.max_tokens > 0
+    (failed,) = w.of("request_failed")
+    assert (failed.turn_id, failed.request_id) == (start.turn_id, first.message_id)
+    assert (failed.kind, failed.status_code, failed.attempts) == ("context_overflow", 400, 1)
+    assert (failed.transport, failed.pool, failed.waited) == ("openai_compat", "http://h:1|k", 0.25)
+    (end,) = w.of("turn_end")
+    assert (end.attempts, end.pool, end.waited) == (3, "http://h:1|k", 1.5)
+    (agent_end,) = w.of("agent_end")
+    assert agent_end.steps == 2 == w.result(p).steps
 
 
 def test_the_request_carries_the_system_prompt_the_view_and_the_answer_gets_the_announced_id() -> None:
@@ -91,7 +132,7 @@ def test_the_request_carries_the_system_prompt_the_view_and_the_answer_gets_the_
     assert isinstance(route, fx.Route)
     spec = route.request
     assert [m.role for m in spec.messages] == ["system", "user"] and spec.first
-    w.give("native")
+    w.give(fx.Routed(transport="native"))
     (start,) = [e for e in w.events if e.type == "request_start"]
     assert start.transport == "native" and start.attempt == 1
     call = w.pending

@@ -148,6 +148,10 @@ class World:
     def types(self) -> list[str]:
         return [e.type for e in self.events]
 
+    def of(self, kind: str) -> list[Any]:
+        """The events of type ``kind`` published so far."""
+        return [e for e in self.events if e.type == kind]
+
     def result(self, p: FakePrompt) -> TurnResult:
         (result,) = self.results[p.handle.id]
         return result
@@ -176,10 +180,10 @@ class World:
     def auto(self, effect: fx.Awaited) -> Any:
         """The ordinary answer of an effect's collaborator (a provider answer must come from the script)."""
         match effect:
-            case fx.StartSpan() | fx.RefreshTools() | fx.TakeHandover():
+            case fx.RefreshTools() | fx.TakeHandover():
                 return None
             case fx.Route():
-                return "fake"
+                return fx.Routed(transport="fake")
             case fx.Persist(messages=messages, with_view=with_view):
                 self.log.extend(messages)
                 return self.stored(with_view)

@@ -1,0 +1,310 @@
+"""Spans made from the events (design §7.5): the rules of :class:`runtime.observability.tracing.Tracing` fed
+event streams directly (no runtime), what happens when the spans' subscription loses events, and through
+the public API, the spans timed by the events and the summarizer's calls as events of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from runtime import events as ev
+from runtime.messages import Usage
+from runtime.observability.tracing import SPAN_TYPES, Tracing
+from runtime.provider.script import Turn
+from tests.observability.conftest import Traced
+
+SID = "s1"
+NS = 1_000_000_000
+
+
+@pytest.fixture
+def spans() -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing.for_provider(provider), exporter
+
+
+def feed(tracing: Tracing, *events: ev.Event) -> None:
+    for event in events:
+        tracing.handle(event)
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, Any]:
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+def test_the_spans_subscribe_to_the_events_their_rules_are_declared_for() -> None:
+    assert SPAN_TYPES <= ev.EVENT_TYPES
+    assert {
+        "agent_start",
+        "agent_end",
+        "agent_abort",
+        "error",
+        "request_start",
+        "request_failed",
+        "provider_retry",
+        "turn_end",
+        "tool_execution_start",
+        "tool_execution_end",
+        "compaction_start",
+        "compaction_end",
+        "compaction_failed",
+        "compaction_skipped",
+        "summary_request",
+        "summary_response",
+        "session_stopped",
+    } == SPAN_TYPES
+    assert not SPAN_TYPES & ev.FRAGMENT_TYPES  # no deltas: the spans' queue takes a few events a step
+
+
+def test_a_turn_is_a_tree_of_spans_timed_by_its_events(spans: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracing, exporter = spans
+    turn = dict(session_id=SID, turn_id="t1")
+    feed(
+        tracing,
+        ev.AgentStart(**turn, ts=100.0, model="openai/m", prompt_id="p1"),
+        ev.RequestStart(
+            **turn,
+            ts=101.0,
+            attempt=1,
+            model="openai/m",
+            messages=2,
+            estimated_tokens=50,
+            transport="openai_compat",
+            message_id="m1",
+            provider="openai",
+            max_tokens=256,
+            server_address="127.0.0.1",
+            server_port=8080,
+        ),
+        ev.ProviderRetry(
+            **turn,
+            ts=101.5,
+            attempt=1,
+            max_attempts=3,
+            delay=0.5,
+            error="busy",
+            status_code=429,
+            kind="rate_limit",
+        ),
+        ev.TurnEnd(
+            **turn,
+            ts=102.0,
+            stop_reason="tool_calls",
+            usage=Usage(input_tokens=40, output_tokens=7),
+            attempts=2,
+            pool="http://127.0.0.1:8080|key",
+            waited=0.75,
+        ),
+        ev.ToolExecutionStart(**turn, ts=102.25, call_id="c1", name="sh", arguments='{"cmd": "ls"}'),
+        ev.ToolExecutionEnd(
+            **turn,
+            ts=102.5,
+            call_id="c1",
+            name="sh",
+            is_error=True,
+            duration=0.25,
+            output_chars=9,
+            error="timeout",
+        ),
+        ev.CompactionStart(
+            session_id=SID, ts=103.0, trigger="threshold", messages_before=9, tokens_before=900
+        ),
+        ev.SummaryRequest(session_id=SID, ts=103.25, request_id="r1", purpose="summary", model="openai/sum"),
+        ev.SummaryResponse(
+            session_id=SID, ts=103.75, request_id="r1", stop_reason="stop", usage=Usage(input_tokens=600)
+        ),
+        ev.CompactionEnd(
+            session_id=SID,
+            ts=104.0,
+            trigger="threshold",
+            messages_before=9,
+            messages_after=3,
+            tokens_before=900,
+            tokens_after=200,
+            summary_chars=120,
+            mode="summarize",
+        ),
+        ev.RequestStart(**turn, ts=104.5, attempt=2, model="openai/m", messages=4, estimated_tokens=250),
+        ev.RequestFailed(**turn, ts=105.0, request_id="m2", kind="transient", message="500", status_code=500),
+        ev.ErrorOccurred(**turn, ts=105.1, message="the provider failed", code="provider_transient"),
+        ev.AgentEnd(**turn, ts=106.0, status="error", usage=Usage(input_tokens=40, output_tokens=7), steps=2),
+    )
+    finished = exporter.get_finished_spans()
+    assert len(finished) == 6
+    named = by_name(exporter)
+    root = named["invoke_agent agentcell"]
+    assert root.parent is None and (root.start_time, root.end_time) == (100 * NS, 106 * NS)
+    assert root.attributes["gen_ai.request.model"] == "openai/m"
+    assert root.attributes["agentcell.turn.steps"] == 2
+    assert root.attributes["error.type"] == "provider_transient"
+    assert root.status.status_code is StatusCode.ERROR and root.status.description == "the provider failed"
+
+    first, failed = sorted((s for s in finished if s.name == "chat openai/m"), key=lambda s: s.start_time)
+    assert (first.start_time, first.end_time) == (101 * NS, 102 * NS)
+    assert first.kind is SpanKind.CLIENT and first.parent.span_id == root.context.span_id
+    assert first.attributes["gen_ai.provider.name"] == "openai"
+    assert first.attributes["server.address"] == "127.0.0.1" and first.attributes["server.port"] == 8080
+    assert first.attributes["gen_ai.request.max_tokens"] == 256
+    assert first.attributes["agentcell.attempts"] == 2
+    assert first.attributes["agentcell.transport"] == "openai_compat"
+    assert first.attributes["agentcell.capacity.waited_seconds"] == 0.75
+    assert first.attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    (retry,) = first.events
+    assert retry.name == "retry" and retry.timestamp == int(101.5 * NS)
+    assert retry.attributes["error.type"] == "rate_limit"
+    assert failed.attributes["error.type"] == "transient" and failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["http.response.status_code"] == 500
+
+    tool = named["execute_tool sh"]
+    assert tool.parent.span_id == root.context.span_id
+    assert tool.attributes["error.type"] == "timeout" and tool.status.description == "timeout"
+    assert "gen_ai.tool.call.arguments" not in tool.attributes  # (content only when recorded)
+
+    compaction = named["compaction"]
+    assert compaction.parent.span_id == root.context.span_id
+    assert compaction.attributes["agentcell.compaction.tokens_after"] == 200
+    summary = named["chat openai/sum"]
+    assert summary.parent.span_id == compaction.context.span_id
+    assert summary.attributes["agentcell.call.purpose"] == "summary"
+    assert summary.attributes["gen_ai.usage.input_tokens"] == 600
+
+
+def test_a_sub_agents_turn_is_a_child_of_the_delegating_call_and_a_lone_compaction_a_root(
+    spans: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = spans
+    feed(
+        tracing,
+        ev.AgentStart(session_id=SID, turn_id="t1", ts=1.0, model="openai/m"),
+        ev.ToolExecutionStart(
+            session_id=SID, turn_id="t1", ts=2.0, call_id="d1", name="agent", arguments="{}"
+        ),
+        ev.AgentStart(
+            session_id="child",
+            turn_id="t2",
+            ts=3.0,
+            model="openai/c",
+            parent_session_id=SID,
+            parent_call_id="d1",
+        ),
+        ev.AgentEnd(session_id="child", turn_id="t2", ts=4.0, status="ok"),
+        ev.ToolExecutionEnd(
+            session_id=SID,
+            turn_id="t1",
+            ts=5.0,
+            call_id="d1",
+            name="agent",
+            is_error=False,
+            duration=3,
+            output_chars=2,
+        ),
+        ev.AgentEnd(session_id=SID, turn_id="t1", ts=6.0, status="ok"),
+        # a manual compaction between turns with nothing to compact: no compaction_start, a span all the same
+        ev.CompactionSkipped(
+            session_id=SID,
+            ts=7.0,
+            reason="nothing_to_compact",
+            message="nothing",
+            trigger="manual",
+            messages=2,
+        ),
+    )
+    tool = by_name(exporter)["execute_tool agent"]
+    child = next(s for s in exporter.get_finished_spans() if s.attributes["agentcell.session.id"] == "child")
+    assert child.parent.span_id == tool.context.span_id
+    assert child.context.trace_id == tool.context.trace_id
+    compaction = by_name(exporter)["compaction"]
+    assert compaction.parent is None and compaction.start_time == compaction.end_time == 7 * NS
+    assert compaction.attributes["agentcell.compaction.skipped"] == "nothing_to_compact"
+    assert compaction.attributes["agentcell.compaction.messages_before"] == 2
+
+
+def test_spans_whose_end_was_lost_are_marked_and_ended_not_left_open(
+    spans: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    """The spans' subscription lost events (its queue was full): the spans open then say so, and a span
+    whose end was lost is ended by the session's next turn or its stop, marked incomplete."""
+    tracing, exporter = spans
+    feed(
+        tracing,
+        ev.AgentStart(session_id=SID, turn_id="t1", ts=1.0),
+        ev.RequestStart(
+            session_id=SID, turn_id="t1", ts=2.0, attempt=1, model="m", messages=1, estimated_tokens=1
+        ),
+        ev.SubscriberLagged(
+            session_id=SID, ts=3.0, dropped=7
+        ),  # (the turn_end and agent_end were among them)
+        ev.AgentStart(session_id=SID, turn_id="t2", ts=4.0),
+        ev.SessionStopped(session_id=SID, ts=5.0),
+    )
+    assert tracing.lost == 7
+    finished = exporter.get_finished_spans()
+    assert len(finished) == 3
+    for span in finished:
+        assert span.attributes["agentcell.span.incomplete"] is True
+    first, second = sorted(
+        (s for s in finished if s.name.startswith("invoke_agent")), key=lambda s: s.start_time
+    )
+    assert first.end_time == 4 * NS and second.end_time == 5 * NS
+    assert [e.name for e in first.events] == ["agentcell.events_lost"]
+    assert first.events[0].attributes["dropped"] == 7
+    (chat,) = [s for s in finished if s.name == "chat m"]
+    assert chat.end_time == 4 * NS  # cut off by the next turn's start, as a call an agent crash cut off
+
+
+def test_a_rule_that_fails_loses_that_span_only(
+    spans: tuple[Tracing, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.observability import tracing as module
+
+    def broken(self: Tracing, event: ev.Event) -> None:
+        raise ValueError("a broken rule")
+
+    monkeypatch.setitem(module._RULES, ev.ToolExecutionStart, broken)
+    tracing, exporter = spans
+    feed(
+        tracing,
+        ev.AgentStart(session_id=SID, turn_id="t1", ts=1.0),
+        ev.ToolExecutionStart(session_id=SID, turn_id="t1", ts=1.5, call_id="c", name="x", arguments="{}"),
+        ev.AgentEnd(session_id=SID, turn_id="t1", ts=2.0, status="ok"),
+    )
+    assert [s.name for s in exporter.get_finished_spans()] == ["invoke_agent agentcell"]
+
+
+def test_through_the_runtime_the_spans_are_timed_by_the_events_and_summaries_are_events(
+    traced: Callable[..., Traced], provider: Any
+) -> None:
+    tr = traced()
+    provider.add_script("spans-timed", [Turn(text="Noted.")], loop=True)
+    model = "openai/spans-timed"
+    sid = tr.rt.start_session(model=model, api_base=provider.url, api_key="sk-local")
+    for i in range(3):
+        assert tr.rt.prompt(sid, f"Step {i}: record fact {i}.").result(timeout=60).status == "ok"
+    assert tr.rt.compact(sid).result(timeout=60).compacted
+    starts, ends = tr.recorder.of("agent_start", sid), tr.recorder.of("agent_end", sid)
+    turns = sorted(tr.named("invoke_agent"), key=lambda s: s.start_time)
+    assert [(s.start_time, s.end_time) for s in turns] == [
+        (int(a.ts * NS), int(b.ts * NS)) for a, b in zip(starts, ends, strict=True)
+    ]
+    assert all(e.steps == 1 for e in ends) and all(a.model == model for a in starts)
+    requests = tr.recorder.of("request_start", sid)
+    chats = sorted(
+        (s for s in tr.named("chat") if "agentcell.turn.id" in s.attributes), key=lambda s: s.start_time
+    )
+    assert [s.start_time for s in chats] == [int(r.ts * NS) for r in requests]
+    assert all((r.server_address, r.provider) == ("127.0.0.1", "openai") for r in requests)
+
+    (asked,) = tr.recorder.of("summary_request", sid)
+    (answered,) = tr.recorder.of("summary_response", sid)
+    assert asked.request_id == answered.request_id and asked.purpose == "summary" and asked.model == model
+    assert answered.usage.output_tokens > 0 and answered.attempts == 1
+    (summary,) = [s for s in tr.named("chat") if s.attributes.get("agentcell.call.purpose") == "summary"]
+    assert (summary.start_time, summary.end_time) == (int(asked.ts * NS), int(answered.ts * NS))
