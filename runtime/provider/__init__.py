@@ -8,10 +8,11 @@ faults. Start it in-process with :class:`LocalProvider` or from a shell with ``a
 
 from __future__ import annotations
 
+from runtime.provider.chat_api import DEFAULT_MODEL
 from runtime.provider.cli import cli_main
 from runtime.provider.errors import OVERFLOW_FORMATS, ErrorResponse, overflow_error
 from runtime.provider.script import FAULT_KINDS, Fault, FaultKind, ToolCallSpec, Turn, load_scripts
-from runtime.provider.server import DEFAULT_MODEL, LocalProvider, LoggedRequest
+from runtime.provider.server import LocalProvider, LoggedRequest
 from runtime.provider.usage import TokenCounter
 
 __all__ = [

@@ -48,7 +48,7 @@ bad_request = openai.bad_request
 
 @dataclass(frozen=True, kw_only=True)
 class FaultWords:
-    """How an endpoint's dialect says each injected fault (:meth:`~runtime.provider.server.LocalProvider.fault_response`)."""
+    """How an endpoint's dialect says each injected fault (:meth:`runtime.provider._faults.FaultPlayer.respond`)."""
 
     rate_limit: Callable[[], ErrorResponse]
     server_error: Callable[[int | None], ErrorResponse]

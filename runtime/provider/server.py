@@ -1,9 +1,13 @@
 """The local OpenAI-compatible provider: a Starlette app on uvicorn, in a background thread.
 
-``POST /v1/chat/completions`` (streamed as SSE or not) and ``GET /v1/models``. Replies come from a script
-selected by the request's ``model`` (see :mod:`runtime.provider.script`) or from the built-in policy
-(:mod:`runtime.provider.policy`). Usage is exact (:mod:`runtime.provider.usage`). A request over the
-context window fails with the configured vendor's overflow error (:mod:`runtime.provider.errors`).
+This module is the server and what it holds for its endpoints: start and stop, scripts and responders
+(which reply a request gets: a script selected by the request's ``model``, :mod:`runtime.provider.script`,
+or the built-in policy, :mod:`runtime.provider.policy`), per-model windows, the queue of injected faults,
+the key, and the request log. The endpoints say it in their dialects: ``POST /v1/chat/completions``
+(:mod:`runtime.provider.chat_api`) and ``POST /v1/messages`` (:mod:`runtime.provider.anthropic_api`); an
+injected fault plays out in :mod:`runtime.provider._faults`. Usage is exact (:mod:`runtime.provider.usage`).
+A request over the context window fails with the configured vendor's overflow error
+(:mod:`runtime.provider.errors`).
 
 Example::
 
@@ -14,40 +18,31 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import os
 import socket
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from runtime.provider import errors, policy
-from runtime.provider._http import error_response, fault_status, json_response
+from runtime.provider._faults import FaultPlayer
+from runtime.provider._http import json_response
 from runtime.provider.anthropic_api import MessagesEndpoint
-from runtime.provider.limits import Decision, ProviderLimiter
-from runtime.provider.script import Fault, FaultKind, ToolCallSpec, Turn
+from runtime.provider.chat_api import DEFAULT_MODEL, ChatEndpoint
+from runtime.provider.limits import ProviderLimiter
+from runtime.provider.script import Fault, FaultKind, Turn
 from runtime.provider.usage import PromptCount, TokenCounter
-
-DEFAULT_MODEL: Final = "agentcell-local"
-_SSE_DONE: Final = b"data: [DONE]\n\n"
 
 Responder = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Turn]
 """A reply computed from a request's messages and tools (see :meth:`LocalProvider.add_responder`)."""
-_log = logging.getLogger("agentcell.provider")
-_json = msgspec.json.Encoder()
-_decode_body = msgspec.json.Decoder(dict[str, Any])
 
 
 class LoggedRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,17 +150,20 @@ class LocalProvider:
         self._lock = threading.Lock()
         self._log: deque[LoggedRequest] = deque(maxlen=log_size)
         self._stopping = threading.Event()
-        self._hanging = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.cache_min_tokens: int | None = None
         """The shortest prefix the Messages endpoint caches (None: the model's minimum, as Anthropic has it)."""
+        self.faults = FaultPlayer(self._stopping, self._connections)
+        """How injected faults play out on the wire (:mod:`runtime.provider._faults`)."""
+        self.chat = ChatEndpoint(self)
+        """``POST /v1/chat/completions``: OpenAI's chat completions (:mod:`runtime.provider.chat_api`)."""
         self.messages = MessagesEndpoint(self)
         """``POST /v1/messages``: Anthropic's Messages API (:mod:`runtime.provider.anthropic_api`)."""
         self.app = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
-                Route("/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat.handle, methods=["POST"]),
+                Route("/chat/completions", self.chat.handle, methods=["POST"]),
                 Route("/v1/messages", self.messages.handle, methods=["POST"]),
                 Route("/messages", self.messages.handle, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -320,7 +318,10 @@ class LocalProvider:
     def hanging(self) -> int:
         """Requests a ``hang``, ``stall`` or ``keepalive`` fault holds now; each is let go when its client
         disconnects."""
-        return self._hanging
+        return self.faults.hanging
+
+    def _connections(self) -> list[Any]:
+        return list(self._server.server_state.connections) if self._server is not None else []
 
     # -- HTTP handlers ------------------------------------------------------------------------------
 
@@ -334,102 +335,6 @@ class LocalProvider:
         data = [{"id": n, "object": "model", "created": created, "owned_by": "agentcell"} for n in names]
         return json_response(200, {"object": "list", "data": data})
 
-    async def _chat_completions(self, request: Request) -> Response:
-        received = time.time()
-        authorized = self._authorized(request)
-        try:
-            body = _decode_body.decode(await request.body())
-        except msgspec.DecodeError as exc:
-            return error_response(
-                errors.bad_request(f"We could not parse the JSON body of your request: {exc}")
-            )
-        model = _model_name(body.get("model"))
-        stream = bool(body.get("stream"))
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            return error_response(
-                errors.bad_request("'messages' must be an array of objects", param="messages")
-            )
-
-        def log(status: int, outcome: str, count: PromptCount | None = None, source: str = "-") -> None:
-            self._record(request, body, model, stream, count, status, outcome, source, authorized, received)
-
-        if not authorized:
-            log(401, "auth")
-            return error_response(errors.auth_error())
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        count = self._counter.prompt(messages, tools, model=model).scaled(self.prompt_ratio)
-        limiter = self.limiter
-        if not limiter.active:
-            return await self._answer(request, body, model, stream, messages, tools, count, log, {})
-        key = _bearer(request)
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
-        tokens = count.prompt_tokens + (cap if isinstance(cap, int) and cap > 0 else 0)
-        decision = limiter.admit(key, tokens, time.monotonic())
-        if not decision.admitted:
-            log(429, "rate_limit", count)
-            return error_response(_limit_error(model, decision, limiter))
-        try:
-            response = await self._answer(
-                request, body, model, stream, messages, tools, count, log, decision.headers
-            )
-        except BaseException:
-            limiter.release(key)
-            raise
-        if isinstance(response, StreamingResponse):
-            response.body_iterator = _released(response.body_iterator, limiter, key)
-        else:
-            limiter.release(key)
-        return response
-
-    async def _answer(
-        self,
-        request: Request,
-        body: dict[str, Any],
-        model: str,
-        stream: bool,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        count: PromptCount,
-        log: Callable[..., None],
-        limit_headers: dict[str, str],
-    ) -> Response:
-        fault = self._take_fault()
-        window = self._window_of(model)
-        asked = body.get("max_completion_tokens") or body.get("max_tokens")
-        completion = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
-        answer = completion if self.refuse_answer_overflow else 0
-        if fault is None and count.prompt_tokens + answer > window:
-            error = errors.overflow_error(self.overflow_format, count.prompt_tokens, window, completion)
-            log(error.status, "overflow", count)
-            return error_response(error)
-        source = "policy"
-        if fault is None:
-            turn, source, problem = self._next_turn(model, messages, tools)
-            if problem is not None:
-                log(problem.status, "error", count, source)
-                return error_response(problem)
-            fault = turn.fault
-        else:
-            turn = Turn()
-        if fault is not None:
-            log(fault_status(fault, overloaded=503), fault.kind, count, source)
-            return await self._fault_response(request, fault, model, count, stream)
-        delay = self.latency if turn.latency is None else turn.latency
-        if delay > 0:
-            await asyncio.sleep(delay)
-        log(200, "ok", count, source)
-        turn = self._counter.cut(turn, body.get("max_completion_tokens") or body.get("max_tokens"))
-        reply = _Reply(turn, model, count, self._counter, self.reasoning_field)
-        if not stream:
-            return json_response(200, reply.completion(), limit_headers or None)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        frames = reply.sse_frames(self.chunk_chars, include_usage)
-        headers = {**_SSE_HEADERS, **limit_headers} if limit_headers else _SSE_HEADERS
-        if self.chunk_delay <= 0:
-            return Response(b"".join(frames), media_type="text/event-stream", headers=headers)
-        return StreamingResponse(self._paced(frames), media_type="text/event-stream", headers=headers)
-
     def _authorized(self, request: Request) -> bool:
         """The request carries the key (``authorization: Bearer``, or Anthropic's ``x-api-key`` on the
         Messages endpoint), or the provider takes any."""
@@ -439,9 +344,6 @@ class LocalProvider:
             return True
         header = request.headers.get("authorization", "")
         return header == f"Bearer {self._api_key}"
-
-    def _bearer_of(self, request: Request) -> str:
-        return _bearer(request)
 
     def _take_fault(self) -> Fault | None:
         with self._lock:
@@ -501,297 +403,3 @@ class LocalProvider:
             )
             return Turn(), "script", problem
         return turn, "script", None
-
-    async def _paced(self, frames: Iterator[bytes]) -> AsyncIterator[bytes]:
-        for frame in frames:
-            yield frame
-            if frame is not _SSE_DONE:
-                await asyncio.sleep(self.chunk_delay)
-
-    async def _fault_response(
-        self, request: Request, fault: Fault, model: str, count: PromptCount, stream: bool
-    ) -> Response:
-        def overflow(prompt: int) -> errors.ErrorResponse:
-            return errors.overflow_error(self.overflow_format, prompt, self.context_window)
-
-        error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
-        words = errors.FaultWords(
-            rate_limit=lambda: errors.rate_limit_error(model, fault.retry_after),
-            server_error=errors.server_error,
-            overloaded=errors.overloaded_error,
-            auth=errors.auth_error,
-            overflow=overflow,
-            frames=lambda phrase: self._fault_frames(phrase, model, count),
-            error_event=error,
-        )
-        return await self.fault_response(request, fault, count, stream, words)
-
-    async def fault_response(
-        self, request: Request, fault: Fault, count: PromptCount, stream: bool, words: errors.FaultWords
-    ) -> Response:
-        """The answer of an injected ``fault``, in the words of an endpoint's dialect."""
-        match fault.kind:
-            case "rate_limit":
-                return error_response(words.rate_limit())
-            case "server_error":
-                return error_response(words.server_error(fault.status))
-            case "overloaded":
-                return error_response(words.overloaded(fault.status))
-            case "auth":
-                return error_response(words.auth())
-            case "overflow":
-                return error_response(words.overflow(max(count.prompt_tokens, self.context_window + 1)))
-            case "hang":
-                await self._hang(request)
-                return Response(status_code=504)
-            case "stall":
-                if not stream:
-                    await self._hang(request)
-                    return Response(status_code=504)
-                frames = words.frames("This reply stops and stays silent ")
-                return _sse(self._stall_after(request, frames, fault.after_chunks))
-            case "keepalive":
-                if not stream:
-                    await self._hang(request)
-                    return Response(status_code=504)
-                frames = words.frames("This reply waits forever ")
-                return _sse(self._keep_alive_after(request, frames, fault.after_chunks, words.keepalive))
-            case "stream_error":
-                if not stream:
-                    return error_response(words.server_error(None))
-                pieces = list(words.frames("This reply breaks off "))
-                head = pieces[: max(0, fault.after_chunks)]
-                return Response(
-                    b"".join([*head, words.error_event]), media_type="text/event-stream", headers=_SSE_HEADERS
-                )
-            case "reset":
-                if not stream or fault.after_chunks <= 0:
-                    self._reset_connection(request)
-                    return Response(status_code=500)
-                frames = words.frames("This reply is cut off in the middle ")
-                return _sse(self._cut_after(request, frames, fault.after_chunks))
-        raise AssertionError(f"unhandled fault {fault.kind}")  # pragma: no cover
-
-    def _fault_frames(self, phrase: str, model: str, count: PromptCount) -> Iterator[bytes]:
-        """The SSE frames of a reply that a mid-stream fault breaks into (``phrase`` four times over)."""
-        reply = _Reply(Turn(text=phrase * 4), model, count, self._counter)
-        return reply.sse_frames(max(1, self.chunk_chars // 2), include_usage=True)
-
-    async def _hang(self, request: Request) -> None:
-        self._hanging += 1  # only the server's loop thread changes it
-        try:
-            while not self._stopping.is_set():
-                if await request.is_disconnected():
-                    return
-                await asyncio.sleep(0.05)
-        finally:
-            self._hanging -= 1
-
-    async def _stall_after(
-        self, request: Request, frames: Iterator[bytes], count: int
-    ) -> AsyncIterator[bytes]:
-        for i, frame in enumerate(frames):
-            if i >= count:
-                break
-            yield frame
-        await self._hang(request)
-
-    async def _keep_alive_after(
-        self, request: Request, frames: Iterator[bytes], count: int, keepalive: bytes = b": keep-alive\n\n"
-    ) -> AsyncIterator[bytes]:
-        for i, frame in enumerate(frames):
-            if i >= count:
-                break
-            yield frame
-        self._hanging += 1
-        try:
-            while not self._stopping.is_set() and not await request.is_disconnected():
-                yield keepalive
-                await asyncio.sleep(0.1)
-        finally:
-            self._hanging -= 1
-
-    async def _cut_after(self, request: Request, frames: Iterator[bytes], count: int) -> AsyncIterator[bytes]:
-        for i, frame in enumerate(frames):
-            if i >= count:
-                break
-            yield frame
-            await asyncio.sleep(0.01)  # let the chunk reach the client before the cut
-        self._reset_connection(request)
-        await asyncio.sleep(0.01)  # let uvicorn notice the lost connection before the response ends
-
-    def _reset_connection(self, request: Request) -> None:
-        """Abort the request's TCP connection with an RST (SO_LINGER 0), as a crashed peer would."""
-        client = request.scope.get("client")
-        connections = self._server.server_state.connections if self._server is not None else ()
-        for connection in list(connections):
-            if getattr(connection, "client", None) == tuple(client or ()):
-                transport = connection.transport
-                sock = transport.get_extra_info("socket")
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                transport.abort()
-                return
-        _log.warning("reset fault: no connection found for client %s", client)
-
-
-_SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-def _bearer(request: Request) -> str:
-    """The request's API key (its bearer token), the key its limits are counted under."""
-    header = request.headers.get("authorization", "")
-    return header[7:] if header.startswith("Bearer ") else ""
-
-
-def _limit_error(model: str, decision: Decision, limiter: ProviderLimiter) -> errors.ErrorResponse:
-    value = {"requests": limiter.rpm, "tokens": limiter.tpm}.get(decision.limit) or limiter.max_concurrent
-    return errors.rate_limit_error(
-        model,
-        decision.retry_after,
-        limit=decision.limit,
-        limit_value=int(value or 0),
-        headers=decision.headers,
-    )
-
-
-async def _released(body: Any, limiter: ProviderLimiter, key: str) -> AsyncIterator[Any]:
-    """A streamed body that frees its request's concurrent slot when it ends (or is cut off)."""
-    try:
-        async for piece in body:
-            yield piece
-    finally:
-        limiter.release(key)
-
-
-def _model_name(raw: Any) -> str:
-    name = raw if isinstance(raw, str) and raw else DEFAULT_MODEL
-    return name.removeprefix("openai/")
-
-
-def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-class _Reply:
-    """One reply rendered as a chat completion or as SSE chunks, with exact usage."""
-
-    def __init__(
-        self,
-        turn: Turn,
-        model: str,
-        count: PromptCount,
-        counter: TokenCounter,
-        reasoning_field: str = "reasoning_content",
-    ) -> None:
-        self.turn = turn
-        self.reasoning_field = reasoning_field
-        self.model = model
-        self.id = "chatcmpl-" + os.urandom(12).hex()
-        self.created = int(time.time())
-        self.calls = [(spec.id or f"call_{os.urandom(12).hex()}", spec) for spec in turn.tool_calls]
-        completion, reasoning = counter.completion(
-            turn.text, turn.reasoning, [(spec.name, spec.arguments) for spec in turn.tool_calls]
-        )
-        prompt_tokens = count.prompt_tokens if turn.prompt_tokens is None else turn.prompt_tokens
-        self.usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": count.cached_tokens, "audio_tokens": 0},
-            "completion_tokens_details": {
-                "reasoning_tokens": reasoning,
-                "audio_tokens": 0,
-                "accepted_prediction_tokens": 0,
-                "rejected_prediction_tokens": 0,
-            },
-        }
-
-    def _thinking_blocks(self) -> list[dict[str, Any]] | None:
-        if not self.turn.reasoning or self.turn.reasoning_signature is None:
-            return None
-        return [
-            {"type": "thinking", "thinking": self.turn.reasoning, "signature": self.turn.reasoning_signature}
-        ]
-
-    def completion(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self.turn.text or None}
-        if self.turn.reasoning:
-            message[self.reasoning_field] = self.turn.reasoning
-        blocks = self._thinking_blocks()
-        if blocks:
-            message["thinking_blocks"] = blocks
-        if self.calls:
-            message["tool_calls"] = [_tool_call(call_id, spec) for call_id, spec in self.calls]
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": "fp_agentcell",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": self.turn.effective_finish_reason,
-                }
-            ],
-            "usage": self.usage,
-        }
-
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": "fp_agentcell",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
-        return b"data: " + _json.encode(chunk) + b"\n\n"
-
-    def sse_frames(self, size: int, include_usage: bool) -> Iterator[bytes]:
-        """The reply as SSE frames: role, reasoning, content, tool calls (arguments split), finish, usage."""
-        yield self._chunk({"role": "assistant", "content": ""})
-        pieces = _pieces(self.turn.reasoning, size)
-        blocks = self._thinking_blocks()
-        for i, piece in enumerate(pieces):
-            delta: dict[str, Any] = {self.reasoning_field: piece}
-            if blocks and i == len(pieces) - 1:
-                delta["thinking_blocks"] = [{**blocks[0], "thinking": ""}]
-            yield self._chunk(delta)
-        for piece in _pieces(self.turn.text, size):
-            yield self._chunk({"content": piece})
-        for index, (call_id, spec) in enumerate(self.calls):
-            head = {
-                "index": index,
-                "id": call_id,
-                "type": "function",
-                "function": {"name": spec.name, "arguments": ""},
-            }
-            yield self._chunk({"tool_calls": [head]})
-            for piece in _pieces(spec.arguments, size):
-                yield self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-        yield self._chunk({}, self.turn.effective_finish_reason)
-        if include_usage:
-            usage_chunk = {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": "fp_agentcell",
-                "choices": [],
-                "usage": self.usage,
-            }
-            yield b"data: " + _json.encode(usage_chunk) + b"\n\n"
-        yield _SSE_DONE
-
-
-def _tool_call(call_id: str, spec: ToolCallSpec) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": spec.name, "arguments": spec.arguments}}
