@@ -372,11 +372,13 @@ class Agent(SessionActor):
     @_performs(fx.Compact)
     def _compact(self, effect: fx.Compact) -> None:
         if effect.emergency:
-            self.call(
-                self.refs.compactor, p.Compact(effect.trigger, emergency=True), self._then(effect.ticket)
+            compact = p.Compact(
+                effect.trigger, emergency=True, cause=effect.cause, count_ratio=effect.count_ratio
             )
+            self.call(self.refs.compactor, compact, self._then(effect.ticket))
         else:
-            self.call(self.refs.compactor, p.MaybeCompact(effect.trigger), self._then(effect.ticket))
+            maybe = p.MaybeCompact(effect.trigger, count_ratio=effect.count_ratio)
+            self.call(self.refs.compactor, maybe, self._then(effect.ticket))
 
     @_performs(fx.ArchiveTools)
     def _archive_tools(self, effect: fx.ArchiveTools) -> None:

@@ -28,7 +28,7 @@ from runtime.context import tool_summary as ts
 from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
 from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
-from runtime.events import CompactionTrigger
+from runtime.events import CompactionTrigger, OverflowCause
 from runtime.handles import CompactionResult
 from runtime.messages import KIND_COMPACTION_SUMMARY, Message, Usage, new_id
 from runtime.store.tree import DEAD_KEY
@@ -142,6 +142,9 @@ class Compactor(SessionActor):
         # What summarizer calls of compactions that recorded nothing cost: in the session's totals already
         # (counted as they failed), not yet in its log; the next summary logged carries it (design §4.1)
         self._unlogged = Usage()
+        # The session's learned server count ÷ ours (design §4.5), as the turn machine last told it with a
+        # compaction request; None until then (and after a model change)
+        self._count_ratio: float | None = None
         self._set_summarizer()
         self.estimate = SessionEstimate(spec, counter)
 
@@ -153,6 +156,16 @@ class Compactor(SessionActor):
             self.summarizer_window = self.context_window
         else:
             self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
+
+    def _summarizer_ratio(self) -> float:
+        """What the summarizer's server counts per token counted here (design §4.5): the session's learned
+        ratio when the summarizer is its own model and the turn machine told it, else the default for the
+        summarizer's model (:func:`~runtime.turn.fit.default_count_ratio`)."""
+        if self.summarizer_model == self.model and self._count_ratio is not None:
+            return self._count_ratio
+        from runtime.turn.fit import default_count_ratio
+
+        return default_count_ratio(self.summarizer_model, self.spec.config)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
@@ -183,6 +196,7 @@ class Compactor(SessionActor):
                         trigger=request.trigger,
                         messages=len(job.view.messages) if job.view is not None else 0,
                         mode=self.cfg.mode,
+                        cause=self._cause(job),
                     )
                 job.fail(why)
             except Exception:  # the bus or a caller may be gone at shutdown: answer the rest regardless
@@ -196,13 +210,19 @@ class Compactor(SessionActor):
             case _SummaryDone():
                 self._on_summary(message)
             case SetModel(model=model, context_window=window, counter=counter):
+                if model != self.model:  # another tokenizer: the ratio is learned again
+                    self._count_ratio = None
                 self.model = model
                 if window is not None:
                     self.context_window = window
                 if counter is not None:
                     self.counter, self.estimate = counter, SessionEstimate(self.spec, counter)
                 self._set_summarizer()
-            case MaybeCompact() | Compact() | MaybeArchiveTools():
+            case MaybeCompact() | Compact():
+                if message.count_ratio is not None:
+                    self._count_ratio = message.count_ratio
+                self._enqueue(message)
+            case MaybeArchiveTools():
                 self._enqueue(message)
             case _:
                 raise TypeError(f"compactor: unexpected message {type(message).__name__}")
@@ -276,6 +296,11 @@ class Compactor(SessionActor):
         self._start(job, request.trigger, request.emergency, request.keep_recent_tokens, request.instructions)
 
     @staticmethod
+    def _cause(job: _Job) -> OverflowCause | None:
+        """Why an ``overflow`` compaction runs (``refused``, ``counted``): its events say it."""
+        return job.request.cause if isinstance(job.request, Compact) else None
+
+    @staticmethod
     def _leaf(messages: tuple[Message, ...]) -> str | None:
         return messages[-1].id if messages else None
 
@@ -314,6 +339,7 @@ class Compactor(SessionActor):
                 effective_limit(self.context_window, self.cfg), self.estimate.fixed_tokens
             ),
             cached_prefix=self.estimate.fixed_tokens if self._rides_the_cache() else None,
+            count_ratio=self._summarizer_ratio(),
         )
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
@@ -332,6 +358,7 @@ class Compactor(SessionActor):
             messages_before=len(messages),
             tokens_before=tokens_before,
             mode=self.cfg.mode,
+            cause=self._cause(job),
         )
         job.plan = plan
         job.answers = [None] * len(plan.requests)
@@ -572,6 +599,7 @@ class Compactor(SessionActor):
                 summary_chars=len(summary.text),
                 mode=self.cfg.mode,
                 fallback=outcome.fallback,
+                cause=self._cause(job),
             )
             self._done(
                 job,
@@ -636,6 +664,7 @@ class Compactor(SessionActor):
             trigger=trigger,
             messages=len(messages),
             mode=self.cfg.mode,
+            cause=self._cause(job),
         )
         assert job.estimate is not None
         self._done(
@@ -672,6 +701,7 @@ class Compactor(SessionActor):
             trigger=trigger,
             messages=len(job.view.messages) if job.view is not None else 0,
             mode=self.cfg.mode,
+            cause=self._cause(job),
         )
         self._done(
             job,

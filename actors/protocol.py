@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, Ty
 import msgspec
 
 from runtime.context.estimate import ContextStats
-from runtime.events import CompactionMode, CompactionTrigger
+from runtime.events import CompactionMode, CompactionTrigger, OverflowCause
 from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
 from runtime.messages import Message, Usage
 from runtime.store.entries import CompactionEntry, Entry, StepEntry
@@ -502,20 +502,26 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MaybeCompact(Ask[Outcome], frozen=True):
-    """Compact if the estimate reached the threshold (design §5.1), at most once per turn (5.11)."""
+    """Compact if the estimate reached the threshold (design §5.1), at most once per turn (5.11).
+    ``count_ratio``: the session's learned server count ÷ ours (design §4.5), for the summarizer's request
+    when it is the session's own model; None: what the compactor was last told, or its default."""
 
     trigger: CompactionTrigger = "threshold"
     attempted: bool = False
+    count_ratio: float | None = None
 
 
 class Compact(Ask[Outcome], frozen=True):
-    """Compact now: manual (5.12) or emergency after an overflow (6.3)."""
+    """Compact now: manual (5.12) or emergency (6.3), with the overflow's ``cause`` (the events carry it);
+    ``count_ratio`` as for :class:`MaybeCompact`."""
 
     trigger: CompactionTrigger = "manual"
     emergency: bool = False
     keep_recent_tokens: int | None = None
     instructions: str | None = None
     handle: Handle[CompactionResult] | None = None
+    cause: OverflowCause | None = None
+    count_ratio: float | None = None
 
     def undelivered(self, why: str) -> None:
         """The compactor stopped before it took this compaction up: it did nothing."""

@@ -38,6 +38,7 @@ _API = [
     "AnyEvent",
     "CompactionMode",
     "CompactionTrigger",
+    "OverflowCause",
     "Event",
     "McpErrorKind",
     "decode_event",
@@ -50,6 +51,10 @@ _declared: list[type[Event]] = []
 
 
 CompactionTrigger = Literal["threshold", "overflow", "manual", "usage_overflow"]
+OverflowCause = Literal["refused", "counted"]
+"""Why a compaction with trigger ``overflow`` ran (design §6.3, §5.13): ``refused``, the provider refused
+the request as over its context window (the request is sent again after it); ``counted``, the runtime
+counted the next request over the limit (window − reserve) and compacted before sending it."""
 CompactionMode = Literal["summarize", "hard_reset", "truncate"]
 
 
@@ -518,14 +523,17 @@ class WindowLearned(Event, frozen=True, tag="window_learned"):
 class CompactionStart(Event, frozen=True, tag="compaction_start"):
     """A compaction begins (design §5.10): its ``trigger`` (``threshold``, ``overflow``, ``manual``,
     ``usage_overflow``), ``messages_before`` in the model's view and ``tokens_before``, a full count of the
-    request the context would make, in ``mode`` (``compaction.mode``). Its summarizer calls
-    (``summary_request``) come next; ``compaction_end``, ``compaction_failed`` or ``compaction_skipped``
-    follows."""
+    request the context would make, in ``mode`` (``compaction.mode``). An ``overflow`` compaction's ``cause``
+    says whether the provider refused the request (``refused``) or the runtime counted it over the limit
+    before sending it (``counted``); None for the other triggers (and from runtimes older than the field).
+    Its summarizer calls (``summary_request``) come next; ``compaction_end``, ``compaction_failed`` or
+    ``compaction_skipped`` follows, with the same ``trigger`` and ``cause``."""
 
     trigger: CompactionTrigger
     messages_before: int
     tokens_before: int
     mode: CompactionMode = "summarize"
+    cause: OverflowCause | None = None
 
 
 class SummaryRequest(Event, frozen=True, tag="summary_request"):
@@ -561,7 +569,8 @@ class CompactionEnd(Event, frozen=True, tag="compaction_end"):
     """A compaction is done and in the log: the model's view went from ``messages_before`` to
     ``messages_after`` messages and from ``tokens_before`` to ``tokens_after`` tokens, with a summary of
     ``summary_chars`` characters, in ``mode`` (``summarize``, ``hard_reset``, ``truncate``); ``fallback`` when
-    a deterministic summary stood in for a summarizer that failed (design §5.5)."""
+    a deterministic summary stood in for a summarizer that failed (design §5.5); ``trigger`` and ``cause`` as
+    its ``compaction_start`` said."""
 
     trigger: CompactionTrigger
     messages_before: int
@@ -571,15 +580,16 @@ class CompactionEnd(Event, frozen=True, tag="compaction_end"):
     summary_chars: int
     mode: CompactionMode
     fallback: bool = False
+    cause: OverflowCause | None = None
 
 
 class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     """A compaction failed and the conversation is unchanged: ``error`` for a person, ``reason`` for a program
     (``summarizer_failed``, ``no_progress``, ``store_error``, ``interrupted``, ...), ``context_exceeded`` when
     it could not get under the window (the session is marked dead, ``session_dead``), ``tokens`` the context's
-    count before it, ``window`` the session's, ``trigger`` as its ``compaction_start`` said (or would have:
-    one that failed before it started has none), ``messages`` in the model's view before it, ``mode``
-    the compaction's."""
+    count before it, ``window`` the session's, ``trigger`` and ``cause`` as its ``compaction_start`` said (or
+    would have: one that failed before it started has none), ``messages`` in the model's view before it,
+    ``mode`` the compaction's."""
 
     error: str
     reason: str = "error"
@@ -589,6 +599,7 @@ class CompactionFailed(Event, frozen=True, tag="compaction_failed"):
     trigger: CompactionTrigger | None = None
     messages: int = 0
     mode: CompactionMode | None = None
+    cause: OverflowCause | None = None
 
 
 class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
@@ -596,7 +607,8 @@ class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
     (``reason`` ``nothing_to_compact``), or its summary would not have made it shorter (``no_progress``).
     The history is unchanged and the session goes on: not an error. ``tokens`` is the same full count a
     ``compaction_start`` before it reported (a manual compaction with nothing to compact has none);
-    ``message`` says why, for a person; ``messages`` in the model's view, ``mode`` the compaction's."""
+    ``message`` says why, for a person; ``messages`` in the model's view, ``mode`` the compaction's;
+    ``trigger`` and ``cause`` as that ``compaction_start`` said."""
 
     reason: str
     message: str
@@ -604,6 +616,7 @@ class CompactionSkipped(Event, frozen=True, tag="compaction_skipped"):
     trigger: CompactionTrigger | None = None
     messages: int = 0
     mode: CompactionMode | None = None
+    cause: OverflowCause | None = None
 
 
 class ToolResultsArchived(Event, frozen=True, tag="tool_results_archived"):

@@ -96,9 +96,9 @@ def _update(view: SessionView, event: ev.Event) -> None:
         case ev.UsageUpdate(totals=totals, context_tokens=tokens):
             view.input_tokens, view.output_tokens = totals.input_tokens, totals.output_tokens
             view.context_tokens = tokens
-        case ev.CompactionStart(trigger=trigger):
+        case ev.CompactionStart(trigger=trigger, cause=cause):
             view.state = f"compacting ({trigger})"
-            if trigger == "overflow":
+            if trigger == "overflow" and cause != "counted":  # the provider refused: a retry follows
                 view._overflow_pending = True
         case ev.CompactionEnd(trigger=trigger, tokens_after=after):
             view.context_tokens = after
@@ -142,6 +142,10 @@ def describe(event: ev.Event, view: SessionView | None = None) -> str | None:
             return (
                 f"usage: {usage.input_tokens:,} in / {usage.output_tokens:,} out; "
                 f"context {tokens:,} of {window:,}"
+            )
+        case ev.CompactionStart(trigger="overflow", cause="counted", tokens_before=tokens):
+            return (
+                f"EMERGENCY COMPACTION: the next request (~{tokens:,} tokens) is over the limit; not sent yet"
             )
         case ev.CompactionStart(trigger="overflow", tokens_before=tokens):
             return f"OVERFLOW: the provider refused ~{tokens:,} tokens; emergency compaction, then a retry"

@@ -23,7 +23,7 @@ from typing import Final, Literal
 import msgspec
 
 from runtime.config import CompactionConfig
-from runtime.context.estimate import effective_limit
+from runtime.context.estimate import effective_limit, prompt_room
 from runtime.context.file_ops import FileOps, extract_file_ops
 from runtime.context.prompts import (
     SPLIT_TURN_HEADING,
@@ -82,7 +82,8 @@ RequestKind = Literal["history", "turn_prefix", "update", "tool_summary"]
 # provider that ignores max_tokens cannot hand us a summary that defeats the point of compacting.
 CHARS_PER_OUTPUT_TOKEN: Final = 6
 # Room left in the summarizer's window for the chat format's overhead, for the sum of a transcript's parts
-# differing from its whole, and for some of the difference between tokenizers.
+# differing from its whole, and for some of the difference between tokenizers: the margin's floor; when the
+# server counts more than we do, the counted prompt's excess at the count ratio (estimate.prompt_room).
 WINDOW_MARGIN_TOKENS: Final = 32
 WINDOW_MARGIN_FRACTION: Final = 0.03
 # A deterministic (fallback) summary quotes the last user request and the previous summary, clipped.
@@ -437,6 +438,7 @@ def plan_compaction(
     keep_from: int | None = None,
     room: int | None = None,
     cached_prefix: int | None = None,
+    count_ratio: float = 1.0,
 ) -> CompactionPlan | NothingToCompact:
     """Plan a compaction of ``messages`` (see the module docstring for the three steps).
 
@@ -456,6 +458,10 @@ def plan_compaction(
     tools) says the summarizer is the session's own model: each request then sends the conversation itself
     and a final instruction (:func:`cached_summary_prompt`), so the provider reads it from its cache, where
     it fits the summarizer's window; a request that does not fit is a transcript as without it.
+    ``count_ratio`` is what the summarizer's server counts per token counted here (the session's learned
+    :class:`~runtime.context.estimate.CountRatio` for its own model): a request fits when that count of its
+    prompt, its ``max_tokens`` and the margin do (:func:`~runtime.context.estimate.prompt_room`), the rule
+    the turn's requests keep (design §4.5).
     """
     mode = mode or config.mode
     msgs = list(messages)
@@ -496,7 +502,13 @@ def plan_compaction(
     requests: list[SummaryRequest] = []
     if mode != "truncate":
         builder = _RequestBuilder(
-            config, summarizer_window, count, count_text or approx_tokens, instructions, summary_tokens
+            config,
+            summarizer_window,
+            count,
+            count_text or approx_tokens,
+            instructions,
+            summary_tokens,
+            count_ratio,
         )
         new_history = history[1:] if previous else history
         if new_history:
@@ -558,8 +570,10 @@ class _RequestBuilder:
         measure: CountText,
         instructions: str | None,
         summary_tokens: int | None,
+        count_ratio: float,
     ) -> None:
         self.config = config
+        self.count_ratio = count_ratio
         self.window = window
         self.count = count
         self.measure = measure
@@ -578,9 +592,8 @@ class _RequestBuilder:
         max_tokens = max(1, self.max_tokens // 2) if kind == "turn_prefix" else self.max_tokens
         prompt = cached_summary_prompt(kind, instructions=self.instructions)
         if self.window is not None:
-            margin = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
             size = fixed + sum(self.count(m) for m in msgs if m.agent_visible) + self.measure(prompt)
-            if size + max_tokens + margin > self.window:
+            if size > self._prompt_room(max_tokens):
                 return []
         return [SummaryRequest(kind, "", prompt, max_tokens, prefix=len(msgs))]
 
@@ -593,8 +606,7 @@ class _RequestBuilder:
             blocks = [render_message(m, tool_result_chars=chars) for m in visible]
             return [self._request(kind, blocks, previous, max_tokens, omitted=0)]
 
-        margin = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
-        room = self.window - max_tokens - margin - self.measure(SUMMARIZER_SYSTEM)
+        room = self._prompt_room(max_tokens) - self.measure(SUMMARIZER_SYSTEM)
         if previous is not None:
             previous = self._clip_to(previous, room // 2)
         skeleton = self._prompt(kind, [], previous, omitted=len(visible))
@@ -604,6 +616,14 @@ class _RequestBuilder:
         taken = self._take(reversed(visible), budget)
         omitted = len(visible) - len(taken)
         return [self._request(kind, taken[::-1], previous, max_tokens, omitted=omitted)]
+
+    def _prompt_room(self, max_tokens: int) -> int:
+        """The tokens counted here a request asking for ``max_tokens`` may send: its server's count, the
+        answer and the margin (:data:`WINDOW_MARGIN_TOKENS` + :data:`WINDOW_MARGIN_FRACTION` of the window,
+        or the ratio's excess when more) fit the summarizer's window."""
+        assert self.window is not None
+        fixed = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
+        return prompt_room(self.window, max_tokens, self.count_ratio, fixed=fixed)
 
     def _take(self, newest_first: Iterable[Message], budget: int) -> list[str]:
         chars = self.config.summary_tool_result_chars

@@ -50,6 +50,7 @@ __all__ = [
     "effective_limit",
     "estimate_context",
     "last_response_index",
+    "prompt_room",
     "reserve_tokens",
     "should_compact",
     "usable_response",
@@ -225,14 +226,38 @@ class CountRatio:
         self._learned = ratio if self._learned is None else max(self._learned, ratio)
 
 
-def answer_margin(window: int, counted_tokens: int = 0, count_ratio: float = 1.0) -> int:
-    """The tokens an answer cap keeps free below the window for the estimate's error (design §4.5): a
-    sixteenth of the window (at least 16), or, when more, what the server's tokenizer is expected to count
-    beyond ours over the ``counted_tokens`` counted here (× ``count_ratio`` − 1), plus a 64th of the window
-    (at least 16) for the ratio's own drift. The provider's own part of the estimate has no such error."""
-    fixed = max(16, window // 16)
-    excess = math.ceil(max(0, counted_tokens) * (count_ratio - 1.0))
-    return max(fixed, excess + max(16, window // 64))
+def answer_margin(
+    window: int, counted_tokens: int = 0, count_ratio: float = 1.0, *, fixed: int | None = None
+) -> int:
+    """The tokens a request keeps free below the window for the estimate's error (design §4.5): a sixteenth
+    of the window (at least 16; ``fixed`` instead, for a request with a margin of its own), or, when more,
+    what the server's tokenizer is expected to count beyond ours over the ``counted_tokens`` counted here
+    (× ``count_ratio`` − 1), plus a 64th of the window (at least 16) for the ratio's own drift. The
+    provider's own part of the estimate has no such error."""
+    floor = max(16, window // 16) if fixed is None else fixed
+    excess = max(0, math.ceil(max(0, counted_tokens) * (count_ratio - 1.0)))  # (a server counting less: 0)
+    return max(floor, excess + _drift(window))
+
+
+def _drift(window: int) -> int:
+    """The margin's slack for the ratio's own drift: a 64th of the window, at least 16."""
+    return max(16, window // 64)
+
+
+def prompt_room(
+    window: int, answer_tokens: int, count_ratio: float = 1.0, *, fixed: int | None = None
+) -> int:
+    """The most tokens, all counted here, a request's prompt may take when it asks for ``answer_tokens``:
+    the prompt, the answer and :func:`answer_margin` over that prompt fit ``window`` (the server counting
+    the prompt ``count_ratio`` × ours). The converse of :func:`answer_cap` for a prompt counted here in
+    full (the summarizer's, design §5.4); negative when even an empty prompt leaves too little."""
+    free = window - answer_tokens
+    room = free - answer_margin(window, 0, count_ratio, fixed=fixed)
+    if count_ratio > 1.0:  # the prompt as the server counts it, plus the drift: room × ratio + drift <= free
+        room = min(room, math.floor((free - _drift(window)) / count_ratio))
+    while room > 0 and room + answer_margin(window, room, count_ratio, fixed=fixed) > free:
+        room -= 1  # (a float's rounding: the margin itself decides)
+    return room
 
 
 def answer_cap(

@@ -21,8 +21,10 @@ The metrics (``agentcell_`` prefix)::
     cost_split_usd_total{model, type}  counter  input, cache_read, cache_write, output (priced from litellm's map)
     cache_saved_usd_total{model}    counter    what the cache saved against the same calls without it
     compactions_total{trigger, result}   counter    compacted, skipped (nothing to reduce) or failed
-    overflow_recoveries_total{trigger, result}  counter  compactions after an overflow (trigger overflow)
-                                               or a silent one (usage_overflow)
+    overflow_recoveries_total{trigger, cause, result}  counter  compactions after an overflow (trigger
+                                               overflow; cause refused: the provider refused the request,
+                                               counted: counted over the limit, not sent) or a silent one
+                                               (usage_overflow; cause none)
     tool_calls_total{outcome}       counter    ok or error
     tool_call_duration_seconds      histogram
     event_bus_dropped_events_total  counter    events lost by subscribers that fell behind (all of them)
@@ -197,9 +199,10 @@ class RuntimeMetrics:
         )
         self.overflow_recoveries = counter(
             "overflow_recoveries",
-            "Compactions that recover from a context overflow (trigger overflow) or a silent one "
-            "(usage_overflow), by result.",
-            ("trigger", "result"),
+            "Compactions that recover from a context overflow (trigger overflow; cause refused: the provider "
+            "refused the request, counted: the runtime counted it over the limit and did not send it) or a "
+            "silent one (usage_overflow), by result.",
+            ("trigger", "cause", "result"),
         )
         self.tool_calls = counter("tool_calls", "Tool calls by outcome (ok, error).", ("outcome",))
         self.tool_duration = histogram("tool_call_duration_seconds", "Tool call duration.", TOOL_BUCKETS)
@@ -337,22 +340,24 @@ class RuntimeMetrics:
 
     @_counts(ev.CompactionStart)
     def _compaction_start(self, event: ev.CompactionStart) -> None:
-        if event.trigger == "overflow":  # a call that overflowed: recovery starts
+        if (
+            event.trigger == "overflow" and event.cause != "counted"
+        ):  # a call that overflowed: recovery starts
             self._end_request(event.session_id, event.ts, "overflow")
 
     @_counts(ev.CompactionEnd)
     def _compaction_end(self, event: ev.CompactionEnd) -> None:
-        self._compaction(event.trigger, "compacted")
+        self._compaction(event.trigger, event.cause, "compacted")
 
     @_counts(ev.CompactionFailed)
     def _compaction_failed(self, event: ev.CompactionFailed) -> None:
-        if event.trigger == "overflow":
+        if event.trigger == "overflow" and event.cause != "counted":
             self._end_request(event.session_id, event.ts, "overflow")
-        self._compaction(event.trigger or "unknown", "failed")
+        self._compaction(event.trigger or "unknown", event.cause, "failed")
 
     @_counts(ev.CompactionSkipped)
     def _compaction_skipped(self, event: ev.CompactionSkipped) -> None:
-        self._compaction(event.trigger or "unknown", "skipped")
+        self._compaction(event.trigger or "unknown", event.cause, "skipped")
 
     @_counts(ev.ToolExecutionEnd)
     def _tool_execution_end(self, event: ev.ToolExecutionEnd) -> None:
@@ -400,10 +405,10 @@ class RuntimeMetrics:
             if costs.saved > 0:
                 self.cache_saved.labels(model).inc(costs.saved)
 
-    def _compaction(self, trigger: str, result: str) -> None:
+    def _compaction(self, trigger: str, cause: str | None, result: str) -> None:
         self.compactions.labels(trigger, result).inc()
         if trigger in _OVERFLOW_TRIGGERS:
-            self.overflow_recoveries.labels(trigger, result).inc()
+            self.overflow_recoveries.labels(trigger, cause or "none", result).inc()
 
 
 EVENT_TYPES: frozenset[str] = frozenset(kind.wire_name() for kind in _RULES)

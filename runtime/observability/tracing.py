@@ -488,7 +488,7 @@ class Tracing:
         if session.compaction is not None:
             _incomplete(session.compaction, event.ts)
         session.compaction = self._compaction_span(
-            session, event, event.trigger, event.mode, event.messages_before, event.tokens_before
+            session, event, event.trigger, event.mode, event.messages_before, event.tokens_before, event.cause
         )
 
     def _compaction_span(
@@ -499,10 +499,12 @@ class Tracing:
         mode: str | None,
         messages: int,
         tokens: int,
+        cause: str | None,
     ) -> Span:
-        """A ``compaction`` span, a child of the session's running turn (a root span outside a turn)."""
+        """A ``compaction`` span, a child of the session's running turn (a root span outside a turn); an
+        overflow compaction's ``cause`` (``refused``, ``counted``) as its events say it."""
         sid = event.session_id
-        return self.tracer.start_span(
+        span = self.tracer.start_span(
             "compaction",
             context=_context(session.turn.span if session.turn is not None else None),
             kind=SpanKind.INTERNAL,
@@ -516,6 +518,9 @@ class Tracing:
             },
             start_time=_ns(event.ts),
         )
+        if cause is not None:
+            span.set_attribute("agentcell.compaction.cause", cause)
+        return span
 
     def _end_compaction(
         self, event: ev.CompactionEnd | ev.CompactionFailed | ev.CompactionSkipped
@@ -531,11 +536,17 @@ class Tracing:
         if span is None:  # it ended before it started (nothing to compact): a span says so all the same
             if isinstance(event, ev.CompactionEnd):
                 span = self._compaction_span(
-                    session, event, event.trigger, event.mode, event.messages_before, event.tokens_before
+                    session,
+                    event,
+                    event.trigger,
+                    event.mode,
+                    event.messages_before,
+                    event.tokens_before,
+                    event.cause,
                 )
             else:
                 span = self._compaction_span(
-                    session, event, event.trigger, event.mode, event.messages, event.tokens
+                    session, event, event.trigger, event.mode, event.messages, event.tokens, event.cause
                 )
         return session, span
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from runtime.context.caching import Breakpoints
-from runtime.events import CompactionTrigger, Event
+from runtime.events import CompactionTrigger, Event, OverflowCause
 from runtime.handles import TurnResult
 from runtime.messages import Message, ToolCallPart
 from runtime.store.entries import StepEntry
@@ -219,11 +219,14 @@ class Hide(Awaited, frozen=True):
 
 
 class Compact(Awaited, frozen=True, kw_only=True):
-    """Compact the session: ``emergency`` (an overflow's, forced) or only when due (``MaybeCompact``).
-    Answer: the compactor's ``Outcome`` (:class:`OutcomeLike`)."""
+    """Compact the session: ``emergency`` (an overflow's, forced, with its ``cause``) or only when due
+    (``MaybeCompact``). ``count_ratio``: the session's learned server count ÷ ours, for the summarizer's
+    request (design §4.5). Answer: the compactor's ``Outcome`` (:class:`OutcomeLike`)."""
 
     trigger: CompactionTrigger
     emergency: bool = False
+    cause: OverflowCause | None = None
+    count_ratio: float = 1.0
 
 
 class ArchiveTools(Awaited, frozen=True):

@@ -290,7 +290,14 @@ class TurnMachine(RecoveryFlows):
             self.pending_trigger = None
             self._record(run, "compaction", step=run.step)
             trigger: CompactionTrigger = "overflow" if emergency else (decision.trigger or "threshold")
-            outcome: OutcomeLike = yield from self._ask(Compact(trigger=trigger, emergency=emergency))
+            outcome: OutcomeLike = yield from self._ask(
+                Compact(
+                    trigger=trigger,
+                    emergency=emergency,
+                    cause="counted" if emergency else None,  # (over the limit, not sent)
+                    count_ratio=self.count_ratio.value,
+                )
+            )
             if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
                 message = outcome.message or "context limit exceeded"
                 self._publish(ev.SessionDead, message=message)

@@ -261,7 +261,11 @@ class RecoveryFlows(MachineCore):
         if verdict.action == "compact_and_retry" and run.options.compaction:
             run.overflow_recoveries += 1
             self._record(run, "compaction", step=run.step)
-            outcome: OutcomeLike = yield from self._ask(Compact(trigger="overflow", emergency=True))
+            outcome: OutcomeLike = yield from self._ask(
+                Compact(
+                    trigger="overflow", emergency=True, cause="refused", count_ratio=self.count_ratio.value
+                )
+            )
             if outcome.dead or not outcome.compacted:
                 failure = compaction_did_not_help(
                     context_window=self.context_window,

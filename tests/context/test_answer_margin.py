@@ -16,6 +16,7 @@ from runtime.context.estimate import (
     CountRatio,
     answer_cap,
     answer_margin,
+    prompt_room,
 )
 from runtime.turn.fit import answer_cap_for, default_count_ratio
 
@@ -180,3 +181,39 @@ def test_the_ratio_s_default_and_its_sample_boundaries() -> None:
     one = CountRatio(STAND_IN_COUNT_RATIO)
     one.observe(actual_input=1, estimate=1_000, counted=1_000)  # any positive count teaches (bounded)
     assert one.learned and one.value == 0.5
+
+
+def test_the_prompt_room_at_our_count_is_the_window_less_the_answer_and_the_margin() -> None:
+    assert prompt_room(2_048, 512) == 2_048 - 512 - 128  # the sixteenth
+    assert prompt_room(4_096, 1_024, fixed=154) == 4_096 - 1_024 - 154  # a request's own margin
+    assert prompt_room(4_096, 1_024, 0.8, fixed=154) == 4_096 - 1_024 - 154  # a server counting less
+    assert answer_margin(4_096, 3_000, 1.0, fixed=154) == 154
+    assert answer_margin(1_024, 1_000, 0.5, fixed=0) == 16  # a server counting less: still the drift
+    assert prompt_room(1_000, 1_000) < 0  # no room at all: the caller sends nothing
+
+
+def test_the_prompt_room_shrinks_with_the_server_s_count() -> None:
+    # 4,096 window, a 1,024-token answer, the server counting 1.5 × ours: 2,005 × 1.5 + 64 <= 3,072
+    assert prompt_room(4_096, 1_024, 1.5, fixed=154) == 2_005
+    assert prompt_room(4_096, 1_024, 1.25) == 2_406  # (3,072 - 64) / 1.25, below 4,096 - 1,024 - 256
+    # a small excess stays within the fixed margin: the margin decides
+    assert prompt_room(128_000, 4_096, 1.01) == 128_000 - 4_096 - 8_000
+
+
+@given(
+    window=st.integers(256, 1_000_000),
+    answer=st.integers(0, 200_000),
+    ratio=st.floats(0.5, MAX_COUNT_RATIO),
+    fixed=st.none() | st.integers(0, 10_000),
+)
+def test_the_prompt_room_is_the_most_a_request_may_send(
+    window: int, answer: int, ratio: float, fixed: int | None
+) -> None:
+    """The room is the converse of the answer cap's rule: a prompt of that size, the answer and the margin
+    fit the window; one token more does not."""
+    room = prompt_room(window, answer, ratio, fixed=fixed)
+    free = window - answer
+    if room > 0:
+        assert room + answer_margin(window, room, ratio, fixed=fixed) <= free
+    if room >= 0:
+        assert room + 1 + answer_margin(window, room + 1, ratio, fixed=fixed) > free

@@ -376,6 +376,44 @@ def test_a_conversation_too_big_for_the_summarizers_window_goes_as_a_transcript(
     assert roomy.requests[0].prefix == len(roomy.summarized)
 
 
+def test_the_summarizer_s_request_fits_the_window_as_its_server_counts() -> None:
+    """A server that counts 1.5 × ours (the session's learned ratio, design §4.5): the conversation that
+    rides the cache at our count goes as a transcript, clipped so that the server's count of it, the answer
+    and the margin fit; at our count it is as it was."""
+    counter = TokenCounter("gpt-4o")
+    window = 8_000
+    msgs: list[m.Message] = []
+    i = 0
+    while counter.count_messages(msgs) < window // 2:
+        msgs += turn(f"request {i}", 1, size=150, tag=f"t{i}")
+        i += 1
+    msgs += turn("latest", 0, size=10)
+
+    def plan(ratio: float) -> CompactionPlan:
+        planned = plan_compaction(
+            msgs,
+            trigger="threshold",
+            keep_tokens=50,
+            count=counter.count_message,
+            config=CONFIG,
+            summarizer_window=window,
+            count_text=counter.count_text,
+            cached_prefix=0,
+            count_ratio=ratio,
+        )
+        assert isinstance(planned, CompactionPlan)
+        return planned
+
+    [ours] = plan(1.0).requests
+    assert ours.prefix > 0  # rides the cache: the conversation itself
+    [request] = plan(1.5).requests
+    assert request.prefix == 0 and request.omitted > 0  # a transcript without its oldest messages
+    counted = counter.count_messages([m.system(request.system), m.user(request.prompt)])
+    assert 1.5 * counted + request.max_tokens <= window
+    assert 1.5 * counted + request.max_tokens > window - 500  # and the window is used, not wasted
+    assert request.max_tokens == ours.max_tokens == window // 4  # the summary's room is not what shrank
+
+
 def test_split_turn_without_a_summarizer_falls_back_for_each_part() -> None:
     msgs = turn("old", 1) + turn("long", 10)
     plan = plan_of(msgs, 800)

@@ -64,12 +64,57 @@ def test_overflow_in_each_vendor_format_compacts_and_retries_once(
     (start_event,) = recorder.of("compaction_start", sid)
     (end_event,) = recorder.of("compaction_end", sid)
     assert start_event.trigger == end_event.trigger == "overflow"
+    assert start_event.cause == end_event.cause == "refused"  # the provider refused the request
     assert end_event.tokens_after < end_event.tokens_before
     assert not recorder.of("error", sid)
     statuses = [r.outcome for r in tight_provider.request_log if r.model == model.split("/", 1)[1]]
     assert statuses.count("overflow") == 1 and statuses[-1] == "ok"  # the retried turn succeeded
     # The session goes on after recovery.
     assert rt.prompt(sid, "and one more").result(timeout=60).status == "ok"
+
+
+def test_a_request_counted_over_the_limit_compacts_before_it_is_sent_and_says_so(
+    rt: Any, recorder: Recorder
+) -> None:
+    """The turn's own emergency compaction (design §5.13): its threshold compaction did not help (its
+    summarizer failed, no fallback), the request is over the limit (window − reserve), so the runtime
+    compacts again before sending it. Its events say ``cause: counted``, not ``refused``: no provider
+    refused anything."""
+    from runtime.provider import LocalProvider
+    from runtime.provider.script import Fault
+
+    with LocalProvider(context_window=32_000) as provider:
+        model = chatty(provider, words=10)
+        summarizer = f"summarizer-{next(_names)}"
+        provider.add_script(
+            summarizer, [Turn(fault=Fault(kind="auth")), Turn(text="## Goal\nThe inventory.")]
+        )
+        sid = start(
+            rt,
+            provider,
+            model,
+            **{
+                "models.context_windows": {model: BELIEVED_WINDOW, f"openai/{summarizer}": BELIEVED_WINDOW},
+                "compaction.summarizer_model": f"openai/{summarizer}",
+                "compaction.fallback": False,
+            },
+        )  # limit 7,500, threshold 6,000
+        for i in range(4):
+            assert rt.prompt(sid, f"item {i}: " + "crate " * 1_000).result(timeout=60).status == "ok"
+        assert not recorder.of("compaction_start", sid)
+        result = rt.prompt(sid, "the big one: " + "pallet " * 3_500).result(timeout=60)
+        assert result.status == "ok", result.error
+        starts = [(e.trigger, e.cause) for e in recorder.of("compaction_start", sid)]
+        assert starts == [("threshold", None), ("overflow", "counted")]
+        (failed,) = recorder.of("compaction_failed", sid)
+        (end,) = recorder.of("compaction_end", sid)
+        assert (failed.trigger, failed.cause, end.trigger, end.cause) == (
+            "threshold",
+            None,
+            "overflow",
+            "counted",
+        )
+        assert [r.outcome for r in provider.request_log if r.model == model.split("/", 1)[1]] == ["ok"] * 5
 
 
 def test_a_second_overflow_in_the_same_turn_ends_it_cleanly(

@@ -169,7 +169,8 @@ def check(samples: dict[Any, float], rt: Any, seen: Seen) -> None:
     for (trigger, result), n in compactions.items():
         assert value(samples, "agentcell_compactions_total", trigger=trigger, result=result) == n
     assert total(samples, "agentcell_compactions_total") == sum(compactions.values())
-    assert value(samples, "agentcell_overflow_recoveries_total", trigger="overflow", result="compacted") == 1
+    recovered = {"trigger": "overflow", "cause": "refused", "result": "compacted"}  # the provider refused
+    assert value(samples, "agentcell_overflow_recoveries_total", **recovered) == 1
 
     tools = Counter("error" if e.is_error else "ok" for e in seen.of("tool_execution_end"))
     assert tools == {"ok": 2, "error": 1}

@@ -70,6 +70,12 @@
     manual: "asked for",
     usage_overflow: "after a silent overflow",
   };
+  // An overflow compaction's cause: the provider refused the request, or the runtime counted it over the
+  // limit and compacted before sending it (older runtimes say neither).
+  const triggerText = (ev) =>
+    ev.trigger === "overflow" && ev.cause === "counted"
+      ? "before an overflow (the next request was over the limit)"
+      : TRIGGERS[ev.trigger] || ev.trigger;
   const CACHE_BREAKS = {
     system_prompt: "the system prompt changed",
     tools: "the tools changed",
@@ -1011,7 +1017,7 @@
           ev,
           ev.trigger === "overflow" ? "overflow" : "compaction",
           label,
-          `${TRIGGERS[ev.trigger] || ev.trigger}: compacting ${plural(ev.messages_before, "message")}, ${int(ev.tokens_before)} tokens…`,
+          `${triggerText(ev)}: compacting ${plural(ev.messages_before, "message")}, ${int(ev.tokens_before)} tokens…`,
           { running: true, start: ev.ts },
         );
         refreshContext();
@@ -1021,11 +1027,12 @@
         let entry = sv.compaction;
         if (!entry) entry = child(ev, "compaction", "compaction", "", {});
         entry.kind = ev.trigger === "overflow" ? "overflow" : "compaction";
-        entry.label = ev.trigger === "overflow" ? "overflow recovery" : "compaction";
+        entry.label =
+          ev.trigger !== "overflow" ? "compaction" : ev.cause === "counted" ? "emergency compaction" : "overflow recovery";
         entry.running = false;
         entry.dur = entry.start ? duration(ev.ts - entry.start) : "";
         entry.text =
-          `${TRIGGERS[ev.trigger] || ev.trigger}: ${int(ev.tokens_before)} → ${int(ev.tokens_after)} tokens, ` +
+          `${triggerText(ev)}: ${int(ev.tokens_before)} → ${int(ev.tokens_after)} tokens, ` +
           `${int(ev.messages_before)} → ${plural(ev.messages_after, "message")}, ${ev.mode}` +
           (ev.summary_chars ? `, summary ${int(ev.summary_chars)} chars` : "") +
           (ev.fallback ? " (fallback summary)" : "");
@@ -1044,7 +1051,7 @@
         entry.kind = "error";
         entry.label = "compaction failed";
         entry.running = false;
-        entry.text = (ev.trigger ? `${TRIGGERS[ev.trigger] || ev.trigger}: ` : "") + ev.error;
+        entry.text = (ev.trigger ? `${triggerText(ev)}: ` : "") + ev.error;
         sv.compaction = null;
         touch(entry);
         break;
@@ -1360,7 +1367,7 @@
         svg(
           "line",
           { class: "compaction", x1: x(i), x2: x(i), y1: 0, y2: H },
-          svg("title", {}, `${clock(c.ts)} compaction ${TRIGGERS[c.trigger] || c.trigger}: ${int(c.tokens_before)} → ${int(c.tokens_after)} tokens`),
+          svg("title", {}, `${clock(c.ts)} compaction ${triggerText(c)}: ${int(c.tokens_before)} → ${int(c.tokens_after)} tokens`),
         ),
       );
     });
