@@ -1,4 +1,5 @@
-"""Reaching a Ray cluster: Ray itself (an optional extra), and the address checked before ``ray.init``.
+"""Reaching a Ray cluster: Ray itself (an optional extra), the address checked before ``ray.init``, and
+:func:`connect` (to a cluster, to the one this process is connected to, or to a local one it starts).
 
 ``ray.init(address=...)`` waits minutes on an address where nothing listens, or where something that is not
 Ray does. :func:`probe` answers in seconds: a Ray head's GCS (and a Ray client server) speaks gRPC, so it
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from runtime.cluster._errors import ClusterError, ClusterUnavailable
 
-__all__ = ["accepts", "check_address_form", "import_ray", "probe", "same_address", "split_address"]
+__all__ = ["accepts", "check_address_form", "connect", "import_ray", "probe", "same_address", "split_address"]
 
 
 def import_ray() -> Any:
@@ -98,4 +100,35 @@ def accepts(address: str, timeout: float = 3.0) -> bool:
         socket.create_connection((host, port), timeout=timeout).close()
     except (OSError, ValueError):
         return False
+    return True
+
+
+def connect(ray: Any, address: str | None, *, cpus: int, ray_init: Mapping[str, Any]) -> bool:
+    """Connect this process to the Ray cluster at ``address`` (checked with :func:`probe` first), or keep the
+    connection it has (which must be to that cluster), or start a local cluster with at least ``cpus`` CPUs
+    when ``address`` is None and there is none. ``ray_init``: more keyword arguments for ``ray.init``.
+    Returns whether this call connected (so that the caller disconnects)."""
+    if address is not None:
+        probe(address)
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address not in (None, "auto") and not same_address(address, current):
+            raise ClusterError(
+                f"this process is connected to the Ray cluster at {current} already; a process talks "
+                f"to one cluster at a time (ray.shutdown() first to use {address})"
+            )
+        return False
+    if address is not None:
+        try:
+            ray.init(address=address, **ray_init)
+        except Exception as exc:  # ConnectionError, RuntimeError, ...: Ray's own words say why
+            raise ClusterUnavailable(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+        return True
+    options: dict[str, Any] = {
+        "num_cpus": max(os.cpu_count() or 1, cpus),
+        "include_dashboard": False,
+        "_system_config": {"worker_niceness": 0},  # shards do the work: not at Ray's niceness 15
+        **ray_init,
+    }
+    ray.init(**options)
     return True

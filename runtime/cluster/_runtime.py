@@ -9,7 +9,8 @@
 Each shard is a Ray actor hosting a ``Runtime`` in its own process (:mod:`runtime.cluster._shard`); this
 object is the front. It places each session on a shard by rendezvous hashing of its id
 (:mod:`runtime.cluster._placement`), sends each call to the session's shard (:mod:`runtime.cluster._fleet`
-keeps track of where sessions are, and moves and fails them over), and relays the events every shard
+keeps track of where sessions are, and moves and fails them over; :mod:`runtime.cluster._turns` sends the
+turn calls and resolves their handles), and relays the events every shard
 pushes to its subscribers (:mod:`runtime.cluster._feeds`, :mod:`runtime.cluster._events`).
 
 The sessions directory must be one every shard sees (a shared filesystem path; the same path on every
@@ -29,7 +30,6 @@ moves only the sessions whose place changes, each resumed on its new shard from 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import math
@@ -47,19 +47,19 @@ from runtime.bus import Subscription
 from runtime.cluster import _wire
 from runtime.cluster._callbacks import Callbacks
 from runtime.cluster._capacity import Leases
-from runtime.cluster._channel import LOST
-from runtime.cluster._connect import check_address_form, import_ray, probe, same_address
-from runtime.cluster._errors import SHARD_LOST, ClusterError, ClusterUnavailable, ShardDied
+from runtime.cluster._connect import check_address_form, connect, import_ray
+from runtime.cluster._errors import ClusterError, ShardDied
 from runtime.cluster._events import Relay, check_types
 from runtime.cluster._feeds import Feeds
-from runtime.cluster._fleet import Fleet, Hosted, ShardRef
+from runtime.cluster._fleet import Fleet
 from runtime.cluster._loop import Loop
 from runtime.cluster._placement import owner
 from runtime.cluster._shard import Shard, ShardInfo
+from runtime.cluster._turns import TurnCalls
 from runtime.config import Config, load_config
 from runtime.context.estimate import ContextStats
-from runtime.handles import CompactionResult, Handle, PromptHandle, TurnResult
-from runtime.host import RuntimeStopped, SessionNotFound, _require_unicode, check_sendable
+from runtime.handles import CompactionResult, Handle, PromptHandle
+from runtime.host import _require_unicode, check_sendable
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.served import SessionSummary
@@ -75,9 +75,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentcell.cluster")
 
 __all__ = ["ClusterRuntime"]
-
-EVENTS_WAIT = 5.0
-"""The longest a handle waits for its turn's events to reach the front (see ``_after_events``)."""
 
 _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "require_approval")
 """What resuming a session needs that its log does not keep (the API key above all): kept in memory."""
@@ -143,6 +140,7 @@ class ClusterRuntime(RuntimeAPI):
         )
         self._feeds = Feeds(self._fleet)
         self._callbacks = Callbacks()
+        self._turns = TurnCalls(self._fleet, self._feeds)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> ClusterRuntime:
@@ -190,32 +188,8 @@ class ClusterRuntime(RuntimeAPI):
         return out
 
     def _connect(self, ray: Any) -> None:
-        if self.address is not None:
-            probe(self.address)
-        if ray.is_initialized():
-            current = ray.get_runtime_context().gcs_address
-            if self.address not in (None, "auto") and not same_address(self.address, current):
-                raise ClusterError(
-                    f"this process is connected to the Ray cluster at {current} already; a process talks "
-                    f"to one cluster at a time (ray.shutdown() first to use {self.address})"
-                )
-        elif self.address is not None:
-            try:
-                ray.init(address=self.address, **self._ray_init)
-            except Exception as exc:  # ConnectionError, RuntimeError, ...: Ray's own words say why
-                raise ClusterUnavailable(
-                    f"cannot connect to the Ray cluster at {self.address}: {exc}"
-                ) from None
-            self._owns_ray = True
-        else:
-            options: dict[str, Any] = {
-                "num_cpus": max(os.cpu_count() or 1, math.ceil(self.shard_count * self.shard_cpus)),
-                "include_dashboard": False,
-                "_system_config": {"worker_niceness": 0},  # shards do the work: not at Ray's niceness 15
-                **self._ray_init,
-            }
-            ray.init(**options)
-            self._owns_ray = True
+        cpus = math.ceil(self.shard_count * self.shard_cpus)
+        self._owns_ray = connect(ray, self.address, cpus=cpus, ray_init=self._ray_init)
         self._fleet.gcs_address = ray.get_runtime_context().gcs_address
 
     def _disconnect(self, ray: Any) -> None:
@@ -537,7 +511,7 @@ class ClusterRuntime(RuntimeAPI):
         _require_unicode(text, "prompt text")
         entry = self._fleet.hosted(session_id)
         handle = PromptHandle(prompt_id or new_id())
-        send = partial(self._send, session_id, handle, "prompt", (text, list(images), steer, handle.id))
+        send = partial(self._turns.send, session_id, handle, "prompt", (text, list(images), steer, handle.id))
         entry.gate.then(send)
         return handle
 
@@ -555,7 +529,7 @@ class ClusterRuntime(RuntimeAPI):
         entry = self._fleet.hosted(session_id)
         handle = PromptHandle(prompt_id or new_id())
         payload = (_wire.encode(list(messages)), _wire.encode(options), handle.id)
-        entry.gate.then(partial(self._send, session_id, handle, "send", payload))
+        entry.gate.then(partial(self._turns.send, session_id, handle, "send", payload))
         return handle
 
     def resumed_turn(self, session_id: str, timeout: float = 30.0) -> PromptHandle | None:
@@ -564,13 +538,13 @@ class ClusterRuntime(RuntimeAPI):
             return None
         handle = PromptHandle(str(prompt_id))
         entry = self._fleet.hosted(session_id)
-        entry.gate.then(partial(self._send, session_id, handle, "resumed_result", (handle.id,)))
+        entry.gate.then(partial(self._turns.send, session_id, handle, "resumed_result", (handle.id,)))
         return handle
 
     def abort(self, session_id: str) -> Handle[bool]:
         entry = self._fleet.hosted(session_id)
         handle: Handle[bool] = Handle(new_id())
-        entry.gate.then(partial(self._send, session_id, handle, "abort", ()))
+        entry.gate.then(partial(self._turns.send, session_id, handle, "abort", ()))
         return handle
 
     def compact(
@@ -580,151 +554,9 @@ class ClusterRuntime(RuntimeAPI):
             raise ValueError("keep_recent_tokens must be >= 0")
         entry = self._fleet.hosted(session_id)
         handle: Handle[CompactionResult] = Handle(new_id())
-        send = partial(self._send, session_id, handle, "compact", (keep_recent_tokens, instructions))
+        send = partial(self._turns.send, session_id, handle, "compact", (keep_recent_tokens, instructions))
         entry.gate.then(send)
         return handle
-
-    def _send(self, session_id: str, handle: Handle[Any], method: str, args: tuple[Any, ...]) -> None:
-        """Send a call whose answer resolves ``handle`` (once the session is not moving)."""
-        entry = self._fleet.sessions.get(session_id)
-        with self._fleet.lock:
-            shard = self._fleet.shards.get(entry.shard) if entry is not None else None
-        if entry is None or shard is None or not self._fleet.started:
-            handle.set_exception(SessionNotFound(f"no running session {session_id!r}"))
-            return
-        if entry.error is not None:
-            handle.set_exception(entry.error)
-            return
-        if not shard.alive:  # died a moment ago: send it once the session is resumed
-            entry.gate.then(partial(self._send, session_id, handle, method, args))
-            return
-        with self._fleet.lock:
-            entry.inflight += 1
-        channel = shard.channel if method != "resumed_result" else None
-        if channel is not None:
-            reply = partial(self._channel_answered, entry, shard, handle, method)
-            if channel.call(method, session_id, args, reply):
-                return
-        ref = getattr(shard.actor, method).remote(session_id, *args)
-        ref.future().add_done_callback(partial(self._answered, entry, shard, handle, method))
-
-    def _answered(
-        self,
-        entry: Hosted,
-        shard: ShardRef,
-        handle: Handle[Any],
-        method: str,
-        future: concurrent.futures.Future[Any],
-    ) -> None:
-        """The answer of a turn call sent as a Ray call."""
-        try:
-            value = future.result()
-        except BaseException as exc:
-            self._resolve(entry, handle, method, None, self._fleet.failure(exc, shard), shard)
-            return
-        self._resolve(entry, handle, method, value, None, shard)
-
-    def _channel_answered(
-        self,
-        entry: Hosted,
-        shard: ShardRef,
-        handle: Handle[Any],
-        method: str,
-        value: Any,
-        error: BaseException | None,
-    ) -> None:
-        """The answer of a turn call sent on the shard's channel (on the front's loop). A call its broken
-        channel answered with ``LOST`` waits for Ray to say whether the shard died."""
-        if error is LOST:
-            if self._fleet.started:
-                self._fleet.submit(self._lost_on_channel(entry, shard, handle, method))
-            else:
-                self._resolve(
-                    entry, handle, method, None, RuntimeStopped("stopped before the answer came"), shard
-                )
-            return
-        if value is not None and method != "abort":
-            value = tuple(value)  # (msgpack gives a list)
-        self._resolve(entry, handle, method, value, error, shard)
-
-    async def _lost_on_channel(
-        self, entry: Hosted, shard: ShardRef, handle: Handle[Any], method: str
-    ) -> None:
-        """A turn call whose channel broke: a dead shard resolves it as Ray calls are (``shard_lost``); a live
-        one, with an error (its outcome is unknown), and the shard's turn calls go as Ray calls until the
-        channel is connected again."""
-        self._resolve(entry, handle, method, None, await self._feeds.verdict(shard), shard)
-
-    def _resolve(
-        self,
-        entry: Hosted,
-        handle: Handle[Any],
-        method: str,
-        value: Any,
-        error: BaseException | None,
-        shard: ShardRef,
-    ) -> None:
-        with self._fleet.lock:
-            entry.inflight -= 1
-        turn = method in ("prompt", "send", "resumed_result")
-        if error is not None and turn and isinstance(error, ShardDied) and entry.session_id:
-            # the session is resumed from its log on another shard, which takes the turn up (design §3.12)
-            follow = partial(self._send, entry.session_id, handle, "resumed_result", (handle.id,))
-            entry.gate.then(follow)
-            return
-        if method == "resumed_result" and value is None:  # the new shard did not take the turn up
-            error = ShardDied(
-                "the turn's shard died and the shard that resumed its session did not take it up"
-            )
-        if error is not None:
-            if not isinstance(error, ShardDied):
-                handle.set_exception(error)
-                return
-            note = (
-                f"{SHARD_LOST}: {error}; the session is resumed from its log on another shard and this turn "
-                "is not retried (what it wrote before is kept): send the prompt again"
-            )
-            if turn:
-                handle.set_result(TurnResult(prompt_id=handle.id, status="error", error=note))
-            elif method == "compact":
-                handle.set_result(CompactionResult(compacted=False, reason=note))
-            else:  # abort: no turn runs on a dead shard
-                handle.set_result(False)
-            return
-        if turn:
-            data, positions = value
-            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
-        elif method == "compact":
-            data, positions = value
-            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_compaction(data)))
-        else:
-            handle.set_result(value)
-
-    def _after_events(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
-        """Call ``fn`` once this front has received the batch of the shard's events that holds the turn's
-        last (``positions``: front id -> batch number), so that, as on the local bus, a turn's events are
-        queued to every subscriber before its handle resolves. An answer on the turn channel comes after
-        that batch, so this is at once; one sent as a Ray call may overtake it. After
-        :data:`EVENTS_WAIT` seconds ``fn`` runs anyway: a handle must resolve."""
-        wanted = positions.get(self._feeds.front_id)
-        inbound = shard.inbound
-        if wanted is None or inbound is None or inbound.received >= wanted:
-            fn()
-            return
-        lock = threading.Lock()
-        done = [False]
-
-        def once() -> None:
-            with lock:
-                if done[0]:
-                    return
-                done[0] = True
-            fn()
-
-        loop = self._fleet.loop
-        if loop is not None:
-            loop.loop.call_soon_threadsafe(loop.loop.call_later, EVENTS_WAIT, once)
-        inbound.when(wanted, once)
 
     def approve(
         self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
