@@ -30,9 +30,10 @@ their output.
 Modules: :mod:`.items` (items ↔ messages), :mod:`.api` (request, response, usage and error shapes),
 :mod:`.stream` (events → the API's stream events), :mod:`.sealing` (reasoning and compaction points sealed
 for a client to hold) and :mod:`.threads` (which session a stateless client's request goes on with) are
-pure; :mod:`.records` keeps responses and conversations on disk; :mod:`.door` runs a response on a
-session; :mod:`.compaction` is ``responses.compact``; :mod:`.catalog` answers models and token counts;
-:mod:`.routes` is the HTTP side.
+pure; :mod:`.records` keeps responses and conversations on disk; :mod:`.door` prepares a response,
+orders it on its session and keeps what it leaves; :mod:`.runs` runs its turn on the session;
+:mod:`.compaction` is ``responses.compact``; :mod:`.catalog` answers models and token counts; :mod:`.routes`
+is the HTTP side.
 """
 
 from runtime.apps.responses.routes import RequestIds, responses_routes

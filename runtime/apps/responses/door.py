@@ -1,9 +1,10 @@
-"""The front door's work: a response request run on a session, and what is kept of it (I/O lives here).
+"""The front door's work: a response request checked and prepared (where it goes on from, on which session),
+its run ordered on its session, and what is kept of it (I/O lives here).
 
 :class:`FrontDoor` owns the records (:mod:`records`), one lock per session (or new conversation: two
 requests never run on one tree at once; the second waits), and the runs in progress. Each run is an
 asyncio task of its own: a client that goes away mid-stream leaves it running to the end, and its
-response is kept and can be retrieved or continued.
+response is kept and can be retrieved or continued. A run's turn on its session is :mod:`runs`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from typing import Any
 import msgspec
 
 from actors.protocol import TurnOptions
-from runtime import events as ev
 from runtime.apps.responses import items as it
 from runtime.apps.responses.api import (
     AGENTCELL_EVENTS,
     ENCRYPTED_REASONING,
     ApiError,
-    ClientTools,
     CreateResponse,
     ResponseRecord,
     check_max_output_tokens,
@@ -35,63 +34,18 @@ from runtime.apps.responses.api import (
     not_found,
     request_tools,
     unsupported,
-    usage_object,
 )
 from runtime.apps.responses.records import ConversationRecord, Records, new_response_id
+from runtime.apps.responses.runs import STREAM_END, Run, Stateless, run_turn
 from runtime.apps.responses.sealing import Sealer
-from runtime.apps.responses.stream import StreamTranslator
 from runtime.apps.responses.threads import Thread, Threads, chain, extend, seed
-from runtime.handles import TurnResult
 from runtime.messages import Message
 from runtime.served import served
 
 log = logging.getLogger("agentcell.responses")
 
-STREAM_END = object()  # what ends a run's event queue
-
 MAX_QUEUED = 16
 """Responses that may wait for one session at a time; past it a request is a 429 (``too_many_queued_responses``)."""
-
-
-class Run:
-    """One response being made: its record, its stream's events (a queue, when streamed), its task."""
-
-    def __init__(
-        self,
-        record: ResponseRecord,
-        streamed: bool,
-        tools: ClientTools,
-        shape: it.Shape = it.PLAIN,
-        extra_events: bool = False,
-    ) -> None:
-        self.record = record
-        self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if streamed else None
-        self.translator = StreamTranslator(tools.names, shape=shape, extra_events=extra_events)
-        self.shape = shape
-        self.not_offered = tools.not_offered  # hosted tools the client declared: not offered to the model
-        self.task: asyncio.Task[None] | None = None
-        self.session_id: str | None = None
-        self.cancelled = False
-        self.sent = False  # its turn was sent to the session (a cancel aborts it from then on)
-        self.queued = False  # it counts among the responses waiting for its session
-        self.copied = False  # store: false, run in a copy of the stored session it goes on from
-        self.deleted = False
-        self.http_status = 200
-        self.stateless: Stateless | None = None  # (no previous_response_id, no conversation)
-        self.replay: list[Message] = []  # an interrupted response's input, sent again if its session lacks it
-
-    def send(self, events: list[dict[str, Any]]) -> None:
-        if self.queue is not None:
-            for event in events:
-                self.queue.put_nowait(event)
-
-
-class Stateless:
-    """A response of a client that keeps its own history: its input's digest and length, the thread it
-    went on with (if any), its ``prompt_cache_key``."""
-
-    def __init__(self, digest: bytes, length: int, thread: Thread | None, cache_key: str | None) -> None:
-        self.digest, self.length, self.thread, self.cache_key = digest, length, thread, cache_key
 
 
 class FrontDoor:
@@ -465,14 +419,14 @@ class FrontDoor:
             async with self.lock(run.session_id):
                 self._leave_queue(run)
                 if run.cancelled:
-                    self._end(run, "cancelled", None)
+                    run.end("cancelled", None)
                 else:
-                    await self._turn(run, messages, options, model)
+                    await run_turn(self.runtime, self.hosted, run, messages, options, model)
         except Exception as exc:  # the run fails, in the API's shape; the server goes on
             log.exception("response %s failed", record.id)
             status, error = failure("internal", f"{type(exc).__name__}: {exc}")
             run.http_status = status
-            self._end(run, "failed", error)
+            run.end("failed", error)
         finally:
             self._leave_queue(run)
         record.completed_at = time.time() if record.status == "completed" else None
@@ -489,89 +443,6 @@ class FrontDoor:
                 run.queue.put_nowait(STREAM_END)
             self.runs.pop(record.id, None)
 
-    async def _turn(self, run: Run, messages: list[Message], options: TurnOptions, model: str) -> None:
-        runtime, record = self.runtime, run.record
-        sid = run.session_id
-        assert sid is not None
-        await self.hosted(sid)
-        before = await runtime.amessages(sid)
-        if (before[-1].id if before else None) != record.start_leaf and record.start_leaf is not None:
-            await runtime.abranch(sid, record.start_leaf)  # an older response: its branch of the tree
-        recorded = {m.id for m in before}
-        missing = [m for m in run.replay if m.id not in recorded]  # (the server stopped before it was)
-        messages = [*missing, *messages]
-        summary = served(runtime).session_summary(sid)  # (in memory: a local runtime's)
-        if summary.model != model:
-            await runtime.aset_model(sid, model)
-        # a stream needs every event of the turn; an answer in one piece only where it starts and ends
-        types = None if run.queue is not None else ("agent_start", "agent_end", "error")
-        if run.cancelled:  # (cancelled while it waited for the session)
-            self._end(run, "cancelled", None)
-            return
-        subscription = runtime.subscribe(sid, types)
-        try:
-            handle = runtime.send(sid, messages, options=options)
-            run.sent = True
-            code = await self._follow(run, subscription, handle)
-        finally:
-            subscription.close()
-        result: TurnResult = await handle
-        after = await runtime.amessages(sid)
-        inputs = {m.id for m in messages}
-        last_input = max((i for i, m in enumerate(after) if m.id in inputs), default=-1)
-        new = [m for m in after[last_input + 1 :] if m.id not in inputs]
-        record.output = it.to_items(new, shape=run.shape)
-        record.usage = usage_object(result.usage)
-        record.leaf_id = after[-1].id if after else None
-        record.awaiting = [c.id for c in result.awaiting]
-        if result.status == "ok":
-            final = result.message
-            if final is not None and final.stop_reason == "length":
-                self._end(run, "incomplete", None, {"reason": "max_output_tokens"})
-            else:
-                self._end(run, "completed", None)
-        elif result.status == "aborted":
-            self._end(run, "cancelled", None)
-        else:
-            status, error = failure(code or "error", result.error or "the run failed")
-            run.http_status = status
-            self._end(run, "failed", error)
-
-    async def _follow(self, run: Run, subscription: Any, handle: Any) -> str | None:
-        """Translate the run's events until its ``agent_end``; the error code it ended with, if any."""
-        turn: str | None = None
-        code: str | None = None
-        iterator = subscription.__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(0.5):  # (no task per event, as wait_for would make)
-                    event = await iterator.__anext__()
-            except TimeoutError:
-                if handle.done():  # (agent_end comes before the handle resolves: nothing is left)
-                    return code
-                continue
-            except StopAsyncIteration:
-                return code
-            if isinstance(event, ev.AgentStart):
-                if event.prompt_id == handle.id:
-                    turn = event.turn_id
-                continue
-            if turn is None:
-                continue
-            if getattr(event, "turn_id", turn) not in (turn, None):
-                continue  # another turn's event (a prompt sent to the session by other means)
-            if isinstance(event, ev.ErrorOccurred) and event.turn_id == turn:
-                code = event.code
-            if isinstance(event, ev.AgentEnd) and event.turn_id == turn:
-                return code
-            if run.queue is None:
-                continue
-            run.send(run.translator.on_event(event))
-            if isinstance(event, ev.MessageAppended) and event.role == "tool" and run.translator.waiting:
-                assert run.session_id is not None
-                recent = await self.runtime.amessages(run.session_id)
-                run.send(run.translator.results(m for m in recent[-64:] if m.role == "tool"))
-
     def _leave_queue(self, run: Run) -> None:
         if not run.queued or run.session_id is None:
             return
@@ -581,11 +452,6 @@ class FrontDoor:
             self._queued[run.session_id] = left
         else:
             self._queued.pop(run.session_id, None)
-
-    def _end(self, run: Run, status: Any, error: dict[str, Any] | None, incomplete: Any = None) -> None:
-        run.record.status = status
-        run.record.error = error
-        run.record.incomplete_details = incomplete
 
     async def _copy(self, session_id: str, leaf_id: str | None) -> tuple[list[Message], str | None]:
         """What a ``store: false`` response that goes on from a stored one (or in a conversation) sends a

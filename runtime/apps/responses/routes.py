@@ -25,8 +25,9 @@ from runtime.apps.responses.api import (
     list_page,
     not_found,
 )
-from runtime.apps.responses.door import STREAM_END, FrontDoor, Run
+from runtime.apps.responses.door import FrontDoor
 from runtime.apps.responses.records import ConversationRecord, new_conversation_id
+from runtime.apps.responses.runs import STREAM_END, Run
 
 log = logging.getLogger("agentcell.responses")
 
