@@ -465,3 +465,25 @@ def test_a_steering_message_that_finds_no_step_boundary_runs_next(
     assert handle.result(timeout=20).text == "first"
     assert steer.result(timeout=20).text == "second"
     assert len(recorder.of("agent_start", sid)) == 2
+
+
+def test_a_crashed_turn_nobody_takes_up_ends_for_subscribers_too() -> None:
+    """A crashed agent's turn that no successor takes up (its session's actors kept crashing) is answered
+    with an error, and its ``agent_start`` gets its ``error`` and ``agent_end`` as any turn's does (the
+    spans end it from them, design §7.5); before, the handle was answered and the events said nothing."""
+    from actors.agent import abandon
+    from runtime.bus import EventBus
+    from runtime.turn.state import Handover, TurnState
+    from tests.turn.world import prompt
+
+    bus = EventBus()
+    seen = bus.subscribe()
+    run = TurnState(prompt=prompt("hi"))
+    run.step = 2
+    queued = prompt("next")
+    abandon(Handover(run, [queued]), "the session's actors kept crashing", bus, "s1")
+    error, end = seen.drain()
+    assert (error.type, error.code, error.turn_id) == ("error", "agent_crashed", run.turn_id)
+    assert (end.type, end.turn_id, end.status, end.steps) == ("agent_end", run.turn_id, "error", 2)
+    assert run.prompt.handle.result(timeout=1).status == "error"
+    assert queued.handle.result(timeout=1).status == "error"
