@@ -437,7 +437,7 @@ class SessionStore(PooledActor):
                 for step in message.steps:
                     tree.apply(step)
                     if step.kind == "turn" and self.turns is not None:  # (its line goes before the record)
-                        self.turns.opened(self.session_id, self._fsync)
+                        self.turns.opened(self.session_id, self._fsync, self._log.name)
                 appended = tuple(tree.append(m, parent_id if i == 0 else None) for i, m in enumerate(batch))
                 entries: tuple[Entry, ...] = (*message.steps, *appended)
                 self._write(entries, reply_to, self.view() if with_view else None)
@@ -452,7 +452,7 @@ class SessionStore(PooledActor):
             case RecordStep(step=step, reply_to=reply_to):
                 tree.apply(step)
                 if step.kind == "resumed" and self.turns is not None:  # a turn taken up is open here now
-                    self.turns.opened(self.session_id, self._fsync)
+                    self.turns.opened(self.session_id, self._fsync, self._log.name)
                 self._write((step,), reply_to, restart_on_failure=False)
             case RecordCompaction():
                 entry = tree.record_compaction(

@@ -275,7 +275,8 @@ class SessionLog:
         self.path = Path(path)
         self.writer = writer
         self.fsync: FsyncPolicy = fsync or writer.fsync
-        self._name = os.fspath(path)  # a str: cheaper to hand over per append than a Path
+        self.name = os.fspath(path)
+        """The path as the writer knows it (a str: cheaper to hand over per append than a Path)."""
 
     def read(self, *, repair: bool = True) -> tuple[list[Entry], RecoveryInfo]:
         """Read the log (see :func:`read_log`); call :meth:`reset` first if this process wrote to it."""
@@ -283,21 +284,21 @@ class SessionLog:
 
     def reset(self, timeout: float | None = None) -> None:
         """Wait for writes queued to this log and clear a failed write (see :meth:`LogWriter.reset`)."""
-        self.writer.reset(self._name, timeout)
+        self.writer.reset(self.name, timeout)
 
     def append(self, entry: Entry, on_done: OnDone | None = None) -> None:
         """Queue one entry."""
-        self.writer.append(self._name, encode_entry(entry), on_done, fsync=self.fsync)
+        self.writer.append(self.name, encode_entry(entry), on_done, fsync=self.fsync)
 
     def append_many(self, entries: list[Entry], on_done: OnDone | None = None) -> None:
         """Queue several entries as one write: ``on_done`` once, when all of them are written."""
         data = b"".join(encode_entry(e) for e in entries)
-        self.writer.append(self._name, data, on_done, fsync=self.fsync)
+        self.writer.append(self.name, data, on_done, fsync=self.fsync)
 
     def sync(self, on_done: OnDone | None = None) -> None:
         """The end of a turn: make what was appended durable (unless the policy is ``never``)."""
-        self.writer.sync(self._name, on_done, fsync=self.fsync)
+        self.writer.sync(self.name, on_done, fsync=self.fsync, ends_turn=True)
 
     def close(self, on_done: OnDone | None = None) -> None:
         """After the queued writes, make the log durable (unless ``never``) and release its descriptor."""
-        self.writer.close_file(self._name, on_done, fsync=self.fsync)
+        self.writer.close_file(self.name, on_done, fsync=self.fsync)

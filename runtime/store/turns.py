@@ -13,12 +13,15 @@ they leave open into this runtime's own journal, deletes them, and lists the ope
 runtime hosts: resuming one takes its turn up (the agent decides from the log, design §3.12).
 
 Order keeps it exact: a turn's ``+`` line is written before its start record (the writer writes the
-journal first in a round, :meth:`~runtime.store.writer.LogWriter.append_from` ``first``), under
-``persistence.fsync = "always"`` fsynced with it; its ``-`` line is written once the turn's end is in the
-log (lazily: with the writer's next round). A journal that says a turn is open when its log says it ended
-costs a resume that finds nothing to take up (the store then closes it, :meth:`TurnJournal.settled`); the
-other way round cannot happen. Under ``turn`` and ``never`` the journal is not fsynced: a machine crash
-may lose its newest lines, and a turn it lost is taken up when its session is next used, as before.
+journal first in a round, :meth:`~runtime.store.writer.LogWriter.append_from` ``first``) and is as durable
+as that record under the session's ``persistence.fsync``: under ``always`` fsynced before it; under
+``turn`` fsynced in the first writer round that fsyncs a log (a turn's end anywhere in the runtime), before
+that log (:meth:`~runtime.store.writer.LogWriter.sync_along`), so one fsync a round more at most, and none
+when the only lines waiting are those of the turns that fsync ends (their ends are durable with it: one
+session's turns back to back cost one fsync each, as without a journal); under ``never`` not at all. Its ``-`` line is written once the turn's end is in the log (lazily: with the
+writer's next round) and never waits for an fsync of its own: a journal that says a turn is open when its
+log says it ended costs a resume that finds nothing to take up (the store then closes it,
+:meth:`TurnJournal.settled`); the other way round cannot happen once the log's start record was fsynced.
 
 The journal grows two lines a turn; when its lines outnumber four times the open turns (and at least
 :data:`COMPACT_LINES`), it is rewritten with the open ones only (a new file, flocked, renamed over). A
@@ -46,6 +49,7 @@ log = logging.getLogger("agentcell.store")
 TURNS_DIR: Final = "turns"
 _SUFFIX: Final = ".jsonl"
 COMPACT_LINES: Final = 4096  # lines a journal gathers before it is rewritten with the open turns only
+_POLICIES: Final[tuple[FsyncPolicy, ...]] = ("never", "turn", "always")  # weakest first
 
 
 def read_journal(data: bytes) -> list[str]:
@@ -68,7 +72,8 @@ def read_journal(data: bytes) -> list[str]:
 class TurnJournal:
     """This runtime's open-turns journal under ``root`` (see the module docstring). Thread-safe.
 
-    ``fsync``: the runtime's policy (``always`` fsyncs a ``+`` line before the turn's start record)."""
+    ``fsync``: the runtime's policy (``always`` fsyncs a ``+`` line before the turn's start record, ``turn``
+    with the next log the writer fsyncs); a session's own policy, given to :meth:`opened`, wins."""
 
     def __init__(self, root: Path, writer: LogWriter, *, fsync: FsyncPolicy) -> None:
         self.folder = root / TURNS_DIR
@@ -78,8 +83,10 @@ class TurnJournal:
         self._open: dict[str, int] = {}  # session id -> the mark of its newest turn's start
         self._mark = 0
         self._pending: list[bytes] = []  # lines not taken by the writer yet
-        self._queued_first = False  # a `first` append is queued and has not taken its lines yet
-        self._queued_always = False  # ... and it fsyncs
+        self._pending_logs: list[str] = []  # the logs whose turns the pending ``+`` lines open
+        self._logs: dict[str, str] = {}  # session id -> the log of its open turn (its id if not told)
+        self._exposed: set[str] = set()  # logs whose open turn's ``+`` line is written but not fsynced
+        self._queued_first = -1  # the strongest policy of the `first` appends queued that took no lines yet
         self._queued_lazy = False  # a lazy append is queued (``-`` lines)
         self._lines = 0  # lines in the file (since its last rewrite)
         self._compacting = False
@@ -89,23 +96,28 @@ class TurnJournal:
         self._claimed = False
         self._claiming = False  # a claim is queued to the writer
         self._flock = -1
+        writer.sync_along(
+            self.path, self
+        )  # (its ``turn`` lines: fsynced with the next log the writer fsyncs)
 
     # -- a session's turns (any thread) ------------------------------------------------------------------
 
-    def opened(self, session_id: str, fsync: FsyncPolicy | None = None) -> int:
+    def opened(self, session_id: str, fsync: FsyncPolicy | None = None, log: str | None = None) -> int:
         """A turn of ``session_id`` starts (or is taken up): queue its line before its start record (call
-        this before queuing that record). Returns the turn's mark, for :meth:`closed`."""
-        always = (fsync or self._fsync) == "always"
+        this before queuing that record), as durable as that record under ``fsync`` (the session's policy;
+        ``log``: the path the writer knows its log by). Returns the turn's mark, for :meth:`closed`."""
+        need = _POLICIES.index(fsync or self._fsync)
         with self._lock:
             self._mark += 1
             mark = self._open[session_id] = self._mark
             self._pending.append(b"+" + session_id.encode() + b"\n")
-            queue = not self._queued_first or (always and not self._queued_always)
+            self._logs[session_id] = key = log if log is not None else session_id
+            self._pending_logs.append(key)
+            queue = need > self._queued_first  # (an append that fsyncs as this line needs is not queued yet)
             if queue:
-                self._queued_first = True
-                self._queued_always = self._queued_always or always
+                self._queued_first = need
         if queue:
-            self._queue(first=True, fsync="always" if always else "never")
+            self._queue(first=True, fsync=_POLICIES[need])
         return mark
 
     def mark(self, session_id: str) -> int | None:
@@ -120,8 +132,9 @@ class TurnJournal:
             if current is None or (mark is not None and current != mark):
                 return
             del self._open[session_id]
+            self._exposed.discard(self._logs.pop(session_id, session_id))  # (its end is durable)
             self._pending.append(b"-" + session_id.encode() + b"\n")
-            queue = not (self._queued_first or self._queued_lazy)
+            queue = not (self._queued_first >= 0 or self._queued_lazy)
             self._queued_lazy = self._queued_lazy or queue
         if queue:
             self._queue(lazy=True)
@@ -255,18 +268,35 @@ class TurnJournal:
         self.claim()
 
     def _take(self, _path: str) -> bytes:
+        """The pending lines, for the first append of the round to take them (one that fsyncs as a line
+        needs and finds them taken makes them durable all the same: the writer counts its policy)."""
         if not self._claimed:  # (it could not be made: a rewrite makes it, flocked, with every open turn)
             self._broken = True
             return b""
         with self._lock:
             lines, self._pending = self._pending, []
-            self._queued_first = self._queued_always = self._queued_lazy = False
+            self._exposed.update(self._pending_logs)
+            self._pending_logs = []
+            self._queued_first, self._queued_lazy = -1, False
             self._lines += len(lines)
             compact = not self._compacting and self._lines > max(COMPACT_LINES, 4 * len(self._open))
             self._compacting = self._compacting or compact
         if compact:
             self._writer.call(_path, self._rewrite, self._rewritten)
         return b"".join(lines)
+
+    def needed(self, ending: str | None) -> bool:
+        """The writer is about to fsync a log (``ending``: one whose fsync ends its turn): whether this
+        journal must be fsynced first, i.e. a turn it lists open has its line written, not fsynced, and
+        does not end with that fsync (:class:`~runtime.store.writer.Along`)."""
+        with self._lock:
+            exposed = self._exposed
+            return len(exposed) > (1 if ending in exposed else 0)
+
+    def synced(self) -> None:
+        """The writer fsynced this journal: every line written so far is durable."""
+        with self._lock:
+            self._exposed.clear()
 
     def _written(self, error: Exception | None) -> None:
         if error is not None:
@@ -281,6 +311,8 @@ class TurnJournal:
         """Rewrite the journal with the open turns only: a new file, flocked, then renamed over."""
         with self._lock:
             self._pending.clear()  # (what they said is in the open turns below)
+            self._pending_logs.clear()
+            self._queued_first, self._queued_lazy = -1, False  # (an append queued meanwhile takes nothing)
             data = b"".join(b"+" + sid.encode() + b"\n" for sid in self._open)
             self._lines = len(self._open)
         folder = os.path.dirname(path)

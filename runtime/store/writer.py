@@ -17,6 +17,11 @@ and every later write to that file fails too until :meth:`LogWriter.reset`, so a
 One thread serves any number of sessions; open files are kept in a small LRU so 100,000 sessions do not
 need 100,000 descriptors. Operations marked ``lazy`` (the event transcript's lines) do not wake the thread
 themselves: they go with the next operation that does, or after ``lazy_delay`` seconds.
+
+One file may go *along* with the logs (:meth:`LogWriter.sync_along`: the runtime's journal of open turns):
+what was appended to it under ``turn`` is fsynced in the first round that fsyncs another file, before that
+file, when it says it must be (not for the turn the fsync ends), so it is as durable as the logs it guards
+at one fsync more a round at most.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from runtime.affinity import place_thread
 from runtime.errors import LogWriteError, WriterClosedError
@@ -39,6 +44,7 @@ __all__ = [
     "FSYNC_POLICIES",
     "LAZY_DELAY",
     "MAX_OPEN_FILES",
+    "Along",
     "FsyncPolicy",
     "LogWriteError",
     "LogWriter",
@@ -67,6 +73,19 @@ _FILE_MODE: Final = 0o600  # transcripts and logs hold conversations: owner only
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 
+class Along(Protocol):
+    """A file fsynced along with the others (:meth:`LogWriter.sync_along`): the journal of open turns."""
+
+    def needed(self, ending: str | None) -> bool:
+        """Whether what was written to it must be durable before another file is fsynced: ``ending`` is
+        that file when its fsync ends a turn (the turn's own line need not be), else None."""
+        ...
+
+    def synced(self) -> None:
+        """What was written to it is durable now (called on the writer's thread)."""
+        ...
+
+
 @dataclass(slots=True)
 class _Op:
     kind: int
@@ -78,6 +97,7 @@ class _Op:
     event: threading.Event | None = None
     reset: bool = False
     first: bool = False  # its file is written before the other files of its round
+    ends_turn: bool = False  # a sync that makes a turn's end durable
 
 
 @dataclass(slots=True)
@@ -130,6 +150,9 @@ class LogWriter:
         self._new_names: set[str] = set()  # created, but their directory entry is not fsynced yet
         self._new_folders: dict[str, list[str]] = {}  # file -> folders made for it, their names not fsynced
         self._failed: dict[str, OSError] = {}  # files with an undone write: refuse until reset()
+        self._along: str | None = None  # the file fsynced along with the others (sync_along)
+        self._along_file: Along | None = None
+        self._along_due = False  # ... and lines appended to it under ``turn`` wait for an fsync
         self._inflight: dict[str, int] = {}  # operations queued per file and not yet done (under _cond)
         self._cpus = cpus  # where the thread runs (runtime.cpu); None: wherever the OS puts it
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -166,9 +189,19 @@ class LogWriter:
         op = _Op(_APPEND, os.fspath(path), b"", on_done, fsync or self.fsync, fn=take, first=first)
         self._put(op, lazy=lazy)
 
-    def sync(self, path: StrPath, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None) -> None:
-        """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end."""
-        self._put(_Op(_SYNC, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
+    def sync(
+        self,
+        path: StrPath,
+        on_done: OnDone | None = None,
+        *,
+        fsync: FsyncPolicy | None = None,
+        ends_turn: bool = False,
+    ) -> None:
+        """Make everything appended to ``path`` so far durable (a no-op under ``never``): a turn's end
+        (``ends_turn``: the turn's line in the file that goes along, :meth:`sync_along`, need not be)."""
+        self._put(
+            _Op(_SYNC, os.fspath(path), on_done=on_done, policy=fsync or self.fsync, ends_turn=ends_turn)
+        )
 
     def write_file(
         self, path: StrPath, data: bytes, on_done: OnDone | None = None, *, fsync: FsyncPolicy | None = None
@@ -196,6 +229,16 @@ class LogWriter:
     ) -> None:
         """After the operations queued for ``path``, make it durable (unless ``never``) and close it."""
         self._put(_Op(_CLOSE, os.fspath(path), on_done=on_done, policy=fsync or self.fsync))
+
+    def sync_along(self, path: StrPath | None, along: Along | None = None) -> None:
+        """Make ``path`` (the journal of open turns, ``along``) as durable as the files it guards: lines
+        appended to it with the ``turn`` policy are fsynced in the first round that fsyncs another file (a
+        turn's end, :meth:`sync`, :meth:`close_file`), before that file, if ``along`` says they must be
+        (``along.needed``); once a round at most, and not at all in a round that fsyncs nothing. ``None``:
+        no such file."""
+        with self._cond:
+            self._along = None if path is None else os.fspath(path)
+            self._along_file, self._along_due = along, False
 
     def reset(self, path: StrPath, timeout: float | None = None) -> None:
         """Block until every operation queued for ``path`` is done, and forget a failed write to it.
@@ -320,7 +363,7 @@ class LogWriter:
                     assert isinstance(lines, bytes), f"append_from gave {type(lines).__name__}, not bytes"
                     op.data = lines
                     if not lines:  # taken by an earlier operation (or dropped): nothing to write
-                        _finish(op, None)
+                        self._taken_before(path, op, run)
                         continue
                 run.append(op)
                 continue
@@ -330,7 +373,7 @@ class LogWriter:
             error: Exception | None = None
             try:
                 if op.kind == _SYNC:
-                    self._sync(path, op.policy)
+                    self._sync(path, op.policy, ends_turn=op.ends_turn)
                 elif op.kind == _WRITE_FILE:
                     self._write_whole(path, op.data, op.policy)
                 elif op.kind == _CALL:
@@ -352,6 +395,27 @@ class LogWriter:
         if run:
             self._write_run(path, run)
 
+    def _taken_before(self, path: str, op: _Op, run: list[_Op]) -> None:
+        """``op``'s lines were taken by an earlier operation, which may fsync less: ``op``'s policy holds for
+        them all the same (the open-turns journal queues an ``always`` append behind a ``never`` one)."""
+        if run:  # taken in this round: written with the run, fsynced as its strongest operation says
+            run.append(op)
+            return
+        error: Exception | None = None
+        if path in self._unsynced:  # written in an earlier round, not fsynced since
+            if op.policy == "always":
+                try:
+                    self._fsync_file(path)
+                    self._unsynced.discard(path)
+                    if path == self._along:
+                        self._along_synced()
+                except OSError as exc:
+                    self.stats.errors += 1
+                    error = exc
+            elif op.policy == "turn" and path == self._along:
+                self._along_due = True
+        _finish(op, error)
+
     def _write_run(self, path: str, run: list[_Op]) -> None:
         failed = self._failed.get(path)
         if failed is not None:
@@ -369,8 +433,12 @@ class LogWriter:
                 if any(op.policy == "always" for op in run):
                     _fdatasync(fd)
                     self.stats.fsyncs += 1
+                    if path == self._along:
+                        self._along_synced()
                 else:
                     self._unsynced.add(path)
+                    if path == self._along and any(op.policy == "turn" for op in run):
+                        self._along_due = True
             except OSError:
                 self._undo(path, fd, start)
                 raise
@@ -392,9 +460,24 @@ class LogWriter:
             self._failed[path] = exc
         self._release(path)
 
-    def _sync(self, path: str, policy: FsyncPolicy) -> None:
+    def _sync(self, path: str, policy: FsyncPolicy, *, ends_turn: bool = False) -> None:
         if policy == "never" or path not in self._unsynced:
             return
+        if self._along_due and path != self._along:  # (what guards the turns under way, first)
+            along = self._along_file
+            if along is None or along.needed(path if ends_turn else None):
+                self._sync_along()
+        self._fsync_file(path)
+        self._unsynced.discard(path)
+        if path in self._new_names:
+            self._new_names.discard(path)
+            for folder in self._new_folders.pop(path, ()):  # a shard folder made for it: its name first
+                if folder in self._new_names:
+                    self._new_names.discard(folder)
+                    fsync_dir(os.path.dirname(folder) or ".")
+            fsync_dir(os.path.dirname(path) or ".")
+
+    def _fsync_file(self, path: str) -> None:
         fd = self._files.get(path)
         if fd is None:  # evicted since the write: fsync through a fresh descriptor (same inode)
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -405,14 +488,30 @@ class LogWriter:
         else:
             _fdatasync(fd)
         self.stats.fsyncs += 1
-        self._unsynced.discard(path)
-        if path in self._new_names:
-            self._new_names.discard(path)
-            for folder in self._new_folders.pop(path, ()):  # a shard folder made for it: its name first
-                if folder in self._new_names:
-                    self._new_names.discard(folder)
-                    fsync_dir(os.path.dirname(folder) or ".")
-            fsync_dir(os.path.dirname(path) or ".")
+
+    def _sync_along(self) -> None:
+        """fsync the file that goes along with the others (:meth:`sync_along`); a failure is logged, not the
+        other file's: it is tried again in the next round that fsyncs."""
+        along = self._along
+        assert along is not None
+        try:
+            self._fsync_file(along)
+        except FileNotFoundError:  # (deleted: nothing of it to keep)
+            pass
+        except OSError:
+            self.stats.errors += 1
+            log.exception("fsync of %s failed", along)
+            return
+        self._unsynced.discard(along)
+        self._along_synced()
+
+    def _along_synced(self) -> None:
+        self._along_due = False
+        if self._along_file is not None:
+            try:
+                self._along_file.synced()
+            except Exception:
+                log.exception("a log writer callback raised")
 
     def _write_whole(self, path: str, data: bytes, policy: FsyncPolicy) -> None:
         folder = os.path.dirname(path) or "."

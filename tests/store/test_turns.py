@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from runtime import Runtime
 from runtime.provider import Turn
@@ -124,3 +128,118 @@ def test_the_journal_is_rewritten_with_the_open_turns_only_as_it_grows(tmp_path:
         writer.close()
         journal.close()
     assert read_journal(path.read_bytes()) == ["stays"]  # stopped with a turn open: kept for the next
+
+
+class _Fsyncs:
+    """The files the log writer fsyncs (by name), in order: ``runtime.store.writer._fdatasync`` wrapped."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from runtime.store import writer
+
+        self.names: list[str] = []
+        real = writer._fdatasync
+
+        def fdatasync(fd: int) -> None:
+            self.names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            real(fd)
+
+        monkeypatch.setattr(writer, "_fdatasync", fdatasync)
+
+    def take(self) -> list[str]:
+        names, self.names = self.names, []
+        return names
+
+
+@contextmanager
+def _one_round(writer: LogWriter, tmp_path: Path) -> Iterator[None]:
+    """What is queued inside goes to the writer in one round (the writer waits on a call meanwhile)."""
+    gate, waiting = threading.Event(), threading.Event()
+
+    def hold(_path: str) -> None:
+        waiting.set()
+        gate.wait(10)
+
+    writer.call(tmp_path / "gate", hold)
+    assert waiting.wait(10)
+    try:
+        yield
+    finally:
+        gate.set()
+        writer.flush()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an fd through /proc")
+def test_under_fsync_turn_the_journal_is_fsynced_with_the_next_log_the_writer_fsyncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """design §3.12: a turn's ``+`` line is as durable as its log under ``persistence.fsync = "turn"``: in
+    the round that fsyncs a log (a turn's end), the journal first, once, when a ``+`` line of a turn that
+    fsync does not end waits (on main it was never fsynced: after a machine crash a turn's start could be
+    in its log and not in the journal); a turn whose end is fsynced needs no fsync of its line."""
+    fsyncs = _Fsyncs(monkeypatch)
+    writer = LogWriter("turn")
+    journal = TurnJournal(tmp_path, writer, fsync="turn")
+    name = os.path.basename(journal.path)
+    log_a, log_b, log_c = (tmp_path / f"{s}.jsonl" for s in "abc")
+
+    def turn_ends(log: Path) -> None:
+        writer.append(log, b"answer\n")
+        writer.sync(log, ends_turn=True)
+
+    try:
+        mark = journal.opened("a", log=str(log_a))  # a's turn starts: its line, then its start record
+        writer.append(log_a, b"turn a\n")
+        writer.flush()
+        assert fsyncs.take() == []  # (neither fsynced yet)
+        turn_ends(log_b)  # b's turn ends: its log is fsynced, and the journal before it (a's line)
+        writer.flush()
+        assert fsyncs.take() == [name, "b.jsonl"]
+        journal.closed("a", mark)  # a '-' line waits for no fsync
+        writer.flush()
+        turn_ends(log_b)
+        writer.flush()
+        assert fsyncs.take() == ["b.jsonl"]
+        mark = journal.opened("b", log=str(log_b))  # one session's turn, start to end: one fsync, its log's
+        writer.append(log_b, b"turn b\n")
+        turn_ends(log_b)
+        writer.flush()
+        journal.closed("b", mark)
+        assert fsyncs.take() == ["b.jsonl"]
+        with _one_round(writer, tmp_path):  # two turns start and end in one round
+            for sid, log in (("b", log_b), ("c", log_c)):
+                journal.opened(sid, log=str(log))
+                writer.append(log, f"turn {sid}\n".encode())
+            turn_ends(log_b)
+            turn_ends(log_c)
+        assert fsyncs.take() == [name, "b.jsonl", "c.jsonl"]  # the journal once, first (c's line)
+    finally:
+        writer.close()
+        journal.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an fd through /proc")
+def test_a_session_that_fsyncs_always_gets_its_line_fsynced_before_its_record_in_any_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's own ``always`` in a runtime that never fsyncs: its ``+`` line is fsynced before its start
+    record, also when it was queued behind a session's line that needs no fsync (taken, and written, by the
+    append queued first: the one queued for it fsyncs all the same); ``never`` fsyncs nothing."""
+    fsyncs = _Fsyncs(monkeypatch)
+    writer = LogWriter("never")
+    journal = TurnJournal(tmp_path, writer, fsync="never")
+    name = os.path.basename(journal.path)
+    try:
+        journal.opened("lazy")
+        writer.append(tmp_path / "lazy.jsonl", b"turn\n")
+        writer.sync(tmp_path / "lazy.jsonl")
+        writer.flush()
+        assert fsyncs.take() == []
+        with _one_round(writer, tmp_path):
+            journal.opened("other")
+            journal.opened("careful", "always")
+            writer.append(tmp_path / "careful.jsonl", b"turn\n", fsync="always")
+        assert fsyncs.take() == [name, "careful.jsonl"]
+        assert read_journal(Path(journal.path).read_bytes()) == ["lazy", "other", "careful"]
+    finally:
+        writer.close()
+        journal.close()
