@@ -27,6 +27,7 @@ who holds it. Creating, taking over and releasing locks happen under a short ``f
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -382,6 +383,7 @@ class SessionDirectory:
         self.ensure()
         me = LockOwner.me()
         with self._guard.held():
+            created = True
             try:
                 fd = _create(path)
             except FileExistsError:
@@ -390,8 +392,13 @@ class SessionDirectory:
                     raise SessionLockedError(_locked_message(session_id, path, owner), owner) from None
                 # Stale (its process is gone) or unreadable: take it over.
                 fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+                created = False
             try:
-                os.write(fd, me.encode())
+                _write_owner(fd, me.encode())
+            except BaseException:
+                if created:  # (e.g. a full disk: no empty lock file left behind)
+                    path.unlink(missing_ok=True)
+                raise
             finally:
                 os.close(fd)
         return SessionLock(path, me, self._guard)
@@ -536,6 +543,12 @@ def _create(path: Path) -> int:
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         return os.open(path, flags, 0o644)
+
+
+def _write_owner(fd: int, data: bytes) -> None:
+    """Write a lock's owner whole (a short write, as a full disk may make, is ENOSPC)."""
+    if os.write(fd, data) != len(data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _unused(header: Header) -> SessionInfo:

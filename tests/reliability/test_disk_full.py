@@ -78,11 +78,11 @@ class FailingWrites(SmallDisk):
 
     def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         from runtime import _delivery
-        from runtime.store import writer
+        from runtime.store import sessions, writer
 
         super().__init__(path)
         self.full = False
-        real_write, real_probe = writer._write_all, _delivery._writable
+        real_write, real_probe, real_owner = writer._write_all, _delivery._writable, sessions._write_owner
 
         def write_all(fd: int, data: bytes) -> None:
             if not self.full:
@@ -91,7 +91,14 @@ class FailingWrites(SmallDisk):
             os.write(fd, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+        def write_owner(fd: int, data: bytes) -> None:
+            if not self.full:
+                real_owner(fd, data)
+                return
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         monkeypatch.setattr(writer, "_write_all", write_all)
+        monkeypatch.setattr(sessions, "_write_owner", write_owner)
         monkeypatch.setattr(
             _delivery, "_writable", lambda folder, size: not self.full and real_probe(folder, size)
         )
@@ -175,6 +182,27 @@ def test_a_full_disk_fails_the_turn_then_refuses_prompts_by_name_and_recovers_wi
     check = check_log(SessionDirectory(sessions), sid)
     assert not check.problems  # a half-written line was cut back
     assert [m.text for m in check.tree.messages()] == texts  # nothing acknowledged lost
+
+
+def test_a_session_lock_that_cannot_be_written_on_a_full_disk_leaves_no_lock_file(disk: SmallDisk) -> None:
+    """Taking a session's lock creates its lock file and writes its owner there: on a full disk the write
+    fails (ENOSPC, said as such) and the file it created is removed, not left empty; once there is space the
+    lock is taken as usual (before, an empty lock file stayed behind)."""
+    directory = SessionDirectory(disk.path / "sessions")
+    path = directory.lock_path("full-disk-lock")
+    path.parent.mkdir(parents=True)
+    disk.fill()
+    try:
+        with pytest.raises(OSError) as refused:
+            directory.lock("full-disk-lock")
+        assert refused.value.errno == errno.ENOSPC
+        assert not path.exists()
+    finally:
+        disk.free()
+    with directory.lock("full-disk-lock"):
+        assert path.stat().st_size > 0
+    assert not path.exists()
+    directory.close()
 
 
 def test_no_pykka_exception_reaches_a_caller_while_actors_restart(
