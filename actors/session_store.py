@@ -92,10 +92,11 @@ class _LockHolders:
     the same session (refuse at once). A store that fails leaves its lock here (:meth:`park`) for the store
     its supervisor starts in its place (:meth:`take`): the lock file is not deleted and created again, which
     on a full disk fails (its owner cannot be written) and restarted the store over and over. A parked lock
-    nobody takes within ``_RELEASE_WAIT`` (the supervisor gave up, or stopped) is released.
+    nobody takes within ``release_wait`` seconds (the supervisor gave up, or stopped) is released.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, release_wait: float = _RELEASE_WAIT) -> None:
+        self.release_wait = release_wait
         self._guard = threading.Condition(threading.Lock())
         self._refs: dict[str, pykka.ActorRef[SessionStore]] = {}
         self._parked: dict[str, SessionLock] = {}
@@ -114,7 +115,7 @@ class _LockHolders:
         """Keep the lock of a store that failed for its successor; release it if none takes it in time."""
         with self._guard:
             self._parked[key] = lock
-        timer = threading.Timer(_RELEASE_WAIT, self.unpark, (key, lock))
+        timer = threading.Timer(self.release_wait, self.unpark, (key, lock))
         timer.daemon = True
         timer.start()
 

@@ -25,6 +25,7 @@ from actors.session_store import (
     SetMetadata,
     Stored,
     SyncTurn,
+    _LockHolders,
 )
 from runtime import events as ev
 from runtime.actor import Dispatcher
@@ -369,3 +370,36 @@ def test_a_store_stopped_while_it_opens_lets_go_of_everything(
     assert [m.text for m in again.ask(GetContext(), timeout=5).messages] == ["kept"]
     again.stop()
     wait_until(lambda: not directory.lock_path("s1").exists())
+
+
+def test_a_parked_lock_is_kept_for_a_successor_released_after_its_wait_and_at_once_by_a_stop(
+    tmp_path: Path,
+) -> None:
+    """A store that fails parks its session's lock for the store restarted in its place (design §9, a full
+    disk): the lock file stays, owned by this process, while parked; nobody taking it within the wait
+    releases it (the supervisor gave up); a successor that takes it keeps it past the wait; a stop of the
+    session's stores releases a parked lock at once."""
+    directory = SessionDirectory(tmp_path)
+    path = directory.lock_path("parked")
+    key = str(path)
+    successor: Any = object()  # (the store that takes the lock over: only compared by identity here)
+
+    holders = _LockHolders(release_wait=0.2)
+    holders.park(key, directory.lock("parked"))
+    assert directory.held("parked")  # still this process's: no other process may take the session
+    wait_until(lambda: not path.exists())  # released by its timer
+
+    holders.park(key, directory.lock("parked"))
+    kept = holders.take(key, successor)
+    assert kept is not None and kept.held
+    time.sleep(0.4)  # past the wait: the successor's lock stays
+    assert path.exists() and kept.held
+    kept.release()
+    holders.remove(key, successor)
+
+    holders = _LockHolders(release_wait=60.0)
+    holders.park(key, directory.lock("parked"))
+    started = time.monotonic()
+    assert holders.wait_released(key, timeout=5.0)  # the session stopped: no successor comes
+    assert not path.exists() and time.monotonic() - started < 5.0
+    directory.close()
