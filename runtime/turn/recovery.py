@@ -143,9 +143,14 @@ class RecoveryFlows(MachineCore):
         awaited = awaiting_client(view.messages)  # a turn that stopped for the client's tools still waits
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None
-        if run is None and interrupted and not awaited:  # the process stopped mid-turn (design §3.12)
-            run = self._taken_up_run(view)
-        if run is not None and interrupted:
+        recovery = (
+            recover_turn(view.messages, view.steps, idempotent=self._idempotent, awaited=awaited)
+            if interrupted
+            else None
+        )
+        if run is None and recovery is not None and not awaited:  # the process stopped mid-turn (§3.12)
+            run = self._taken_up_run(view, recovery)
+        if run is not None and recovery is not None:
             run.continued = True
             self.run = run  # (prompts wait meanwhile)
             taken_up = handover is None
@@ -156,7 +161,7 @@ class RecoveryFlows(MachineCore):
             self._emit(Resumed(run.prompt.handle if taken_up else None))
             if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
                 yield RefreshTools()
-            yield from self._take_up(run, view, awaited, handover)
+            yield from self._take_up(run, view, awaited, handover, recovery)
             return
         repairs = [r for r in repair_tool_calls(view.messages) if r.tool_call_id not in awaited]
         # A turn cut off and not taken up is said to be so in the log, which ends it.
@@ -182,10 +187,10 @@ class RecoveryFlows(MachineCore):
                 )
             )
 
-    def _taken_up_run(self, view: ViewLike) -> TurnState | None:
-        """The record of a turn the process stopped in, to take up from the log; None when it is not to be
-        (the host said not to, it was taken up too often already, or the log names no prompt)."""
-        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent)
+    def _taken_up_run(self, view: ViewLike, recovery: TurnRecovery) -> TurnState | None:
+        """The record of a turn the process stopped in (``recovery``: how it goes on), to take up from the
+        log; None when it is not to be (the host said not to, it was taken up too often already, or the log
+        names no prompt)."""
         prompt = turn_prompt(view.messages)
         if not self.spec.config.agent.resume_turns or recovery.resumed >= MAX_RESUMES or prompt is None:
             return None
@@ -196,11 +201,15 @@ class RecoveryFlows(MachineCore):
         return run
 
     def _take_up(
-        self, run: TurnState, view: ViewLike, awaited: frozenset[str], handover: Handover | None
+        self,
+        run: TurnState,
+        view: ViewLike,
+        awaited: frozenset[str],
+        handover: Handover | None,
+        recovery: TurnRecovery,
     ) -> Flow:
-        """Go on with ``run`` from the log: the results of calls that may not run again first, then the
-        calls to run (again), or the next request."""
-        recovery = recover_turn(view.messages, view.steps, idempotent=self._idempotent, awaited=awaited)
+        """Go on with ``run`` from the log as ``recovery`` decided: the results of calls that may not run
+        again first, then the calls to run (again), or the next request."""
         handled = {c.id for c in recovery.rerun} | {m.tool_call_id for m in recovery.unknown}
         repairs = [
             r

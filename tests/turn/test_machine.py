@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from actors.protocol import Outcome, Verdict
+from actors.protocol import ContextView, Outcome, Verdict
 from runtime.handles import Handle
-from runtime.messages import KIND_STEER
+from runtime.messages import KIND_STEER, user
+from runtime.store.entries import StepEntry
 from runtime.turn import AgentState, IllegalTransition, TurnMachine
 from runtime.turn import effects as fx
 from tests.turn.world import (
@@ -417,6 +419,46 @@ def test_a_crash_hands_the_turn_over_and_the_successor_takes_it_up_from_the_log(
     assert resumed.rerun_calls == 1 and resumed.turn_id == handover.run.turn_id
     assert len([e for e in w.seen if isinstance(e, fx.RunTools)]) == 2
     assert w.orphans() == []
+
+
+def test_a_turn_taken_up_from_the_log_is_decided_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """design §3.12: a turn the process stopped in (no handover: the log's step records) is taken up at its
+    next step, under the prompt id it was sent with; how it goes on (``recover_turn``) is decided once."""
+    from runtime.turn import recovery
+
+    decided: list[int] = []
+    real = recovery.recover_turn
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        decided.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "recover_turn", counted)
+    m = TurnMachine(
+        Spec(config()),
+        counter=Counter(),
+        measure=Measure(),
+        model="m",
+        context_window=WINDOW,
+        spill_dir=Path("/x"),
+        recovering=True,
+    )
+    w = World(m)
+    w.log[:] = [user("hi"), calls("read_file").message]
+    steps = (
+        StepEntry(turn_id="t-cut", kind="turn", prompt_id="p-cut"),
+        StepEntry(turn_id="t-cut", kind="request", step=1),
+    )
+
+    def read(_effect: Any) -> ContextView:
+        return ContextView(session_id="s1", leaf_id=None, messages=tuple(w.log), steps=steps)
+
+    w.take(m.recover())
+    w.run([answer("taken up")], TakeHandover=None, ReadContext=read)
+    (resumed,) = [e for e in w.events if e.type == "turn_resumed"]
+    assert resumed.turn_id == "t-cut" and resumed.prompt_id == "p-cut" and resumed.rerun_calls == 1
+    assert w.log[-1].text == "taken up" and w.orphans() == []
+    assert len(decided) == 1
 
 
 def test_an_illegal_move_raises() -> None:
