@@ -40,6 +40,10 @@ __all__ = ["Inbound", "Relay", "shard_types"]
 
 BARRIER_TYPE = "session_stopped"
 WAKE_AFTER = 0.005
+REPLAY_OVERLAP = 60.0
+"""Seconds after a release during which the session's new shard's feed may still bring events the replay
+passed on (they are in flight as the replay reads them): the relay remembers a replay that long at most, or
+until the feed passes it, so a front with many sessions and shard deaths does not keep one for each."""
 """Seconds of reading a connection after which the subscribers that received events are woken before the
 read ends (a front reads what a busy shard wrote in one go, a few MB at most)."""
 
@@ -98,6 +102,7 @@ class Relay:
         callback: Callable[[Event], Any] | None = None,
         include_children: bool = False,
         callbacks: Callbacks | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key = key
         self.bus = _RelayBus(queue_size=queue_size)
@@ -116,8 +121,10 @@ class Relay:
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
         self._feeds: set[str] = set()  # the shards whose feed is open
         self._held: dict[str, tuple[str, list[Event]]] = {}  # session -> (its dead shard, what came since)
-        # session -> the last seq a replay passed on: its new shard's feed may still bring those events
-        self._replayed: dict[str, int] = {}
+        # session -> the last seq a replay passed on (its new shard's feed may still bring those events) and
+        # when, oldest first: kept until the feed passes it, REPLAY_OVERLAP seconds at most
+        self._replayed: dict[str, tuple[int, float]] = {}
+        self._clock = clock
         self._waiting = 0  # threads in wait_seen
         self.since = time.time()
         """When it was made: a replay after a shard's death passes on nothing older."""
@@ -157,6 +164,8 @@ class Relay:
         is woken only by :meth:`wake`."""
         with self._cond:  # (the private bus's lock)
             held, seen, types, replayed = self._held, self._seen, self.types, self._replayed
+            if replayed:
+                self._forget_replays()
             sub = self.subscription
             queue, size, open_ = sub._queue, sub.queue_size, not sub.closed
             for event in events if isinstance(events, list) else (events,):
@@ -169,9 +178,9 @@ class Relay:
                         waiting[1].append(event)
                         continue
                 if replayed:
-                    upto = replayed.get(event.session_id)
-                    if upto is not None:
-                        if event.seq <= upto:  # the transcript's replay passed it on already
+                    passed = replayed.get(event.session_id)
+                    if passed is not None:
+                        if event.seq <= passed[0]:  # the transcript's replay passed it on already
                             continue
                         del replayed[event.session_id]  # the feed has caught up with the replay
                 seen[event.session_id] = event.seq
@@ -221,8 +230,21 @@ class Relay:
                 if event.seq > self._seen.get(session_id, 0):
                     self._publish(event)
             if replayed:
-                self._replayed[session_id] = self._seen.get(session_id, 0)
+                self._replayed.pop(session_id, None)  # (newest last)
+                self._replayed[session_id] = (self._seen.get(session_id, 0), self._clock())
+            self._forget_replays()
             self._cond.notify_all()
+
+    def _forget_replays(self) -> None:
+        """Forget the replays older than :data:`REPLAY_OVERLAP`: their feeds' copies have come (or never
+        will: the session had no event since). Under the lock."""
+        replayed = self._replayed
+        before = self._clock() - REPLAY_OVERLAP
+        while replayed:
+            oldest = next(iter(replayed))
+            if replayed[oldest][1] > before:
+                return
+            del replayed[oldest]
 
     def wait_seen(self, session_id: str, seq: int, shard: str, timeout: float) -> bool:
         """Wait until the session's event ``seq`` has come through (or ``shard``'s feed has ended)."""
