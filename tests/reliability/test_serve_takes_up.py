@@ -14,6 +14,7 @@ import pytest
 
 from runtime import Runtime
 from runtime.apps.server import ApiServer
+from runtime.config import Config
 from runtime.provider import Turn
 from runtime.store.turns import TURNS_DIR
 from tests.conftest import wait_until
@@ -59,6 +60,48 @@ def test_the_server_takes_up_the_turns_a_dead_runtime_left_open_and_keeps_their_
             result = http.get(f"/sessions/{sid}/turns/{prompt_id}", params={"wait": "true"}, timeout=60)
         assert result.status_code == 200, result.text
         assert result.json()["status"] == "ok" and result.json()["message"]["parts"][0]["text"] == ANSWER
+
+
+def test_a_server_whose_config_says_not_to_resume_turns_leaves_them_as_they_are(
+    sessions_dir: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agent.resume_turns = false`` (design §3.12): a cut-off turn is not taken up. A server so configured
+    does not resume, as it starts, the sessions a dead runtime left mid-turn (before, it resumed them and
+    their agents wrote the turns off as interrupted at once); a session whose own config says to resume
+    turns is taken up all the same. The one left is still listed, and a request that resumes it later finds
+    its turn ended as interrupted, as any resume under that config does."""
+    for name in ("keeps-off", "keeps-on"):
+        provider.add_script(name, [Turn(text="never delivered", latency=30), Turn(text=ANSWER)])
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        # (a key each: a pool with nothing learned yet sends one call at a time, §3.11)
+        off = rt.start_session(model="openai/keeps-off", api_key="sk-off")
+        on = rt.start_session(model="openai/keeps-on", api_key="sk-on", config={"agent.resume_turns": True})
+        for sid in (off, on):
+            rt.prompt(sid, "finish this")
+        wait_until(
+            lambda: provider.remaining_turns("keeps-off") == provider.remaining_turns("keeps-on") == 1,
+            "the turns never reached the model",
+        )
+        rt.flush()
+        logs = {sid: _log_of(sessions_dir, sid).read_bytes() for sid in (off, on)}
+        (journal,) = (sessions_dir / TURNS_DIR).iterdir()
+        journal_then = journal.read_bytes()
+    for sid, data in logs.items():  # as the process that died left them
+        _log_of(sessions_dir, sid).write_bytes(data)
+    (sessions_dir / TURNS_DIR / "1-dead.jsonl").write_bytes(journal_then)
+
+    config = Config().with_overrides({"agent.resume_turns": False})
+    with Runtime(config, sessions_dir=sessions_dir) as rt, ApiServer(rt, TOKEN) as server:
+        assert server.take_up_interrupted(timeout=60) == [on]
+        assert off not in rt.hosted_sessions()
+        assert _log_of(sessions_dir, off).read_bytes() == logs[off]  # not even opened
+        assert rt.interrupted_sessions() == [off]
+        rt.resume_session(off)
+        assert rt.resumed_turn(off) is None  # ended as interrupted, as the config says
+        assert rt.interrupted_sessions() == []
+        assert rt.resumed_turn(on) is not None
 
 
 @pytest.mark.slow  # two `agentcell serve` processes, the first killed with SIGKILL mid-turn

@@ -105,7 +105,8 @@ class ApiServer:
         """Resume, under the server's policy, the stored sessions whose turn a runtime that stopped cut off
         (:meth:`~runtime.api.RuntimeAPI.interrupted_sessions`), as a first request of each would: their
         turns go on now, and ``GET /sessions/{id}/turns/{prompt_id}`` answers with their results (design
-        §3.12). Returns the ids whose turn was taken up; one that cannot be resumed is logged and left.
+        §3.12). Returns the ids whose turn was taken up; one that cannot be resumed is logged and left, and
+        one whose config has ``agent.resume_turns`` off is left as it is (not resumed).
         Call it once the server serves (from any thread but the server's)."""
         loop, take_up = self._server.loop, self._take_up
         if loop is None or take_up is None:

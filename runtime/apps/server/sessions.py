@@ -97,10 +97,15 @@ def session_routes(
 
     async def take_up(session_ids: Sequence[str]) -> list[str]:
         """Resume each stored session of ``session_ids`` under the policy, as its first request would: its
-        agent takes its cut-off turn up (design §3.12), whose handle is kept for ``GET .../turns/...``."""
+        agent takes its cut-off turn up (design §3.12), whose handle is kept for ``GET .../turns/...``. A
+        session whose config has ``agent.resume_turns`` off is left as it is, not resumed: its turn is not
+        taken up (its agent says it was interrupted when a request resumes it)."""
         taken = []
         for session_id in session_ids:
             try:
+                if not await asyncio.to_thread(_resumes_turns, runtime, session_id):
+                    log.info("the turn cut off in session %s is left: agent.resume_turns is off", session_id)
+                    continue
                 await ensure_hosted(session_id)
                 handle = await asyncio.to_thread(runtime.resumed_turn, session_id)
             except Exception as exc:  # (its workspace outside the policy, a corrupt log, ...): left as it is
@@ -297,6 +302,14 @@ def session_routes(
 def _is_hosted(runtime: AnyRuntime, session_id: str) -> bool:
     """O(1), unlike ``session_id in runtime.hosted_sessions()`` (a list of every hosted id)."""
     return served(runtime).is_hosted(session_id)
+
+
+def _resumes_turns(runtime: AnyRuntime, session_id: str) -> bool:
+    """Whether the stored session's config (the runtime's, with the session's own settings) takes a cut-off
+    turn up (``agent.resume_turns``)."""
+    header = served(runtime).stored_header(session_id)
+    config = runtime.config if header is None else runtime.config.with_overrides(dict(header.config or {}))
+    return config.agent.resume_turns
 
 
 def _is_stored(runtime: AnyRuntime, session_id: str) -> bool:
