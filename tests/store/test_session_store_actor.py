@@ -25,6 +25,7 @@ from actors.session_store import (
     SetMetadata,
     Stored,
     SyncTurn,
+    _holders,
     _LockHolders,
 )
 from runtime import events as ev
@@ -267,8 +268,9 @@ def test_two_stores_must_not_write_one_session(
 
 
 def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
-    start: Callable[..., Any], directory: SessionDirectory, events: Events
+    start: Callable[..., Any], directory: SessionDirectory, events: Events, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(_holders, "release_wait", 0.2)  # (its lock is parked for a successor none starts)
     ref = start()
     kept = user("kept")
     stored(ref, Append((kept,)))
