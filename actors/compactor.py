@@ -139,9 +139,6 @@ class Compactor(SessionActor):
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
         self._compactions: int | None = None  # number of the latest compaction's artifacts; read lazily
-        # What summarizer calls of compactions that recorded nothing cost: in the session's totals already
-        # (counted as they failed), not yet in its log; the next summary logged carries it (design §4.1)
-        self._unlogged = Usage()
         # The session's learned server count ÷ ours (design §4.5), as the turn machine last told it with a
         # compaction request; None until then (and after a model change)
         self._count_ratio: float | None = None
@@ -628,27 +625,28 @@ class Compactor(SessionActor):
 
     def _with_spend(self, summary: Message, job: _Job) -> Message:
         """``summary`` carrying what its summarizer calls cost, as a response carries its usage: the
-        session's totals count it, live and when rebuilt from the log (design §4.1). It also carries what
-        earlier compactions that recorded nothing spent (:meth:`_spent_unlogged`), so the log has it too;
-        :meth:`_record_spend` counts only this job's part live (the rest was counted as it failed)."""
-        spent = job.spent + self._unlogged
+        session's totals count it, live and when rebuilt from the log (design §4.1). A compaction's summary
+        also carries, added by the store, what earlier compactions that recorded nothing spent
+        (:meth:`_spent_unlogged`); :meth:`_record_spend` counts only this job's part live (the rest was
+        counted as it failed)."""
+        spent = job.spent
         if not (spent.input_tokens or spent.output_tokens):
             return summary
         return msgspec.structs.replace(summary, usage=spent)
 
     def _record_spend(self, summary: Message, job: _Job) -> None:
         """Count ``summary``'s spend in the session's totals, once it is in the log (:meth:`_with_spend`)."""
-        self._unlogged = Usage()
         if job.spent.input_tokens or job.spent.output_tokens:
             self.refs.usage.tell(p.RecordResponse(message=msgspec.structs.replace(summary, usage=job.spent)))
 
     def _spent_unlogged(self, job: _Job) -> None:
         """A compaction that ends without a summary in the log (no progress, a failure): what its summarizer
-        calls cost is the session's all the same, counted now, and carried by the next summary logged."""
+        calls cost is the session's all the same: counted now, recorded in the log (not as a message: the
+        no-progress guard keys on the leaf), and carried by the next compaction's summary (design §4.1)."""
         spent, job.spent = job.spent, Usage()
         if not (spent.input_tokens or spent.output_tokens):
             return
-        self._unlogged = self._unlogged + spent
+        self.refs.store.tell(p.RecordSpend(spent))  # in the log: a restart's totals count it too
         record = Message(role="user", kind=KIND_COMPACTION_SUMMARY, agent_visible=False, usage=spent)
         self.refs.usage.tell(p.RecordResponse(message=record))
 

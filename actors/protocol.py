@@ -74,6 +74,7 @@ __all__ = [
     "Prompt",
     "RecordCompaction",
     "RecordResponse",
+    "RecordSpend",
     "RecordStep",
     "ReplyTo",
     "Reset",
@@ -272,6 +273,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     estimated_tokens: int = 0
     dead: str | None = None  # why the session is dead (design §5.8), or None
     turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
+    unlogged_spend: Usage | None = None  # what compactions that wrote no summary spent since the newest one
     steps: tuple[StepEntry, ...] = ()  # the newest turn's step records (design §3.12)
 
 
@@ -327,8 +329,18 @@ class Append(Ask[Stored], frozen=True):
     steps: tuple[StepEntry, ...] = ()
 
 
+class RecordSpend(Ask[Stored], frozen=True):
+    """Record what a compaction that wrote no summary spent (design §4.1): added to the session's unlogged
+    spend (:data:`~runtime.store.tree.SPEND_KEY`, a metadata entry, not a node: it moves no leaf), which the
+    next compaction's summary carries."""
+
+    usage: Usage
+    reply_to: ReplyTo[Stored] = None
+
+
 class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
-    """Record a compaction at the leaf (see :meth:`SessionTree.record_compaction`)."""
+    """Record a compaction at the leaf (see :meth:`SessionTree.record_compaction`); its summary's usage
+    also carries the session's unlogged spend (:class:`RecordSpend`), which it clears."""
 
     summary: Message
     first_kept_id: str | None
@@ -428,9 +440,11 @@ class Reset(msgspec.Struct, frozen=True):
 
 
 class Restore(msgspec.Struct, frozen=True):
-    """Rebuild the totals and the last prompt size from the session's messages (after a restart)."""
+    """Rebuild the totals and the last prompt size from the session's messages (after a restart), with what
+    compactions that wrote no summary spent (``spent``, :attr:`ContextView.unlogged_spend`)."""
 
     messages: tuple[Message, ...]
+    spent: Usage | None = None
 
 
 class GetTotals(Ask[Usage], frozen=True):
@@ -547,6 +561,7 @@ StoreMessage: TypeAlias = (
     | SyncTurn
     | RecordStep
     | RecordCompaction
+    | RecordSpend
     | Overlay
     | SetVisibility
     | Branch

@@ -52,6 +52,7 @@ from actors.protocol import (
     MessagesView,
     Overlay,
     RecordCompaction,
+    RecordSpend,
     RecordStep,
     ReplyTo,
     SetMetadata,
@@ -70,7 +71,7 @@ from runtime.messages import Message, new_id
 from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay, signature
 from runtime.store.sessions import SessionDirectory, SessionLock
-from runtime.store.tree import TURN_ENDED_KEY, NeedsHistory, SessionTree
+from runtime.store.tree import SPEND_KEY, TURN_ENDED_KEY, NeedsHistory, SessionTree
 from runtime.store.turns import TurnJournal
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
 
@@ -455,9 +456,18 @@ class SessionStore(PooledActor):
                 if step.kind == "resumed" and self.turns is not None:  # a turn taken up is open here now
                     self.turns.opened(self.session_id, self._fsync, self._log.name)
                 self._write((step,), reply_to, restart_on_failure=False)
+            case RecordSpend(usage=usage, reply_to=reply_to):
+                spent = tree.unlogged_spend
+                total = usage if spent is None else spent + usage
+                self._write((tree.set_metadata(SPEND_KEY, msgspec.to_builtins(total)),), reply_to)
             case RecordCompaction():
+                summary, spent = message.summary, tree.unlogged_spend
+                if spent is not None:  # carried by this summary (the entry clears it)
+                    summary = msgspec.structs.replace(
+                        summary, usage=spent if summary.usage is None else summary.usage + spent
+                    )
                 entry = tree.record_compaction(
-                    message.summary,
+                    summary,
                     message.first_kept_id,
                     tokens_before=message.tokens_before,
                     tokens_after=message.tokens_after,
@@ -544,6 +554,7 @@ class SessionStore(PooledActor):
             dead=tree.dead,
             turn_ended_at=tree.turn_ended_at,
             steps=tree.turn_steps,
+            unlogged_spend=tree.unlogged_spend,
         )
 
     def context(self) -> list[Message]:

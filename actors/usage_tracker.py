@@ -102,8 +102,8 @@ class UsageTracker(PooledActor):
                 if tokens is not None:
                     self._current, self._estimated_current = tokens, True
                     self._publish_update(Usage())
-            case Restore(messages=messages):
-                self._restore(messages)
+            case Restore(messages=messages, spent=spent):
+                self._restore(messages, spent)
             case GetTotals():
                 return self._totals
             case GetCalibration():
@@ -230,8 +230,8 @@ class UsageTracker(PooledActor):
             )
         )
 
-    def _restore(self, messages: Sequence[Message]) -> None:
-        totals = Usage()
+    def _restore(self, messages: Sequence[Message], spent: Usage | None = None) -> None:
+        totals = Usage() if spent is None else spent
         last: Message | None = None
         for msg in messages:
             if msg.usage is not None:

@@ -38,7 +38,7 @@ import msgspec
 
 from runtime.errors import StoreError
 from runtime.events import CompactionMode, CompactionTrigger
-from runtime.messages import Message
+from runtime.messages import Message, Usage
 from runtime.store.entries import (
     BranchEntry,
     CompactionEntry,
@@ -52,11 +52,14 @@ from runtime.store.entries import (
     VisibilityEntry,
 )
 
-__all__ = ["DEAD_KEY", "TURN_ENDED_KEY", "NeedsHistory", "SessionTree"]
+__all__ = ["DEAD_KEY", "SPEND_KEY", "TURN_ENDED_KEY", "NeedsHistory", "SessionTree"]
 
 
 DEAD_KEY = "dead"
 TURN_ENDED_KEY = "turn_ended_at"  # metadata: the newest message when a turn ended without an answer
+SPEND_KEY = "unlogged_spend"
+"""Metadata: what compactions that wrote no summary spent (a :class:`~runtime.messages.Usage`) since the newest
+compaction entry, which carries it in its summary's usage and so clears it (design §4.1)."""
 """Metadata key marking a dead session (its value is the reason; an empty value revives it)."""
 
 
@@ -232,6 +235,7 @@ class SessionTree:
             case CompactionEntry():
                 self._attach(entry)
                 self._compaction_count += 1
+                self._metadata.pop(SPEND_KEY, None)  # (its summary carries it)
             case OverlayEntry() | VisibilityEntry():
                 self._attach(entry)
             case BranchEntry():
@@ -269,6 +273,18 @@ class SessionTree:
         """Why the session is dead (design §5.8: hard_reset could not bring it under its window), or None."""
         value = self._metadata.get(DEAD_KEY)
         return value if isinstance(value, str) and value else None
+
+    @property
+    def unlogged_spend(self) -> Usage | None:
+        """What compactions that wrote no summary spent since the newest compaction entry, or None
+        (:data:`SPEND_KEY`)."""
+        value = self._metadata.get(SPEND_KEY)
+        if not isinstance(value, dict):
+            return None
+        try:
+            return msgspec.convert(value, Usage)
+        except msgspec.ValidationError:
+            return None
 
     @property
     def turn_ended_at(self) -> str | None:

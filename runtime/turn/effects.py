@@ -21,7 +21,7 @@ import msgspec
 from runtime.context.caching import Breakpoints
 from runtime.events import CompactionTrigger, Event, OverflowCause
 from runtime.handles import TurnResult
-from runtime.messages import Message, ToolCallPart
+from runtime.messages import Message, ToolCallPart, Usage
 from runtime.store.entries import StepEntry
 
 if TYPE_CHECKING:
@@ -164,9 +164,11 @@ class CancelApprovals(Effect, frozen=True):
 
 
 class RestoreUsage(Effect, frozen=True):
-    """Rebuild the usage tracker's totals from ``messages`` (after a restart)."""
+    """Rebuild the usage tracker's totals from ``messages`` and ``spent`` (what compactions that wrote no
+    summary spent since the newest one) after a restart."""
 
     messages: tuple[Message, ...]
+    spent: Usage | None = None
 
 
 class Abandon(Effect, frozen=True):
@@ -342,6 +344,8 @@ class ViewLike(Protocol):
     def turn_ended_at(self) -> str | None: ...
     @property
     def steps(self) -> tuple[StepEntry, ...]: ...
+    @property
+    def unlogged_spend(self) -> Usage | None: ...
 
 
 class StoredLike(Protocol):

@@ -139,7 +139,7 @@ class RecoveryFlows(MachineCore):
                 )
             self._emit(Resumed(None))
             return
-        self._emit(RestoreUsage(tuple(view.messages)))
+        self._emit(RestoreUsage(tuple(view.messages), view.unlogged_spend))
         awaited = awaiting_client(view.messages)  # a turn that stopped for the client's tools still waits
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None

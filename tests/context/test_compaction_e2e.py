@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
+from runtime import Runtime
 from runtime.context.integrity import check_integrity
 from runtime.context.prompts import TOOL_SUMMARIZER_SYSTEM, TOOL_SUMMARY_PREFIX
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_OUTPUT_CLEARED, KIND_TOOL_SUMMARY
 from runtime.provider.script import Fault, ToolCallSpec, Turn
 from runtime.store.sessions import SessionDirectory
-from tests.conftest import Recorder
+from tests.conftest import Recorder, wait_until
+from tests.reliability.support import check_log
 
 _names = itertools.count(1)
 WINDOW = 4_000
@@ -279,6 +282,44 @@ def test_what_a_discarded_compactions_summarizer_spent_is_counted_and_the_next_s
     assert summary.usage is not None
     assert summary.usage.input_tokens == sum(c.prompt_tokens for c in calls)
     assert summary.usage.output_tokens == first_output + final.output_tokens - mid.output_tokens
+
+
+def test_a_discarded_compactions_spend_is_in_the_log_and_counted_after_a_restart(
+    sessions_dir: Path, provider: Any
+) -> None:
+    """design §4.1: what a compaction that wrote no summary paid for is recorded in the log (a metadata entry:
+    no message, so the model's view and the leaf the no-progress guard keys on stay as they were), so the
+    totals rebuilt from the log by a restarted runtime count it. Before, it lived in the compactor's memory
+    until the next summary: the restart lost it. The next summary carries it and the entry is cleared."""
+    model = chatty_model(provider, words=30)
+    provider.add_script("restart-summarizer", [Turn(text=" ".join(["blah"] * 2_500))], loop=True)
+    config = small_window(
+        model, **{"compaction.summarizer_model": "openai/restart-summarizer", "compaction.fallback": False}
+    )
+    config["models.context_windows"]["openai/restart-summarizer"] = 32_000
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        sid = rt.start_session(model=model, api_base=provider.url, api_key="sk-local", config=config)
+        for i in range(4):
+            assert rt.prompt(sid, f"note {i}").result(timeout=30).status == "ok"
+        before, view = rt.usage(sid), [m.id for m in rt.messages(sid, view="model")]
+        assert rt.compact(sid, keep_recent_tokens=100).result(timeout=30).skipped
+        counted = rt.usage(sid)
+        assert [m.id for m in rt.messages(sid, view="model")] == view  # no message added
+    assert counted.output_tokens - before.output_tokens > 2_000  # the discarded summary's ~2,500 words
+    with Runtime(sessions_dir=sessions_dir) as rt:
+        rt.resume_session(sid, api_key="sk-local")
+        assert rt.resumed_turn(sid) is None  # (its log is read: the totals are rebuilt from it)
+        wait_until(lambda: rt.usage(sid).input_tokens >= counted.input_tokens, "the spend is not counted")
+        restored = rt.usage(sid)
+        assert (restored.input_tokens, restored.output_tokens) == (
+            counted.input_tokens,
+            counted.output_tokens,
+        )
+    directory = SessionDirectory(sessions_dir)
+    tree = check_log(directory, sid).tree
+    assert tree.unlogged_spend is not None
+    assert tree.unlogged_spend.output_tokens == counted.output_tokens - before.output_tokens
+    directory.close()
 
 
 def test_a_manual_compaction_of_a_short_conversation_is_nothing_to_compact(
