@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.dialects import anthropic
+from runtime.dialects._base import ErrorResponse
 from runtime.provider import errors
 from runtime.provider._http import (
     SSE_HEADERS,
@@ -48,7 +49,7 @@ from runtime.provider._http import (
     sse_frames,
     within_slot,
 )
-from runtime.provider.anthropic_request import Parsed, Problem, Signer, as_chat, parse, prompt_blocks
+from runtime.provider.anthropic_request import Parsed, Signer, as_chat, parse, prompt_blocks
 from runtime.provider.prompt_cache import Block, CacheUse, PromptCache
 from runtime.provider.script import Fault, Turn
 from runtime.provider.usage import REPLY_PRIMING, PromptCount
@@ -233,11 +234,10 @@ class MessagesEndpoint:
         if not request.headers.get("anthropic-version"):
             log(400, "error")
             return error_response(anthropic.bad_request("anthropic-version: header is required"))
-        try:
-            parsed = parse(body, self.signer)
-        except Problem as problem:
-            log(problem.error.status, "error")
-            return error_response(problem.error)
+        parsed = parse(body, self.signer)
+        if isinstance(parsed, ErrorResponse):
+            log(parsed.status, "error")
+            return error_response(parsed)
         chat, tools = as_chat(parsed)
         blocks = prompt_blocks(parsed, provider._counter)
         prompt_tokens = sum(b.tokens for b in blocks) + REPLY_PRIMING

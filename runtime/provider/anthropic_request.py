@@ -24,7 +24,7 @@ from runtime.provider.usage import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
 _canonical = msgspec.json.Encoder(order="deterministic").encode
 
 
-class Problem(Exception):
+class _Problem(Exception):
     """A request Anthropic would refuse: the error response to send."""
 
     def __init__(self, error: ErrorResponse) -> None:
@@ -32,8 +32,8 @@ class Problem(Exception):
         self.error = error
 
 
-def bad(message: str) -> Problem:
-    return Problem(anthropic.bad_request(message))
+def _bad(message: str) -> _Problem:
+    return _Problem(anthropic.bad_request(message))
 
 
 # -- signatures -----------------------------------------------------------------------------------------------
@@ -78,16 +78,23 @@ class Parsed(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]]
 
 
-def parse(body: dict[str, Any], signer: Signer) -> Parsed:
-    """``body`` checked as Anthropic checks it; raises :class:`Problem` with the 400 it would send."""
+def parse(body: dict[str, Any], signer: Signer) -> Parsed | ErrorResponse:
+    """``body`` checked as Anthropic checks it: read, or the 400 Anthropic would send."""
+    try:
+        return _parse(body, signer)
+    except _Problem as problem:
+        return problem.error
+
+
+def _parse(body: dict[str, Any], signer: Signer) -> Parsed:
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise bad("model: Field required")
+        raise _bad("model: Field required")
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise bad("max_tokens: Field required")
+        raise _bad("max_tokens: Field required")
     if max_tokens < 1:
-        raise bad("max_tokens: Input should be greater than or equal to 1")
+        raise _bad("max_tokens: Input should be greater than or equal to 1")
     raw_system = body.get("system")
     system: list[dict[str, Any]] = []
     if isinstance(raw_system, str):
@@ -100,13 +107,13 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
                 or block.get("type") != "text"
                 or not isinstance(block.get("text"), str)
             ):
-                raise bad(f"system.{i}: Input should be a valid text block")
+                raise _bad(f"system.{i}: Input should be a valid text block")
             system.append(block)
     elif raw_system is not None:
-        raise bad("system: Input should be a valid string or a list of text blocks")
+        raise _bad("system: Input should be a valid string or a list of text blocks")
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
-        raise bad(
+        raise _bad(
             "messages: Field required"
             if raw_messages is None
             else "messages: at least one message is required"
@@ -114,10 +121,10 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
     messages: list[tuple[str, list[dict[str, Any]]]] = []
     for i, message in enumerate(raw_messages):
         if not isinstance(message, dict):
-            raise bad(f"messages.{i}: Input should be a valid dictionary")
+            raise _bad(f"messages.{i}: Input should be a valid dictionary")
         role = message.get("role")
         if role not in ("user", "assistant"):
-            raise bad(
+            raise _bad(
                 f'messages.{i}.role: Unexpected role "{role}". The Messages API accepts a top-level `system` '
                 'parameter, not "system" as an input message role.'
                 if role == "system"
@@ -129,7 +136,7 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
         elif isinstance(content, list) and all(isinstance(b, dict) for b in content):
             blocks = list(content)
         else:
-            raise bad(f"messages.{i}.content: Input should be a valid string or a list of content blocks")
+            raise _bad(f"messages.{i}.content: Input should be a valid string or a list of content blocks")
         for j, block in enumerate(blocks):
             _check_block(block, role, f"messages.{i}.content.{j}", signer)
         messages.append((role, blocks))
@@ -139,12 +146,12 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
         _check_thinking_leads(messages)
     raw_tools = body.get("tools") or []
     if not isinstance(raw_tools, list):
-        raise bad("tools: Input should be a valid list")
+        raise _bad("tools: Input should be a valid list")
     for i, tool in enumerate(raw_tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise bad(f"tools.{i}.name: Field required")
+            raise _bad(f"tools.{i}.name: Field required")
         if "type" not in tool and not isinstance(tool.get("input_schema"), dict):
-            raise bad(f"tools.{i}.input_schema: Field required")
+            raise _bad(f"tools.{i}.input_schema: Field required")
     marks = sum(1 for t in raw_tools if isinstance(t, dict) and t.get("cache_control"))
     marks += sum(1 for b in system if b.get("cache_control"))
     marks += sum(1 for _, blocks in messages for b in blocks if b.get("cache_control"))
@@ -157,7 +164,7 @@ def parse(body: dict[str, Any], signer: Signer) -> Parsed:
         if isinstance(inner, dict) and inner.get("cache_control")
     )
     if marks > anthropic.MAX_BREAKPOINTS:
-        raise Problem(anthropic.too_many_breakpoints(marks))
+        raise _Problem(anthropic.too_many_breakpoints(marks))
     return Parsed(
         model=model,
         max_tokens=max_tokens,
@@ -176,28 +183,28 @@ def _check_block(block: dict[str, Any], role: str, where: str, signer: Signer) -
     kind = block.get("type")
     allowed = _USER_BLOCKS if role == "user" else _ASSISTANT_BLOCKS
     if kind not in allowed:
-        raise bad(f"{where}.type: a {role} message cannot hold a {kind!r} block")
+        raise _bad(f"{where}.type: a {role} message cannot hold a {kind!r} block")
     if kind == "text" and not isinstance(block.get("text"), str):
-        raise bad(f"{where}.text: Field required")
+        raise _bad(f"{where}.text: Field required")
     if kind == "tool_use":
         if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-            raise bad(f"{where}: tool_use blocks need an id and a name")
+            raise _bad(f"{where}: tool_use blocks need an id and a name")
         if not isinstance(block.get("input"), dict):
-            raise bad(f"{where}.input: Input should be a valid dictionary")
+            raise _bad(f"{where}.input: Input should be a valid dictionary")
     if kind == "tool_result" and not isinstance(block.get("tool_use_id"), str):
-        raise bad(f"{where}.tool_use_id: Field required")
+        raise _bad(f"{where}.tool_use_id: Field required")
     if kind == "thinking":
         thinking = block.get("thinking")
         if not isinstance(thinking, str):
-            raise bad(f"{where}.thinking: Field required")
+            raise _bad(f"{where}.thinking: Field required")
         if not signer.valid(thinking, block.get("signature")):
-            raise bad(f"{where}: Invalid `signature` in `thinking` block")
+            raise _bad(f"{where}: Invalid `signature` in `thinking` block")
     if block.get("cache_control") is not None:
         control = block["cache_control"]
         if not isinstance(control, dict) or control.get("type") != "ephemeral":
-            raise bad(f"{where}.cache_control.type: Input should be 'ephemeral'")
+            raise _bad(f"{where}.cache_control.type: Input should be 'ephemeral'")
         if control.get("ttl", "5m") not in anthropic.TTL_SECONDS:
-            raise bad(f"{where}.cache_control.ttl: Input should be '5m' or '1h'")
+            raise _bad(f"{where}.cache_control.ttl: Input should be '5m' or '1h'")
 
 
 def _check_tool_pairs(messages: list[tuple[str, list[dict[str, Any]]]]) -> None:
@@ -213,7 +220,7 @@ def _check_tool_pairs(messages: list[tuple[str, list[dict[str, Any]]]]) -> None:
             answered = {b.get("tool_use_id") for b in messages[i + 1][1] if b.get("type") == "tool_result"}
         missing = [x for x in ids if x not in answered]
         if missing and i + 1 < len(messages):
-            raise bad(
+            raise _bad(
                 f"messages.{i + 1}: `tool_use` ids were found without `tool_result` blocks immediately after: "
                 f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in "
                 "the next message."
@@ -226,7 +233,7 @@ def _check_tool_pairs(messages: list[tuple[str, list[dict[str, Any]]]]) -> None:
         calls = {b.get("id") for b in before[1] if b.get("type") == "tool_use"} if before else set()
         stray = [x for x in results if x not in calls]
         if stray:
-            raise bad(
+            raise _bad(
                 f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` blocks: {stray[0]}. Each "
                 "`tool_result` block must have a corresponding `tool_use` block in the previous message."
             )
@@ -244,7 +251,7 @@ def _check_thinking_leads(messages: list[tuple[str, list[dict[str, Any]]]]) -> N
     before, content = messages[index]
     first = content[0].get("type") if content else None
     if before == "assistant" and first not in ("thinking", "redacted_thinking"):
-        raise bad(
+        raise _bad(
             f"messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. "
             "When `thinking` is enabled, a final `assistant` message must start with a thinking block "
             "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
