@@ -44,6 +44,9 @@ PULL_SECONDS = 1.0
 """How long one pull of a shard's stream (by Ray call) waits for a batch."""
 SWEEP_SECONDS = 1.0
 """How often the shards are told of subscriptions closed."""
+REPLAY_SECONDS = 30.0
+"""The longest the catch-up after a shard's death waits for a session's transcript (then it passes on what
+was held without it): the session's turn handles wait for the catch-up."""
 TCP = False
 """Connect over TCP even to a shard on this host (tests of a TCP channel)."""
 
@@ -343,12 +346,15 @@ class Feeds:
                 after = min(r.seen(sid) for r in relays)
                 async with limit:
                     try:
-                        events = _wire.decode_events(await shard.actor.replay.remote(sid, after, None))
+                        replay = shard.actor.replay.remote(sid, after, None)
+                        events = _wire.decode_events(await asyncio.wait_for(replay, REPLAY_SECONDS))
                     except Exception as exc:
                         log.warning("replaying session %s after its shard died: %s", sid, first_line(exc))
             for relay in relays:
                 since = relay.since if not relay.seen(sid) else 0.0  # (nothing older than the subscription)
                 relay.release(sid, [e for e in events if e.ts >= since])
+            if entry is not None:
+                entry.caught_up.open()  # its turns' handles resolve now (the rest open after them all)
 
         await asyncio.gather(*(one(sid) for sid in sessions))
 

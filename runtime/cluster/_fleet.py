@@ -106,6 +106,9 @@ class Hosted:
     context_window: int
     options: dict[str, Any]
     gate: Gate = field(default_factory=Gate)
+    # Closed from its shard's death until the subscriptions have what the dead shard sent or wrote down
+    # (the new shard's events are held until then): a turn's handle resolves after it opens.
+    caught_up: Gate = field(default_factory=Gate)
     error: BaseException | None = None  # why it could not be resumed after its shard died
     inflight: int = 0  # prompts and compactions sent and not answered
     session_id: str = ""
@@ -265,6 +268,7 @@ class Fleet:
             orphans = [(sid, e) for sid, e in self.sessions.items() if e.shard == name]
             for _, entry in orphans:
                 entry.gate.close()
+                entry.caught_up.close()
             if self.on_lost is not None:  # (its connection is read to its end: see after_failover)
                 self.on_lost(shard, [sid for sid, _ in orphans])
         if shard.address is not None:
@@ -285,9 +289,13 @@ class Fleet:
             async with limit:
                 await self.rehost(sid, entry, stale=dead.info)
 
-        await asyncio.gather(*(one(sid, entry) for sid, entry in orphans))
-        if self.after_failover is not None:
-            await self.after_failover(dead, [sid for sid, _ in orphans])
+        try:
+            await asyncio.gather(*(one(sid, entry) for sid, entry in orphans))
+            if self.after_failover is not None:
+                await self.after_failover(dead, [sid for sid, _ in orphans])
+        finally:
+            for _, entry in orphans:
+                entry.caught_up.open()
 
     async def rehost(self, sid: str, entry: Hosted, stale: ShardInfo | None) -> None:
         """Resume a session of a dead shard on its place among the live ones; its gate opens whatever happens

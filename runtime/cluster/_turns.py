@@ -145,19 +145,28 @@ class TurnCalls:
             return
         if turn:
             data, positions = value
-            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
+            self._after_events(entry, shard, positions, partial(handle.set_result, _wire.decode_turn(data)))
         elif method == "compact":
             data, positions = value
-            self._after_events(shard, positions, partial(handle.set_result, _wire.decode_compaction(data)))
+            self._after_events(
+                entry, shard, positions, partial(handle.set_result, _wire.decode_compaction(data))
+            )
         else:
             handle.set_result(value)
 
-    def _after_events(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
+    def _after_events(
+        self, entry: Hosted, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]
+    ) -> None:
         """Call ``fn`` once this front has received the batch of the shard's events that holds the turn's
         last (``positions``: front id -> batch number), so that, as on the local bus, a turn's events are
         queued to every subscriber before its handle resolves. An answer on the turn channel comes after
         that batch, so this is at once; one sent as a Ray call may overtake it. After
-        :data:`EVENTS_WAIT` seconds ``fn`` runs anyway: a handle must resolve."""
+        :data:`EVENTS_WAIT` seconds ``fn`` runs anyway: a handle must resolve. After the session's shard
+        died, the relays hold its new shard's events until the catch-up has passed on the dead shard's:
+        the wait begins once the session is caught up (``Hosted.caught_up``)."""
+        entry.caught_up.then(partial(self._after_batch, shard, positions, fn))
+
+    def _after_batch(self, shard: ShardRef, positions: dict[str, int], fn: Callable[[], None]) -> None:
         wanted = positions.get(self.feeds.front_id)
         inbound = shard.inbound
         if wanted is None or inbound is None or inbound.received >= wanted:

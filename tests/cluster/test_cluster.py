@@ -30,6 +30,7 @@ from runtime.cluster import ClusterError, ClusterRuntime, ClusterUnavailable, _f
 from runtime.host import Runtime, RuntimeStopped, SessionNotFound
 from runtime.provider.script import Turn
 from runtime.store.sessions import SessionDirectory
+from runtime.store.transcript import read_transcript
 from runtime.subagents import UsageReport
 from tests.conftest import Recorder
 from tests.reliability.durable_support import TOOLS, PlanModel, check_turn, counts, session_config
@@ -444,12 +445,17 @@ def test_a_cluster_lists_the_turns_a_dead_runtime_left_open_and_takes_them_up(
 
 
 def test_a_tool_heavy_turn_whose_shard_is_killed_finishes_on_another(
-    cluster: ClusterRuntime, provider: Any, workspace: Path
+    cluster: ClusterRuntime, provider: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Design §3.12 on the cluster: a shard SIGKILLed while a turn's ``bump`` call runs (its effect done,
     its result not recorded). The session is resumed on the other shard, which takes the turn up: the
     front's handle resolves with the turn's real answer, ``bump`` ran once (its result says the outcome is
-    unknown), the idempotent calls beside it ran again, and no request held two results for one call."""
+    unknown), the idempotent calls beside it ran again, and no request held two results for one call.
+
+    The front's catch-up after the death (the dead shard's connection read to its end, the transcript
+    replayed; until then the relays hold the new shard's events) is late here, as on a loaded machine: it
+    waits until the taken-up turn has ended on the survivor. The handle resolves only once the turn's events
+    have reached the subscriber all the same, as on one process."""
     model = f"plan-cluster-{os.getpid()}"
     provider.add_responder(model, PlanModel())
     sid = "durable-cluster"
@@ -464,6 +470,24 @@ def test_a_tool_heavy_turn_whose_shard_is_killed_finishes_on_another(
         config=session_config(model),
         workspace=workspace,
     )
+    transcript = SessionDirectory(cluster.sessions_path).transcript_path(sid)
+    looked = threading.Event()  # the test has read what its subscriber got
+    catch_up = cluster._fleet.after_failover
+    assert catch_up is not None
+
+    def turn_ended() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            e.type == "agent_end" for e in read_transcript(transcript)
+        ):
+            time.sleep(0.02)
+        looked.wait(2.0)
+
+    async def late_catch_up(dead: Any, sessions: list[str]) -> None:
+        await asyncio.to_thread(turn_ended)
+        await catch_up(dead, sessions)
+
+    monkeypatch.setattr(cluster._fleet, "after_failover", late_catch_up)
     (workspace / "hold-in").write_text(f"{sid}--{sid}-s2c1")  # that call waits: the shard dies in it
     recorder = Recorder()
     sub = cluster.subscribe(sid, callback=recorder)
@@ -474,18 +498,26 @@ def test_a_tool_heavy_turn_whose_shard_is_killed_finishes_on_another(
         time.sleep(0.02)
     assert counter.exists(), handle.result(timeout=1) if handle.done() else "the turn did not get there"
     os.kill(cluster.shard_info(victim).pid, signal.SIGKILL)
-    result = handle.result(timeout=120)
-    assert cluster.shard_of(sid) == survivor
-    requests = [r for r in provider.request_log if r.model == model]
-    figures = check_turn(result, cluster.messages(sid), counts(workspace, sid), requests)
-    assert figures["unknown"] == 1 and counts(workspace, sid)[f"{sid}-s2c1"] == 1
-    assert result.prompt_id == handle.id
-    sub.flush(timeout=10)
-    (resumed,) = recorder.of("turn_resumed", sid)
-    assert resumed.resume_from == "tool_started" and resumed.prompt_id == handle.id
-    assert str(cluster.shard_info(survivor).pid) == resumed.process.rsplit(":", 1)[1]
-    sub.close()
-    cluster.add_shard()  # two shards again, for the test below
+    try:
+        result = handle.result(timeout=120)
+        assert sub.flush(timeout=10)
+        types = recorder.types(sid)
+        looked.set()
+        assert "turn_resumed" in types, types  # the take-up's events, not still held by the front
+        assert "agent_end" in types[types.index("turn_resumed") :], types
+        assert cluster.shard_of(sid) == survivor
+        requests = [r for r in provider.request_log if r.model == model]
+        figures = check_turn(result, cluster.messages(sid), counts(workspace, sid), requests)
+        assert figures["unknown"] == 1 and counts(workspace, sid)[f"{sid}-s2c1"] == 1
+        assert result.prompt_id == handle.id
+        (resumed,) = recorder.of("turn_resumed", sid)
+        assert resumed.resume_from == "tool_started" and resumed.prompt_id == handle.id
+        assert str(cluster.shard_info(survivor).pid) == resumed.process.rsplit(":", 1)[1]
+        sub.close()
+    finally:
+        looked.set()
+        if len(cluster.shards) < 2:
+            cluster.add_shard()  # two shards again, for the test below
 
 
 def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
