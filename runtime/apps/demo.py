@@ -339,9 +339,11 @@ def _drive(rt: Any, monitor: DemoMonitor, sid: str, sent: dict[str, int]) -> Non
     view = monitor.views[sid]
     rereads = itertools.cycle([text for text in TASK if text.startswith("Read ")] or TASK)
     for n in range(1, MAX_PROMPTS + 1):
-        with monitor.lock:
-            if n > len(TASK) and _shown(view):
-                return
+        if n > len(TASK):  # decided on the last turn's events, which arrive after its handle resolved
+            monitor.wait_for_turns({sid: n - 1}, timeout=10)
+            with monitor.lock:
+                if _shown(view):
+                    return
         text = TASK[n - 1] if n <= len(TASK) else next(rereads)
         monitor.sending(sid, text)
         sent[sid] = n

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -183,6 +184,52 @@ def test_one_failed_turn_is_one_failure() -> None:
     outcome = demo.DemoOutcome(views=[view], seconds=2.0)
     assert [p for p in outcome.problems if p.startswith("s:")] == ["s: boom"]
     assert demo.throughput(outcome) == "1 session, 1 turn in 2.0 s: 0.5 turns/s"
+
+
+class _LateEventsRuntime:
+    """A runtime whose turn events reach the monitor on another thread a moment after the turn's handle
+    resolves, as a subscription's do on a loaded machine; the last turn of the task compacts."""
+
+    def __init__(self, monitor: DemoMonitor) -> None:
+        self.monitor = monitor
+        self.prompts = 0
+
+    def prompt(self, sid: str, text: str) -> Any:
+        self.prompts += 1
+        events: list[ev.Event] = [ev.AgentStart(session_id=sid, turn_id=f"t{self.prompts}")]
+        if self.prompts == len(demo.TASK):
+            events.append(
+                ev.CompactionEnd(
+                    session_id=sid,
+                    trigger="threshold",
+                    messages_before=30,
+                    messages_after=10,
+                    tokens_before=4_500,
+                    tokens_after=2_400,
+                    summary_chars=1_000,
+                    mode="summarize",
+                )
+            )
+        events.append(ev.AgentEnd(session_id=sid, turn_id=f"t{self.prompts}", status="ok"))
+
+        def result(timeout: float) -> Any:
+            deliver = threading.Timer(0.05, lambda: [self.monitor(e) for e in events])
+            deliver.start()
+            return SimpleNamespace(status="ok", text="done", error=None)
+
+        return SimpleNamespace(result=result)
+
+
+def test_the_demo_decides_on_another_prompt_from_the_last_turns_events() -> None:
+    """A session that compacted in the task's last turn is done: the demo sends no prompt more for want of
+    that turn's events, which come after its handle resolved (the table's turns would be one too many)."""
+    view = SessionView(session_id="s", role="steady", told_window=6_000)
+    monitor = DemoMonitor({"s": view})
+    rt = _LateEventsRuntime(monitor)
+    sent = {"s": 0}
+    demo._drive(rt, monitor, "s", sent)
+    assert rt.prompts == sent["s"] == len(demo.TASK)
+    assert monitor.wait_for_turns({"s": len(demo.TASK)}, timeout=10) and view.threshold_compactions == 1
 
 
 @pytest.mark.slow  # an agentcell demo process: seconds even on an idle machine
