@@ -141,3 +141,45 @@ def test_a_server_killed_mid_turn_finishes_the_turn_when_it_starts_again_without
             assert body["status"] == "ok" and body["prompt_id"] == prompt_id
             assert body["message"]["parts"][0]["text"] == ANSWER
     assert not list((sessions / "turns").iterdir())  # stopped with no turn open: no journal left
+
+
+@pytest.mark.slow  # two `agentcell serve --shards 2` processes (a local Ray cluster each), the first SIGKILLed
+def test_a_sharded_server_killed_mid_turn_finishes_the_turn_when_it_starts_again(
+    tmp_path: Path, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with the sessions on two Ray shards (design §10.4): the server and its shards die with a
+    SIGKILL of the server mid-turn; a server started again on the same sessions takes the turn up on one of
+    its shards by itself, and answers ``GET .../turns/{prompt_id}`` with its result."""
+    provider.add_script("cut-sharded", [Turn(text="never delivered", latency=120), Turn(text=ANSWER)])
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    sessions = tmp_path / "sessions"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    args = ("--token", TOKEN, "--shards", "2")
+    with serve_process(sessions, *args, start_timeout=120, check_exit=False) as served:
+        with httpx.Client(base_url=served.url, headers=auth, timeout=60) as http:
+            created = http.post("/sessions", json={"model": "openai/cut-sharded"})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            sent = http.post(f"/sessions/{sid}/prompt", json={"text": "finish this", "wait": False})
+            assert sent.status_code == 202, sent.text
+            prompt_id = sent.json()["prompt_id"]
+        wait_until(
+            lambda: provider.remaining_turns("cut-sharded") == 1, "the turn never reached the model", 60
+        )
+        served.process.send_signal(signal.SIGKILL)
+        served.process.wait(timeout=30)
+    assert ANSWER not in _log_of(sessions, sid).read_text()
+
+    with serve_process(sessions, *args, start_timeout=120) as served:
+        wait_until(
+            lambda: ANSWER in _log_of(sessions, sid).read_text(),
+            "the restarted server did not take the turn up by itself",
+            120,
+        )
+        with httpx.Client(base_url=served.url, headers=auth, timeout=60) as http:
+            result = http.get(f"/sessions/{sid}/turns/{prompt_id}", params={"wait": "true"})
+            assert result.status_code == 200, result.text
+            body = result.json()
+            assert body["status"] == "ok" and body["prompt_id"] == prompt_id
+            assert body["message"]["parts"][0]["text"] == ANSWER
