@@ -10,8 +10,8 @@ Each shard is a Ray actor hosting a ``Runtime`` in its own process (:mod:`runtim
 object is the front. It places each session on a shard by rendezvous hashing of its id
 (:mod:`runtime.cluster._placement`), sends each call to the session's shard (:mod:`runtime.cluster._fleet`
 keeps track of where sessions are, and moves and fails them over; :mod:`runtime.cluster._turns` sends the
-turn calls and resolves their handles), and relays the events every shard
-pushes to its subscribers (:mod:`runtime.cluster._feeds`, :mod:`runtime.cluster._events`).
+turn calls and resolves their handles), and relays the events every shard pushes to its subscribers
+(:mod:`runtime.cluster._feeds`, :mod:`runtime.cluster._events`).
 
 The sessions directory must be one every shard sees (a shared filesystem path; the same path on every
 node). A session's lock file keeps it to one owner. When a shard's process dies, its sessions are resumed

@@ -249,15 +249,12 @@ class MessagesEndpoint:
             levels = self._limit_headers(decision.levels)
             if not decision.admitted:
                 log(429, "rate_limit", PromptCount(prompt_tokens, 0))
-                value = {"requests": limiter.rpm, "tokens": limiter.tpm}.get(
-                    decision.limit
-                ) or limiter.max_concurrent
                 return error_response(
                     anthropic.rate_limit_error(
                         model,
                         decision.retry_after,
                         limit=decision.limit,
-                        limit_value=int(value or 0),
+                        limit_value=limiter.limit_of(decision.limit),
                         headers=levels,
                     )
                 )

@@ -166,12 +166,11 @@ class ChatEndpoint:
 
 
 def _limit_error(model: str, decision: Decision, limiter: ProviderLimiter) -> errors.ErrorResponse:
-    value = {"requests": limiter.rpm, "tokens": limiter.tpm}.get(decision.limit) or limiter.max_concurrent
     return errors.rate_limit_error(
         model,
         decision.retry_after,
         limit=decision.limit,
-        limit_value=int(value or 0),
+        limit_value=limiter.limit_of(decision.limit),
         headers=decision.headers,
     )
 

@@ -147,6 +147,11 @@ class ProviderLimiter:
             state.admitted += 1
             return Decision(True, self._headers(state), levels=self._levels(state))
 
+    def limit_of(self, limit: str) -> int:
+        """The value of the limit a refusal names (``requests``: rpm, ``tokens``: tpm, else max_concurrent)."""
+        value = {"requests": self.rpm, "tokens": self.tpm}.get(limit) or self.max_concurrent
+        return int(value or 0)
+
     def release(self, key: str) -> None:
         """An admitted request's answer ended (its concurrent slot is free)."""
         with self._lock:
