@@ -489,6 +489,7 @@ class Compactor(SessionActor):
                             transport=result.transport or None,
                             pool=result.pool or None,
                             waited=result.waited,
+                            latency=result.latency,
                         )
                     )
             elif message is not None:
@@ -504,6 +505,7 @@ class Compactor(SessionActor):
                         transport=result.transport or None,
                         pool=result.pool or None,
                         waited=result.waited,
+                        latency=result.latency,
                     )
                 )
             me.tell(_SummaryDone(job.id, index, result))

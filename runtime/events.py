@@ -190,9 +190,9 @@ class RequestFailed(Event, frozen=True, tag="request_failed"):
     (``turn_id`` None, ``request_id`` its ``summary_request``'s). ``kind``: the error's kind
     (``rate_limit``, ``transient``, ``timeout``, ``auth``, ``context_overflow``, ...), ``message`` its text,
     ``status_code`` the HTTP status if any, ``attempts`` the attempts made, ``transport`` the one it went
-    over (empty if it never started), ``pool`` and ``waited`` the capacity pool it went through and the
-    seconds it waited (design §3.11). What follows a turn's is the turn's: an overflow's compaction, or
-    its ``error``."""
+    over (empty if it never started), ``latency`` the seconds from its start to its failure, ``pool`` and
+    ``waited`` the capacity pool it went through and the seconds it waited (design §3.11). What follows a
+    turn's is the turn's: an overflow's compaction, or its ``error``."""
 
     turn_id: str | None
     request_id: str | None
@@ -203,6 +203,7 @@ class RequestFailed(Event, frozen=True, tag="request_failed"):
     transport: str | None = None
     pool: str | None = None
     waited: float = 0.0
+    latency: float = 0.0
 
 
 class RequestQueued(Event, frozen=True, tag="request_queued"):
@@ -350,8 +351,9 @@ class ApprovalResponse(Event, frozen=True, tag="approval_response"):
 class TurnEnd(Event, frozen=True, tag="turn_end"):
     """A step's model response is complete (not the turn: that is ``agent_end``): its ``stop_reason``
     (``stop``, ``tool_calls``, ``length``, ...) and that response's ``usage``; ``attempts`` the provider
-    attempts it took (retries included), ``pool`` and ``waited`` the capacity pool it went through and the
-    seconds it waited for it (design §3.11)."""
+    attempts it took (retries included), ``latency`` the seconds from the call's start to its answer (the
+    event comes once the answer is recorded), ``pool`` and ``waited`` the capacity pool it went through and
+    the seconds it waited for it (design §3.11)."""
 
     turn_id: str
     stop_reason: str
@@ -359,6 +361,7 @@ class TurnEnd(Event, frozen=True, tag="turn_end"):
     attempts: int = 1
     pool: str | None = None
     waited: float = 0.0
+    latency: float = 0.0
 
 
 class AgentEnd(Event, frozen=True, tag="agent_end"):
@@ -552,8 +555,8 @@ class SummaryRequest(Event, frozen=True, tag="summary_request"):
 
 class SummaryResponse(Event, frozen=True, tag="summary_response"):
     """The summarizer answered the ``summary_request`` ``request_id``: its ``stop_reason``, ``usage``,
-    ``attempts`` (retries included), the ``transport`` it went over, and the capacity ``pool`` and seconds
-    ``waited`` (design §3.11). A call that failed ends in ``request_failed`` instead; one cut short by the
+    ``attempts`` (retries included), the ``transport`` it went over, ``latency`` the seconds from its start
+    to its answer, and the capacity ``pool`` and seconds ``waited`` (design §3.11). A call that failed ends in ``request_failed`` instead; one cut short by the
     compaction's end, in nothing."""
 
     request_id: str
@@ -563,6 +566,7 @@ class SummaryResponse(Event, frozen=True, tag="summary_response"):
     transport: str | None = None
     pool: str | None = None
     waited: float = 0.0
+    latency: float = 0.0
 
 
 class CompactionEnd(Event, frozen=True, tag="compaction_end"):

@@ -116,7 +116,13 @@ class _Turn:
 class _Chat:
     span: Span
     request_id: str | None
+    started: float  # its start event's ts
     transport: str | None = None
+
+    def end(self, ts: float, latency: float) -> None:
+        """End it when the call ended: ``latency`` after its start (the gateway's count), else at ``ts``
+        (its end event's time, which may come later: a turn's comes once the answer is recorded)."""
+        self.span.end(end_time=_ns(min(ts, self.started + latency) if latency > 0 else ts))
 
 
 @dataclass
@@ -330,7 +336,7 @@ class Tracing:
             attributes=attributes,
             start_time=_ns(event.ts),
         )
-        session.chat = _Chat(span, event.message_id, event.transport)
+        session.chat = _Chat(span, event.message_id, event.ts, event.transport)
 
     @_traces(ev.ProviderRetry)
     def _provider_retry(self, event: ev.ProviderRetry) -> None:
@@ -384,7 +390,7 @@ class Tracing:
             if event.status_code is not None:
                 span.set_attribute("http.response.status_code", event.status_code)
             span.set_status(Status(StatusCode.ERROR, event.message))
-        span.end(end_time=_ns(event.ts))
+        chat.end(event.ts, event.latency)
 
     def _cancel_chat(self, session: _Session, ts: float) -> None:
         """End the turn's provider call in flight, if any, as cancelled (the turn ended or moved on)."""
@@ -599,7 +605,7 @@ class Tracing:
             attributes=attributes,
             start_time=_ns(event.ts),
         )
-        session.summaries[event.request_id] = _Chat(span, event.request_id)
+        session.summaries[event.request_id] = _Chat(span, event.request_id, event.ts)
 
     @_traces(ev.SummaryResponse)
     def _summary_response(self, event: ev.SummaryResponse) -> None:
@@ -635,7 +641,7 @@ def _answered(
         span.set_attribute(FINISH_REASONS, [event.stop_reason])
         if record_content and answer is not None:
             span.set_attribute(OUTPUT_MESSAGES, messages_json([answer], finish_reason=event.stop_reason))
-    span.end(end_time=_ns(event.ts))
+    chat.end(event.ts, event.latency)
 
 
 def _pool_attributes(span: Span, pool: str | None, waited: float) -> None:

@@ -419,6 +419,7 @@ class TurnMachine(RecoveryFlows):
                 transport=result.transport or None,
                 pool=result.pool or None,
                 waited=result.waited,
+                latency=result.latency,
             )
             verdict: VerdictLike = yield from self._ask(
                 Classify(
@@ -486,6 +487,7 @@ class TurnMachine(RecoveryFlows):
             attempts=result.attempts,
             pool=result.pool or None,
             waited=result.waited,
+            latency=result.latency,
         )
         calls = message.tool_calls
         if not calls:

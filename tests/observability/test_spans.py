@@ -102,6 +102,7 @@ def test_a_turn_is_a_tree_of_spans_timed_by_its_events(spans: tuple[Tracing, InM
             attempts=2,
             pool="http://127.0.0.1:8080|key",
             waited=0.75,
+            latency=0.875,  # (the call ended before its turn_end: that comes once the answer is recorded)
         ),
         ev.ToolExecutionStart(**turn, ts=102.25, call_id="c1", name="sh", arguments='{"cmd": "ls"}'),
         ev.ToolExecutionEnd(
@@ -148,7 +149,7 @@ def test_a_turn_is_a_tree_of_spans_timed_by_its_events(spans: tuple[Tracing, InM
     assert root.status.status_code is StatusCode.ERROR and root.status.description == "the provider failed"
 
     first, failed = sorted((s for s in finished if s.name == "chat openai/m"), key=lambda s: s.start_time)
-    assert (first.start_time, first.end_time) == (101 * NS, 102 * NS)
+    assert (first.start_time, first.end_time) == (101 * NS, int(101.875 * NS))
     assert first.kind is SpanKind.CLIENT and first.parent.span_id == root.context.span_id
     assert first.attributes["gen_ai.provider.name"] == "openai"
     assert first.attributes["server.address"] == "127.0.0.1" and first.attributes["server.port"] == 8080
@@ -307,4 +308,9 @@ def test_through_the_runtime_the_spans_are_timed_by_the_events_and_summaries_are
     assert asked.request_id == answered.request_id and asked.purpose == "summary" and asked.model == model
     assert answered.usage.output_tokens > 0 and answered.attempts == 1
     (summary,) = [s for s in tr.named("chat") if s.attributes.get("agentcell.call.purpose") == "summary"]
-    assert (summary.start_time, summary.end_time) == (int(asked.ts * NS), int(answered.ts * NS))
+    assert summary.start_time == int(asked.ts * NS) < summary.end_time <= int(answered.ts * NS)
+    assert summary.end_time - summary.start_time <= answered.latency * NS + 1_000  # (ns from float seconds)
+    # a turn's call ends when the gateway answered (its latency), before its turn_end recorded the answer
+    for chat, end in zip(chats, tr.recorder.of("turn_end", sid), strict=True):
+        assert end.latency > 0 and chat.end_time <= int(end.ts * NS)
+        assert chat.end_time - chat.start_time <= end.latency * NS + 1_000

@@ -109,6 +109,7 @@ def test_the_events_carry_what_the_spans_of_a_turn_are_made_from() -> None:
         attempts=3,
         pool="http://h:1|k",
         waited=1.5,
+        latency=2.5,
     )
     routed = fx.Routed(transport="openai_compat", provider="openai", server_address="h", server_port=1)
     w.run([overflow, busy], Route=routed)
@@ -122,7 +123,7 @@ def test_the_events_carry_what_the_spans_of_a_turn_are_made_from() -> None:
     assert (failed.kind, failed.status_code, failed.attempts) == ("context_overflow", 400, 1)
     assert (failed.transport, failed.pool, failed.waited) == ("openai_compat", "http://h:1|k", 0.25)
     (end,) = w.of("turn_end")
-    assert (end.attempts, end.pool, end.waited) == (3, "http://h:1|k", 1.5)
+    assert (end.attempts, end.pool, end.waited, end.latency) == (3, "http://h:1|k", 1.5, 2.5)
     (agent_end,) = w.of("agent_end")
     assert agent_end.steps == 2 == w.result(p).steps
 
