@@ -309,10 +309,11 @@ def test_a_turn_taken_up_after_an_agent_crash_stays_one_span(
     """The crashed agent hands its run to its successor: the turn's span goes with it, and the call made
     after the recovery is a child of the same turn span as the one before."""
     tr = traced()
-    release = threading.Event()
+    release, running = threading.Event(), threading.Event()
 
     def wait_here() -> str:
         """Wait until released."""
+        running.set()
         release.wait(30)
         return "released"
 
@@ -323,6 +324,9 @@ def test_a_turn_taken_up_after_an_agent_crash_stays_one_span(
     )
     handle = tr.rt.prompt(sid, "go")
     tr.recorder.wait_type("tool_execution_start", timeout=30)
+    # the tool runs once its start is in the log (it is not idempotent, design §3.12): a crash before that
+    # would leave a call that never started, which the successor runs (and which waits here)
+    assert running.wait(30)
     tr.rt._session(sid).refs.agent.tell(object())  # an unexpected message: the agent crashes
     try:
         assert handle.result(timeout=30).text == "recovered fine"
