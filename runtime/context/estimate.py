@@ -236,12 +236,7 @@ def answer_margin(
     provider's own part of the estimate has no such error."""
     floor = max(16, window // 16) if fixed is None else fixed
     excess = max(0, math.ceil(max(0, counted_tokens) * (count_ratio - 1.0)))  # (a server counting less: 0)
-    return max(floor, excess + _drift(window))
-
-
-def _drift(window: int) -> int:
-    """The margin's slack for the ratio's own drift: a 64th of the window, at least 16."""
-    return max(16, window // 64)
+    return max(floor, excess + max(16, window // 64))
 
 
 def prompt_room(
@@ -250,14 +245,22 @@ def prompt_room(
     """The most tokens, all counted here, a request's prompt may take when it asks for ``answer_tokens``:
     the prompt, the answer and :func:`answer_margin` over that prompt fit ``window`` (the server counting
     the prompt ``count_ratio`` × ours). The converse of :func:`answer_cap` for a prompt counted here in
-    full (the summarizer's, design §5.4); negative when even an empty prompt leaves too little."""
+    full (the summarizer's, design §5.4); when even an empty prompt does not fit, how far short it is (< 0)."""
     free = window - answer_tokens
-    room = free - answer_margin(window, 0, count_ratio, fixed=fixed)
-    if count_ratio > 1.0:  # the prompt as the server counts it, plus the drift: room × ratio + drift <= free
-        room = min(room, math.floor((free - _drift(window)) / count_ratio))
-    while room > 0 and room + answer_margin(window, room, count_ratio, fixed=fixed) > free:
-        room -= 1  # (a float's rounding: the margin itself decides)
-    return room
+
+    def over(prompt: int) -> int:
+        return prompt + answer_margin(window, prompt, count_ratio, fixed=fixed) - free
+
+    if over(0) > 0:  # pragma: no mutate (at over(0) == 0 the search gives the same 0)
+        return -over(0)
+    low, high = 0, free  # over(low) <= 0 < over(free): the margin is at least 16
+    while low < high:  # the prompt plus its margin grows with the prompt: the largest that fits
+        mid = (low + high + 1) // 2  # pragma: no mutate (any mid in (low, high] finds the same)
+        if over(mid) <= 0:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def answer_cap(

@@ -189,7 +189,11 @@ def test_the_prompt_room_at_our_count_is_the_window_less_the_answer_and_the_marg
     assert prompt_room(4_096, 1_024, 0.8, fixed=154) == 4_096 - 1_024 - 154  # a server counting less
     assert answer_margin(4_096, 3_000, 1.0, fixed=154) == 154
     assert answer_margin(1_024, 1_000, 0.5, fixed=0) == 16  # a server counting less: still the drift
-    assert prompt_room(1_000, 1_000) < 0  # no room at all: the caller sends nothing
+    assert prompt_room(1_000, 1_000) == -62  # no room at all, 62 short: the caller sends nothing
+    assert prompt_room(1_000, 938) == 0  # just room for the margin
+    # a margin that grows by a token with the first counted one: 0 fits, 1 does not (16 + 1 + 17 > 17 free)
+    assert prompt_room(1_000, 983, 2.0, fixed=16) == 0
+    assert prompt_room(1_000, 939) == -1
 
 
 def test_the_prompt_room_shrinks_with_the_server_s_count() -> None:
