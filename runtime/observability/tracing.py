@@ -135,6 +135,17 @@ class _Session:
     compaction: Span | None = None
     summaries: dict[str, _Chat] = field(default_factory=dict)  # request id -> a summarizer call's span
 
+    @property
+    def idle(self) -> bool:
+        """Nothing of it is open."""
+        return (
+            self.turn is None
+            and self.chat is None
+            and not self.tools
+            and self.compaction is None
+            and not self.summaries
+        )
+
     def spans(self) -> Iterable[Span]:
         if self.chat is not None:
             yield self.chat.span
@@ -201,16 +212,22 @@ class Tracing:
         """Apply the rule of ``event``'s type (if any); a rule that fails is logged, never raised."""
         try:
             with self._lock:
-                if isinstance(
-                    event, ev.SubscriberLagged
-                ):  # (the subscription's own: sent whatever the filter)
+                if isinstance(event, ev.SubscriberLagged):  # (sent whatever the filter)
                     self._lagged(event)
                     return
                 rule = _RULES.get(type(event))
                 if rule is not None:
                     rule(self, event)
+                    session = self._sessions.get(event.session_id)
+                    if session is not None and session.idle:  # (a million sessions leave no trace here)
+                        del self._sessions[event.session_id]
         except Exception:  # a span must never stop the spans of the rest
             log.exception("tracing: could not apply the span rule of a %s event", event.type)
+
+    @property
+    def open_sessions(self) -> int:
+        """The sessions with a span open (a session whose spans all ended is forgotten)."""
+        return len(self._sessions)
 
     def _session(self, sid: str) -> _Session:
         session = self._sessions.get(sid)

@@ -140,6 +140,7 @@ def test_a_turn_is_a_tree_of_spans_timed_by_its_events(spans: tuple[Tracing, InM
     )
     finished = exporter.get_finished_spans()
     assert len(finished) == 6
+    assert tracing.open_sessions == 0  # its spans all ended: nothing of the session is kept
     named = by_name(exporter)
     root = named["invoke_agent agentcell"]
     assert root.parent is None and (root.start_time, root.end_time) == (100 * NS, 106 * NS)
