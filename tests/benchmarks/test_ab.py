@@ -30,18 +30,23 @@ def test_each_figure_gets_both_sides_runs_their_medians_and_a_verdict() -> None:
     cpu = rows["cpu_ms_per_turn"]
     assert cpu["before"] == [1.5, 2.0, 1.7] and cpu["after"] == [1.6, 1.8, 1.7]
     assert (cpu["before_median"], cpu["after_median"], cpu["after_vs_before"]) == (1.7, 1.7, 1.0)
-    assert cpu["verdict"] == "within before's range"
+    assert cpu["verdict"] == "overlapping: no difference shown"
     assert rows["turns_per_s"]["after_median"] == 370.0
 
 
 @pytest.mark.parametrize(
     ("after_cpu", "after_rate", "cpu_verdict", "rate_verdict"),
     [
-        (2.5, 300.0, "WORSE than every before", "WORSE than every before"),
-        (1.0, 500.0, "better than every before", "better than every before"),
+        (2.5, 300.0, "every after run worse (1 in 3 by chance)", "every after run worse (1 in 3 by chance)"),
+        (
+            1.0,
+            500.0,
+            "every after run better (1 in 3 by chance)",
+            "every after run better (1 in 3 by chance)",
+        ),
     ],
 )
-def test_a_median_outside_the_before_range_is_called_worse_or_better_by_the_figures_direction(
+def test_a_difference_is_called_only_when_the_sides_do_not_overlap_by_the_figures_direction(
     after_cpu: float, after_rate: float, cpu_verdict: str, rate_verdict: str
 ) -> None:
     before = [_doc(native=(1.5, 400.0)), _doc(native=(2.0, 350.0))]
