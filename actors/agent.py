@@ -310,7 +310,7 @@ class Agent(SessionActor):
 
     @_performs(fx.RestoreUsage)
     def _restore_usage(self, effect: fx.RestoreUsage) -> None:
-        self.refs.usage.tell(p.Restore(effect.messages, effect.spent))
+        self.refs.usage.tell(p.Restore(effect.messages, effect.spent, effect.read))
 
     @_performs(fx.Abandon)
     def _abandon(self, effect: fx.Abandon) -> None:

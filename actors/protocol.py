@@ -273,7 +273,7 @@ class ContextView(msgspec.Struct, frozen=True, kw_only=True):
     estimated_tokens: int = 0
     dead: str | None = None  # why the session is dead (design §5.8), or None
     turn_ended_at: str | None = None  # the newest message when the latest turn ended without an answer
-    unlogged_spend: Usage | None = None  # what compactions that wrote no summary spent since the newest one
+    spent: Usage | None = None  # what the session paid for, as its log records it (SessionTree.spent)
     steps: tuple[StepEntry, ...] = ()  # the newest turn's step records (design §3.12)
 
 
@@ -440,11 +440,14 @@ class Reset(msgspec.Struct, frozen=True):
 
 
 class Restore(msgspec.Struct, frozen=True):
-    """Rebuild the totals and the last prompt size from the session's messages (after a restart), with what
-    compactions that wrote no summary spent (``spent``, :attr:`ContextView.unlogged_spend`)."""
+    """Rebuild the usage state after a restart: the totals are ``spent`` (what the log records the session
+    paid for, :attr:`ContextView.spent`; None: the sum over ``messages``), the last prompt size is read from
+    ``messages`` (the model's view). ``read=False``: the log could not be read; keep what is known. A tracker
+    started for a session with a history answers queries only after it (design §4.1)."""
 
     messages: tuple[Message, ...]
     spent: Usage | None = None
+    read: bool = True
 
 
 class GetTotals(Ask[Usage], frozen=True):

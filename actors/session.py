@@ -406,6 +406,7 @@ class Session:
             self.services.bus.publish,
             counter=model.counter,
             context_window=self.context_window,
+            restoring=restarted or not self.fresh,  # as the agent recovers: it sends the totals (Restore)
             dispatcher=self.services.dispatcher,
         )
         return ref

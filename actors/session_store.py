@@ -554,7 +554,7 @@ class SessionStore(PooledActor):
             dead=tree.dead,
             turn_ended_at=tree.turn_ended_at,
             steps=tree.turn_steps,
-            unlogged_spend=tree.unlogged_spend,
+            spent=tree.spent,
         )
 
     def context(self) -> list[Message]:

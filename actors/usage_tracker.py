@@ -8,8 +8,8 @@ estimates against actual input tokens, and the model's window. The rules live in
 
 Messages (tell or ask; declared in :mod:`actors.protocol`): :class:`RecordResponse` after every provider
 response, :class:`SetModel`, :class:`Reset` after a compaction, :class:`Restore` to rebuild the totals from
-the session's messages. Asked: :class:`GetTotals` (the session's :class:`Usage`) and
-:class:`GetCalibration` (a :class:`Calibration`), which is how the runtime's queries reach it: no proxy to build (pykka inspects every
+the log (sent by the agent's recovery; a tracker started ``restoring`` answers queries only after it).
+Asked: :class:`GetTotals` (the session's :class:`Usage`) and :class:`GetCalibration` (a :class:`Calibration`), which is how the runtime's queries reach it: no proxy to build (pykka inspects every
 attribute of the actor for one) or to keep. Queries through a proxy, for the tests and tools:
 ``totals()``, ``current_context_tokens()``, ``context_window()``, ``calibration_ratio()``,
 ``calibration_error()``, ``estimate(...)`` and ``stats(...)``.
@@ -65,6 +65,7 @@ class UsageTracker(PooledActor):
         *,
         counter: TokenCounter | None = None,
         context_window: int | None = None,
+        restoring: bool = False,
     ) -> None:
         super().__init__()
         self.session_id = session_id
@@ -84,6 +85,9 @@ class UsageTracker(PooledActor):
         # Made here, in the caller's thread: loading an encoding the first time is disk work.
         self._counter = counter if counter is not None else TokenCounter(model, config.tokens)
         self._info = self._model_info(model, context_window)
+        # Started for a session with a history (a resume, a wake, a restart): its totals are the log's, which
+        # the agent's recovery sends (Restore); queries wait for them rather than answer zeros.
+        self._restoring = restoring
 
     # -- mailbox ----------------------------------------------------------------------------------------
     def on_receive(self, message: Any) -> Any:
@@ -102,8 +106,14 @@ class UsageTracker(PooledActor):
                 if tokens is not None:
                     self._current, self._estimated_current = tokens, True
                     self._publish_update(Usage())
-            case Restore(messages=messages, spent=spent):
-                self._restore(messages, spent)
+            case Restore(messages=messages, spent=spent, read=read):
+                if read:
+                    self._restore(messages, spent)
+                if self._restoring:
+                    self._restoring = False
+                    self.unstash_all()
+            case GetTotals() | GetCalibration() if self._restoring:
+                self.stash(message)
             case GetTotals():
                 return self._totals
             case GetCalibration():
@@ -231,14 +241,18 @@ class UsageTracker(PooledActor):
         )
 
     def _restore(self, messages: Sequence[Message], spent: Usage | None = None) -> None:
-        totals = Usage() if spent is None else spent
+        """The totals are ``spent`` (the log's record of the session's spend, every branch and compaction
+        included: design §4.1), or the sum over ``messages`` without it; the last prompt size is the newest
+        usable response's of ``messages``."""
+        totals = Usage()
         last: Message | None = None
         for msg in messages:
             if msg.usage is not None:
-                totals = totals + msg.usage
+                if spent is None:
+                    totals = totals + msg.usage
                 if usable_response(msg):
                     last = msg
-        self._totals = totals
+        self._totals = totals if spent is None else spent
         self._anchor = None  # whether a compaction came after `last` is not known here
         if last is not None and last.usage is not None:
             self._current, self._estimated_current = last.usage.input_tokens, False

@@ -117,6 +117,10 @@ class SessionTree:
         self._nodes: dict[str, NodeEntry] = {}
         self._children: dict[str | None, list[str]] = {}
         self._metadata: dict[str, Any] = {}
+        # What the session paid for, as the log records it (design §4.1): summed as entries are applied, so
+        # a replay (which every open does) knows it with no other read, and trim() keeps it.
+        self._spent = Usage()
+        self._unlogged: Usage | None = None  # SPEND_KEY's value, decoded once
         self._steps: list[StepEntry] = []  # the newest turn's step records (design §3.12)
         self._leaf: str | None = None
         self._message_count = 0
@@ -232,16 +236,23 @@ class SessionTree:
                     )
                 self._attach(entry)
                 self._message_count += 1
+                if entry.message.usage is not None:
+                    self._spent = self._spent + entry.message.usage
             case CompactionEntry():
                 self._attach(entry)
                 self._compaction_count += 1
                 self._metadata.pop(SPEND_KEY, None)  # (its summary carries it)
+                self._unlogged = None
+                if entry.summary.usage is not None:
+                    self._spent = self._spent + entry.summary.usage
             case OverlayEntry() | VisibilityEntry():
                 self._attach(entry)
             case BranchEntry():
                 self._move_leaf(entry.leaf_id)
             case MetadataEntry():
                 self._metadata[entry.key] = entry.value
+                if entry.key == SPEND_KEY:
+                    self._unlogged = _usage_of(entry.value)
             case StepEntry():
                 if entry.kind == "turn" or (self._steps and self._steps[0].turn_id != entry.turn_id):
                     self._steps = []  # a new turn: the records of the one before are done with
@@ -278,13 +289,16 @@ class SessionTree:
     def unlogged_spend(self) -> Usage | None:
         """What compactions that wrote no summary spent since the newest compaction entry, or None
         (:data:`SPEND_KEY`)."""
-        value = self._metadata.get(SPEND_KEY)
-        if not isinstance(value, dict):
-            return None
-        try:
-            return msgspec.convert(value, Usage)
-        except msgspec.ValidationError:
-            return None
+        return self._unlogged
+
+    @property
+    def spent(self) -> Usage:
+        """What the session paid for, as its log records it (design §4.1): the usage of every message of
+        every branch (its responses, an archive's tool summary), of every compaction's summary (its
+        summarizer calls, and those of earlier compactions that wrote none) and :attr:`unlogged_spend`.
+        Overlays are copies of messages already counted: not counted again."""
+        unlogged = self._unlogged
+        return self._spent if unlogged is None else self._spent + unlogged
 
     @property
     def turn_ended_at(self) -> str | None:
@@ -626,3 +640,13 @@ class SessionTree:
             return node.summary
         assert isinstance(node, MessageEntry)
         return self._overlays.get(node.id, node.message)
+
+
+def _usage_of(value: Any) -> Usage | None:
+    """A :class:`Usage` recorded as metadata, or None when it is not one."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return msgspec.convert(value, Usage)
+    except msgspec.ValidationError:
+        return None

@@ -164,11 +164,13 @@ class CancelApprovals(Effect, frozen=True):
 
 
 class RestoreUsage(Effect, frozen=True):
-    """Rebuild the usage tracker's totals from ``messages`` and ``spent`` (what compactions that wrote no
-    summary spent since the newest one) after a restart."""
+    """Rebuild the usage tracker's state after a restart: its totals are ``spent`` (what the log records the
+    session paid for, every branch, compactions included), its last prompt size read from ``messages``;
+    ``read=False``: the log could not be read (the tracker stops waiting for this and keeps what it has)."""
 
     messages: tuple[Message, ...]
     spent: Usage | None = None
+    read: bool = True
 
 
 class Abandon(Effect, frozen=True):
@@ -345,7 +347,7 @@ class ViewLike(Protocol):
     @property
     def steps(self) -> tuple[StepEntry, ...]: ...
     @property
-    def unlogged_spend(self) -> Usage | None: ...
+    def spent(self) -> Usage | None: ...
 
 
 class StoredLike(Protocol):

@@ -137,9 +137,10 @@ class RecoveryFlows(MachineCore):
                 self._emit(
                     Abandon(handover, f"the session could not be read after an agent crash: {view.message}")
                 )
+            self._emit(RestoreUsage((), read=False))  # (a usage tracker waiting for it answers again)
             self._emit(Resumed(None))
             return
-        self._emit(RestoreUsage(tuple(view.messages), view.unlogged_spend))
+        self._emit(RestoreUsage(tuple(view.messages), view.spent))
         awaited = awaiting_client(view.messages)  # a turn that stopped for the client's tools still waits
         interrupted = unfinished_turn(view.messages, view.turn_ended_at)
         run = handover.run if handover is not None else None

@@ -197,6 +197,31 @@ def test_after_a_restart_the_parent_knows_its_children(
         assert any(t.name == "agent" for t in rt._session(parent).spec.tools.tools())
 
 
+def test_after_a_restart_the_usage_with_children_is_what_it_was(provider: Any, sessions_dir: Path) -> None:
+    """design §4.1: ``usage(include_children=True)`` in a new runtime resumes each child and asks it at once;
+    before, a session just resumed answered zeros (its tracker answered before the agent's recovery restored
+    it), so the report lost the parent's and the children's spend."""
+    child = child_model(provider, Turn(text="first"))
+    parent_model = f"openai/parent-{next(_names)}"
+    provider.add_script(
+        parent_model.removeprefix("openai/"),
+        [Turn(tool_calls=(delegate("researcher", "work", "call_u"),)), Turn(text="done")],
+    )
+    with Runtime(Config(), sessions_dir=sessions_dir) as rt:
+        parent = rt.start_session(
+            model=parent_model, api_base=provider.url, api_key="sk-local", agents=profiles(child)
+        )
+        assert rt.prompt(parent, "go").result(timeout=60).text == "done"
+        (kid,) = rt.children(parent)
+        live = rt.usage(parent, include_children=True)
+    assert live.own.input_tokens > 0 and live.children[kid].input_tokens > 0
+    with Runtime(Config(), sessions_dir=sessions_dir) as rt:
+        rt.resume_session(parent, api_base=provider.url, api_key="sk-local")
+        report = rt.usage(parent, include_children=True)
+    assert report.own == live.own
+    assert report.children == live.children
+
+
 def test_a_child_compacts_on_its_own_and_survives_a_crash(
     rt: Any, provider: Any, session: Any, script: Any, recorder: Recorder, workspace: Path
 ) -> None:

@@ -217,6 +217,42 @@ def test_restore_rebuilds_totals_from_messages(start: Any) -> None:
     assert proxy.calibration_error().get() == pytest.approx(-50 / 2_100)
 
 
+def test_restore_takes_the_logs_spend_as_the_totals_and_the_view_for_the_prompt_size(start: Any) -> None:
+    """design §4.1: the model's view after a compaction no longer holds what was paid before it; the totals are
+    the log's record (``spent``), the last prompt size the view's newest usable response."""
+    ref = start()
+    spent = Usage(input_tokens=9_000, output_tokens=90, cost=1.5)
+    ref.ask(Restore((user("a"), reply(Usage(input_tokens=2_000, output_tokens=20))), spent))
+    proxy = ref.proxy()
+    assert proxy.totals().get() == spent
+    assert proxy.current_context_tokens().get() == 2_000
+
+
+def test_a_restoring_tracker_answers_queries_with_the_restored_totals_not_zeros(start: Any) -> None:
+    """A tracker started for a session with a history (a resume, a wake, a restart) answers ``usage()`` only
+    once the agent's recovery told it the log's totals: before, the first answer after a resume was zeros."""
+    ref = start(restoring=True)
+    totals = ref.ask(GetTotals(), block=False)
+    calibration = ref.ask(GetCalibration(), block=False)
+    with pytest.raises(pykka.Timeout):
+        totals.get(timeout=0.2)
+    spent = Usage(input_tokens=4_000, output_tokens=40)
+    ref.tell(Restore((), spent))
+    assert totals.get(timeout=5) == spent
+    assert calibration.get(timeout=5) == Calibration(ratio=None, last_error=None)
+    assert ref.ask(GetTotals(), timeout=5) == spent  # at once from now on
+
+
+def test_a_restore_that_could_not_read_the_log_releases_the_queries_and_keeps_the_totals(start: Any) -> None:
+    ref = start(restoring=True)
+    waiting = ref.ask(GetTotals(), block=False)
+    ref.tell(Restore((), None, read=False))
+    assert waiting.get(timeout=5) == Usage()
+    ref.ask(RecordResponse(reply(Usage(input_tokens=10, output_tokens=1))))
+    ref.tell(Restore((), None, read=False))  # not restoring any more: changes nothing
+    assert ref.ask(GetTotals(), timeout=5) == Usage(input_tokens=10, output_tokens=1)
+
+
 def test_estimate_and_stats_use_the_shared_formula(start: Any) -> None:
     config = make_config()
     counter = TokenCounter("test-model", config.tokens)

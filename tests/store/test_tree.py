@@ -16,13 +16,14 @@ from runtime.messages import (
     KIND_COMPACTION_SUMMARY,
     KIND_TOOL_RESULT_ARCHIVED,
     Message,
+    Usage,
     assistant,
     tool_result,
     user,
 )
 from runtime.store.entries import CompactionEntry, MessageEntry, OverlayEntry, VisibilityEntry, new_header
 from runtime.store.log import SessionLog, load_tree
-from runtime.store.tree import NeedsHistory, SessionTree
+from runtime.store.tree import SPEND_KEY, NeedsHistory, SessionTree
 from runtime.store.writer import LogWriter
 
 
@@ -364,3 +365,37 @@ def test_a_trimmed_tree_holds_the_context_not_the_history() -> None:
         tracemalloc.stop()
     grown = sum(stat.size_diff for stat in after.compare_to(base, "filename"))
     assert grown < 2_000 * 50, f"{grown} bytes kept for 2,000 turns"  # 8 bytes an id dropped, a few runs
+
+
+def test_spent_counts_every_response_summary_and_unlogged_spend_once_whatever_the_view() -> None:
+    """design §4.1: what a session paid for is every response on every branch, every compaction summary's
+    summarizer spend, and the spend of compactions that wrote none (``unlogged_spend``) until the next summary
+    carries it; an overlay's copy of a message is not paid again. A trim keeps it, a replay gives it back."""
+
+    def paid(text: str, tokens: int, cost: float) -> Message:
+        return msgspec.structs.replace(
+            assistant(text), usage=Usage(input_tokens=tokens, output_tokens=1, cost=cost)
+        )
+
+    tree = SessionTree(new_header("s", model="m"))
+    first = tree.append(user("a"))
+    answer = tree.append(paid("b", 100, 0.5))
+    tree.append(user("c"))
+    tree.append(paid("d", 200, 0.25))
+    tree.overlay([msgspec.structs.replace(answer.message, agent_visible=False)])  # a copy: not paid again
+    tree.set_metadata(SPEND_KEY, msgspec.to_builtins(Usage(input_tokens=7, output_tokens=3)))  # discarded
+    assert tree.spent == Usage(input_tokens=307, output_tokens=5, cost=0.75)
+    carried = msgspec.structs.replace(summary(), usage=Usage(input_tokens=57, output_tokens=13))  # 50+7, 10+3
+    tree.record_compaction(carried, None)  # clears unlogged_spend: its summary carries it
+    assert tree.unlogged_spend is None
+    tree.append(user("e"))
+    tree.append(paid("f", 400, 1.0))
+    tree.branch(first.id)  # spend on a branch the view no longer shows is still paid for
+    tree.append(paid("g", 800, 2.0))
+    expected = Usage(input_tokens=1_557, output_tokens=17, cost=3.75)
+    assert tree.spent == expected
+    assert sum((m.usage for m in tree.context() if m.usage), Usage()) != expected  # the view holds less
+    again = SessionTree.from_entries(tree.entries())
+    assert again.spent == expected
+    again.trim()
+    assert again.spent == expected

@@ -15,7 +15,7 @@ import pytest
 
 from actors.protocol import ContextView, Outcome, Verdict
 from runtime.handles import Handle
-from runtime.messages import KIND_STEER, user
+from runtime.messages import KIND_STEER, Usage, assistant, user
 from runtime.store.entries import StepEntry
 from runtime.turn import AgentState, IllegalTransition, TurnMachine
 from runtime.turn import effects as fx
@@ -460,6 +460,35 @@ def test_a_turn_taken_up_from_the_log_is_decided_once(monkeypatch: pytest.Monkey
     assert resumed.turn_id == "t-cut" and resumed.prompt_id == "p-cut" and resumed.rerun_calls == 1
     assert w.log[-1].text == "taken up" and w.orphans() == []
     assert len(decided) == 1
+
+
+def test_recovery_restores_the_usage_the_log_records_and_releases_it_when_the_log_cannot_be_read() -> None:
+    """design §4.1: the totals a recovered session reports are what its log records it paid for (the view's
+    ``spent``), not the sum over the model's view; a log that cannot be read still releases a usage tracker
+    waiting for the totals (``read=False``), rather than leave ``usage()`` unanswered."""
+
+    def recovered(read_context: Any) -> fx.RestoreUsage:
+        m = TurnMachine(
+            Spec(config()),
+            counter=Counter(),
+            measure=Measure(),
+            model="m",
+            context_window=WINDOW,
+            spill_dir=Path("/x"),
+            recovering=True,
+        )
+        w = World(m)
+        w.take(m.recover())
+        w.run([], TakeHandover=None, ReadContext=read_context)
+        (restore,) = [e for e in w.seen if isinstance(e, fx.RestoreUsage)]
+        return restore
+
+    spent = Usage(input_tokens=5_000, output_tokens=70)
+    turn = (user("hi"), assistant("hello", usage=Usage(input_tokens=9, output_tokens=1)))
+    restore = recovered(ContextView(session_id="s1", leaf_id=None, messages=turn, spent=spent))
+    assert restore.read and restore.spent == spent and restore.messages == turn
+    unread = recovered(fx.Failed("ActorDeadError: gone"))
+    assert not unread.read and unread.spent is None
 
 
 def test_an_illegal_move_raises() -> None:
