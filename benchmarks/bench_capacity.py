@@ -171,6 +171,9 @@ class RuntimeSide:
         ]
         for sid in sids:
             self.rt.usage(sid)  # starts the session's actors (lazy), before the clock runs
+        # and their stores have their logs open (the log writer opens them, asynchronously): a session's start,
+        # off the clock too, not a share of its first turn that depends on how fast the writer got there
+        self.rt.services.writer.flush(timeout=120)
         return sids
 
     async def prepare(self, sessions: int) -> None:
