@@ -136,6 +136,11 @@ class _Session:
     summaries: dict[str, _Chat] = field(default_factory=dict)  # request id -> a summarizer call's span
 
     @property
+    def turn_span(self) -> Span | None:
+        """The running turn's span: the parent of what the session does inside a turn."""
+        return self.turn.span if self.turn is not None else None
+
+    @property
     def idle(self) -> bool:
         """Nothing of it is open."""
         return (
@@ -235,6 +240,15 @@ class Tracing:
             session = self._sessions[sid] = _Session()
         return session
 
+    def _start(
+        self, name: str, parent: Span | None, kind: SpanKind, attributes: dict[str, Any], ts: float
+    ) -> Span:
+        """A span under ``parent`` (a root span when None), begun at an event's time ``ts``: never made
+        current, so the parent is always explicit."""
+        return self.tracer.start_span(
+            name, context=_context(parent), kind=kind, attributes=attributes, start_time=_ns(ts)
+        )
+
     def _content(self, sid: str, kind: Any, key: str | None) -> Any:
         return None if self.content is None else self.content.take(sid, kind, key)
 
@@ -285,13 +299,7 @@ class Tracing:
         inputs = self._content(sid, "prompt", event.prompt_id)
         if inputs:
             attributes[INPUT_MESSAGES] = messages_json(inputs)
-        span = self.tracer.start_span(
-            f"invoke_agent {INSTRUMENTATION}",
-            context=_context(parent),
-            kind=SpanKind.INTERNAL,
-            attributes=attributes,
-            start_time=_ns(event.ts),
-        )
+        span = self._start(f"invoke_agent {INSTRUMENTATION}", parent, SpanKind.INTERNAL, attributes, event.ts)
         session.turn = _Turn(span, event.turn_id)
 
     @_traces(ev.ErrorOccurred)
@@ -345,14 +353,7 @@ class Tracing:
         )
         attributes[TURN_ID] = event.turn_id
         self._request_content(attributes, sid, event.message_id)
-        parent = session.turn.span if session.turn is not None else None
-        span = self.tracer.start_span(
-            f"chat {event.model}",
-            context=_context(parent),
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=_ns(event.ts),
-        )
+        span = self._start(f"chat {event.model}", session.turn_span, SpanKind.CLIENT, attributes, event.ts)
         session.chat = _Chat(span, event.message_id, event.ts, event.transport)
 
     @_traces(ev.ProviderRetry)
@@ -476,14 +477,7 @@ class Tracing:
         }
         if self.record_content and arguments:
             attributes[TOOL_ARGUMENTS] = arguments
-        parent = session.turn.span if session.turn is not None else None
-        return self.tracer.start_span(
-            f"execute_tool {event.name}",
-            context=_context(parent),
-            kind=SpanKind.INTERNAL,
-            attributes=attributes,
-            start_time=_ns(ts),
-        )
+        return self._start(f"execute_tool {event.name}", session.turn_span, SpanKind.INTERNAL, attributes, ts)
 
     @_traces(ev.ToolExecutionEnd)
     def _tool_end(self, event: ev.ToolExecutionEnd) -> None:
@@ -527,11 +521,11 @@ class Tracing:
         """A ``compaction`` span, a child of the session's running turn (a root span outside a turn); an
         overflow compaction's ``cause`` (``refused``, ``counted``) as its events say it."""
         sid = event.session_id
-        span = self.tracer.start_span(
+        span = self._start(
             "compaction",
-            context=_context(session.turn.span if session.turn is not None else None),
-            kind=SpanKind.INTERNAL,
-            attributes={
+            session.turn_span,
+            SpanKind.INTERNAL,
+            {
                 CONVERSATION: sid,
                 SESSION_ID: sid,
                 "agentcell.compaction.trigger": trigger or "unknown",
@@ -539,7 +533,7 @@ class Tracing:
                 "agentcell.compaction.messages_before": messages,
                 "agentcell.compaction.tokens_before": tokens,
             },
-            start_time=_ns(event.ts),
+            event.ts,
         )
         if cause is not None:
             span.set_attribute("agentcell.compaction.cause", cause)
@@ -613,15 +607,9 @@ class Tracing:
         attributes["agentcell.call.purpose"] = event.purpose
         self._request_content(attributes, sid, event.request_id)
         parent = session.compaction if event.purpose == "summary" else None
-        if parent is None and session.turn is not None:
-            parent = session.turn.span
-        span = self.tracer.start_span(
-            f"chat {event.model}",
-            context=_context(parent),
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=_ns(event.ts),
-        )
+        if parent is None:
+            parent = session.turn_span
+        span = self._start(f"chat {event.model}", parent, SpanKind.CLIENT, attributes, event.ts)
         session.summaries[event.request_id] = _Chat(span, event.request_id, event.ts)
 
     @_traces(ev.SummaryResponse)
