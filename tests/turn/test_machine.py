@@ -399,15 +399,7 @@ def test_a_crash_hands_the_turn_over_and_the_successor_takes_it_up_from_the_log(
     assert any(isinstance(e, fx.CancelIO) for e in effects) and not any(
         isinstance(e, fx.Resolve) for e in effects
     )
-    successor = TurnMachine(
-        Spec(config()),
-        counter=Counter(),
-        measure=Measure(),
-        model="m",
-        context_window=WINDOW,
-        spill_dir=Path("/x"),
-        recovering=True,
-    )
+    successor = machine(recovering=True)
     w.m, w.pending = successor, None
     w.take(successor.prompt(prompt("while recovering")))  # waits, silently
     w.take(successor.recover())
@@ -435,15 +427,7 @@ def test_a_turn_taken_up_from_the_log_is_decided_once(monkeypatch: pytest.Monkey
         return real(*args, **kwargs)
 
     monkeypatch.setattr(recovery, "recover_turn", counted)
-    m = TurnMachine(
-        Spec(config()),
-        counter=Counter(),
-        measure=Measure(),
-        model="m",
-        context_window=WINDOW,
-        spill_dir=Path("/x"),
-        recovering=True,
-    )
+    m = machine(recovering=True)
     w = World(m)
     w.log[:] = [user("hi"), calls("read_file").message]
     steps = (
@@ -468,15 +452,7 @@ def test_recovery_restores_the_usage_the_log_records_and_releases_it_when_the_lo
     waiting for the totals (``read=False``), rather than leave ``usage()`` unanswered."""
 
     def recovered(read_context: Any) -> fx.RestoreUsage:
-        m = TurnMachine(
-            Spec(config()),
-            counter=Counter(),
-            measure=Measure(),
-            model="m",
-            context_window=WINDOW,
-            spill_dir=Path("/x"),
-            recovering=True,
-        )
+        m = machine(recovering=True)
         w = World(m)
         w.take(m.recover())
         w.run([], TakeHandover=None, ReadContext=read_context)

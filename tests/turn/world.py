@@ -82,7 +82,8 @@ def config(**overrides: Any) -> Config:
     return Config().with_overrides({"compaction.reserve_tokens": 1_000, **overrides})
 
 
-def machine(cfg: Config | None = None, window: int = WINDOW) -> TurnMachine:
+def machine(cfg: Config | None = None, window: int = WINDOW, *, recovering: bool = False) -> TurnMachine:
+    """A machine of a fresh session, or (``recovering``) of one whose agent starts again and reads its log."""
     return TurnMachine(
         Spec(cfg or config()),
         counter=Counter(),
@@ -90,6 +91,7 @@ def machine(cfg: Config | None = None, window: int = WINDOW) -> TurnMachine:
         model="openai/gpt-4o-mini",
         context_window=window,
         spill_dir=Path("/nonexistent/s1.spill"),
+        recovering=recovering,
     )
 
 
