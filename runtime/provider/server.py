@@ -204,7 +204,9 @@ class LocalProvider:
 
         if self.running:
             return self
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP spelled out: asyncio turns Nagle off on accepted connections only when the socket says
+        # TCP (proto 0 does not), and with Nagle on, a keep-alive answer waits ~40 ms for a delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self._port))

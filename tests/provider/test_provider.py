@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import threading
@@ -381,6 +382,18 @@ def _try(fn: Any) -> object:
         return fn()
     except httpx.HTTPError as exc:
         return exc
+
+
+def test_answers_on_a_kept_alive_connection_are_not_held_back_by_nagle(
+    provider: LocalProvider, client: httpx.Client
+) -> None:
+    """Every connection the provider serves has Nagle's algorithm off: with it on, the second answer on a
+    kept-alive connection waited ~40 ms for the client's delayed ACK (its head and body go out separately)."""
+    for _ in range(2):
+        assert client.get("/models").status_code == 200
+    sockets = [conn.transport.get_extra_info("socket") for conn in provider._connections()]
+    assert sockets
+    assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
 
 
 def test_reset_cuts_the_connection(provider: LocalProvider, client: httpx.Client) -> None:

@@ -212,7 +212,8 @@ def serve_http(server: MCPServer, port: int) -> None:
 
     import uvicorn
 
-    sock = socket.socket()
+    # IPPROTO_TCP: asyncio turns Nagle off on accepted connections only when the socket says TCP
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(64)

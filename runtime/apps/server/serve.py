@@ -61,7 +61,10 @@ class ApiServer:
         self.host = host
         self.runtime = runtime
         self._take_up: TakeUp | None = None
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP spelled out: asyncio turns Nagle off on accepted connections only when the socket says
+        # TCP (proto 0 does not), and with Nagle on, a keep-alive answer waits ~40 ms for a delayed ACK.
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
