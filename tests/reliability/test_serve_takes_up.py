@@ -24,6 +24,18 @@ TOKEN = "take-up-token"
 ANSWER = "answered by the server that came back"
 
 
+def _start_a_turn(url: str, model: str) -> tuple[str, str]:
+    """Over the server at ``url``: a new session of ``model``, sent a prompt without waiting for its turn.
+    Returns the session's id and the prompt's."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+        created = http.post("/sessions", json={"model": model})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        sent = http.post(f"/sessions/{sid}/prompt", json={"text": "finish this", "wait": False})
+        assert sent.status_code == 202, sent.text
+        return sid, sent.json()["prompt_id"]
+
+
 def _log_of(sessions: Path, session_id: str) -> Path:
     (log,) = sessions.rglob(f"{session_id}.jsonl")
     return log
@@ -114,13 +126,7 @@ def test_a_server_killed_mid_turn_finishes_the_turn_when_it_starts_again_without
     sessions = tmp_path / "sessions"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with serve_process(sessions, "--token", TOKEN, check_exit=False) as served:
-        with httpx.Client(base_url=served.url, headers=auth, timeout=30) as http:
-            created = http.post("/sessions", json={"model": "openai/cut-off"})
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
-            sent = http.post(f"/sessions/{sid}/prompt", json={"text": "finish this", "wait": False})
-            assert sent.status_code == 202, sent.text
-            prompt_id = sent.json()["prompt_id"]
+        sid, prompt_id = _start_a_turn(served.url, "openai/cut-off")
         deadline = time.monotonic() + 30
         while provider.remaining_turns("cut-off") == 2:  # the model is asked: the turn is under way
             assert time.monotonic() < deadline, "the turn never reached the model"
@@ -157,13 +163,7 @@ def test_a_sharded_server_killed_mid_turn_finishes_the_turn_when_it_starts_again
     auth = {"Authorization": f"Bearer {TOKEN}"}
     args = ("--token", TOKEN, "--shards", "2")
     with serve_process(sessions, *args, start_timeout=120, check_exit=False) as served:
-        with httpx.Client(base_url=served.url, headers=auth, timeout=60) as http:
-            created = http.post("/sessions", json={"model": "openai/cut-sharded"})
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
-            sent = http.post(f"/sessions/{sid}/prompt", json={"text": "finish this", "wait": False})
-            assert sent.status_code == 202, sent.text
-            prompt_id = sent.json()["prompt_id"]
+        sid, prompt_id = _start_a_turn(served.url, "openai/cut-sharded")
         wait_until(
             lambda: provider.remaining_turns("cut-sharded") == 1, "the turn never reached the model", 60
         )
