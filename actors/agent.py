@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 import pykka
 
-from actors import compactor as cp
 from actors import protocol as p
 from actors._base import CallFailed, Reply, SessionActor, retry_reporter, server_of
 from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel
+from actors.session_estimate import SessionEstimate
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.durable import step_record
@@ -129,7 +129,7 @@ class Agent(SessionActor):
         self.machine = TurnMachine(
             spec,
             counter=counter,
-            measure=cp.SessionEstimate(spec, counter),
+            measure=SessionEstimate(spec, counter),
             model=model,
             context_window=context_window,
             spill_dir=services.directory.spill_dir(spec.session_id),
@@ -200,7 +200,7 @@ class Agent(SessionActor):
             case Abort():
                 self._perform(self.machine.abort(message.handle))
             case SetModel(model=model, context_window=window, counter=counter):
-                measure = cp.SessionEstimate(self.spec, counter) if counter is not None else None
+                measure = SessionEstimate(self.spec, counter) if counter is not None else None
                 self.machine.set_model(model, window, counter, measure)
             case GetState():
                 machine = self.machine

@@ -2,89 +2,53 @@
 
 The rules are pure functions in ``runtime.context`` (trigger and estimate, cut point, summarizer
 requests, fallback, progress guard, tool archiving); this shell fetches the session's context from the
-store, sends the summarizer requests through the gateway, writes the artifacts through the log writer,
-records the result in the store and broadcasts ``compaction_start`` / ``compaction_end`` /
-``compaction_failed``. One compaction runs at a time; requests that arrive meanwhile wait their turn.
+store, has the summarizer requests sent and the artifacts written (:mod:`actors.summarizer`), records the
+result in the store and broadcasts ``compaction_start`` / ``compaction_end`` / ``compaction_failed``.
+One job (:mod:`actors.compaction_job`) runs at a time; requests that arrive meanwhile wait their turn. A
+``MaybeArchiveTools`` job is :mod:`actors.tool_archive`'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from actors import protocol as p
-from actors._base import CallFailed, Reply, SessionActor, retry_reporter, server_of
-from actors.protocol import Compact, MaybeArchiveTools, MaybeCompact, Outcome, SetModel
+from actors._base import CallFailed, Reply, SessionActor
+from actors.compaction_job import Job, JobAnswer
+from actors.protocol import Compact, CompactorJob, MaybeArchiveTools, MaybeCompact, Outcome, SetModel
+from actors.session_estimate import SessionEstimate
+from actors.summarizer import (
+    Artifacts,
+    Summarizer,
+    SummaryPurpose,
+    record_spend,
+    record_unlogged_spend,
+    saved_as,
+    summarizer_input,
+    with_spend,
+)
+from actors.tool_archive import ToolArchive
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import compaction as comp
-from runtime.context import tool_summary as ts
-from runtime.context.estimate import ContextEstimate, effective_limit, estimate_context, should_compact
+from runtime.context.estimate import effective_limit, should_compact
+from runtime.context.summary_requests import SummaryRequest
 from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
 from runtime.events import CompactionTrigger, OverflowCause
 from runtime.handles import CompactionResult
-from runtime.messages import KIND_COMPACTION_SUMMARY, Message, Usage, new_id
+from runtime.messages import Message, Usage
 from runtime.store.tree import DEAD_KEY
 from runtime.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from runtime.gateway import CacheHints, CallHandle, CompletionResult, RetryInfo
+    from runtime.gateway import CompletionResult
 
 log = logging.getLogger("agentcell.compactor")
-
-CompactorRequest: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools
-JobAnswer: TypeAlias = "Outcome | p.ContextView | None"  # an Outcome, or MaybeArchiveTools' answer
-
-
-class SessionEstimate:
-    """A session's context estimate (design §4.2): the input size of a request made from a store view now.
-
-    The agent uses it to see whether a request can go out at once; the compactor, to decide and to
-    report. The system prompt and tools are counted once; messages through the counter's cache.
-    """
-
-    def __init__(self, spec: SessionSpec, counter: TokenCounter) -> None:
-        self._spec = spec
-        self._counter = counter
-        self._count = counter.count_message
-        self._system_tokens = counter.count_system(spec.system_prompt) if spec.system_prompt else 0
-        self._tools: Any = None
-        self._tools_count = 0
-
-    @property
-    def _tools_tokens(self) -> int:
-        """The tool schemas' tokens, counted again when the session's registry is replaced (its MCP
-        servers' tools arrived or changed)."""
-        tools = self._spec.tools
-        if tools is not self._tools:
-            self._tools_count = self._counter.count_tools(tools.schemas()) if len(tools) else 0
-            self._tools = tools
-        return self._tools_count
-
-    @property
-    def fixed_tokens(self) -> int:
-        """What every request costs before its messages: the system prompt and the tool schemas."""
-        return self._system_tokens + self._tools_tokens
-
-    def full(self, messages: Sequence[Message]) -> int:
-        """A full count of a request made from ``messages``: no provider usage to anchor on."""
-        return self.fixed_tokens + sum(self._count(m) for m in messages if m.agent_visible)
-
-    def __call__(self, view: p.ContextView) -> ContextEstimate:
-        return estimate_context(
-            view.messages,
-            count=self._count,
-            system_tokens=self._system_tokens,
-            tools_tokens=self._tools_tokens,
-            usage_floor=view.usage_floor,
-        )
 
 
 class CompactionInterrupted(RuntimeStateError):
@@ -92,27 +56,11 @@ class CompactionInterrupted(RuntimeStateError):
 
 
 class _SummaryDone(msgspec.Struct, frozen=True):
+    """The summarizer call ``index`` of job ``job`` ended with ``result``."""
+
     job: int
     index: int
     result: CompletionResult
-
-
-@dataclass
-class _Job:
-    id: int
-    request: CompactorRequest
-    reply: Callable[[JobAnswer], None]
-    fail: Callable[[str], None]
-    view: Any = None  # the ContextView the job started from (set before anything reads it)
-    estimate: ContextEstimate | None = None
-    plan: Any = None
-    answers: list[str | None] = field(default_factory=list)
-    outstanding: int = 0
-    tokens_before: int = 0  # the full count before (design §4.2): every event of the compaction reports it
-    artifacts: list[str] = field(default_factory=list)
-    calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
-    number: int = 0  # the compaction's number in its artifacts' names
-    spent: Usage = field(default_factory=Usage)  # what its summarizer calls cost (design §4.1)
 
 
 class Compactor(SessionActor):
@@ -134,16 +82,20 @@ class Compactor(SessionActor):
         self.model = model  # the session's current model (its spec holds the one it started with)
         self.context_window = context_window
         self.cfg = spec.config.compaction
-        self._jobs: deque[_Job] = deque()
-        self._active: _Job | None = None
+        self._jobs: deque[Job] = deque()
+        self._active: Job | None = None
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
-        self._compactions: int | None = None  # number of the latest compaction's artifacts; read lazily
         # The session's learned server count ÷ ours (design §4.5), as the turn machine last told it with a
         # compaction request; None until then (and after a model change)
         self._count_ratio: float | None = None
         self._set_summarizer()
         self.estimate = SessionEstimate(spec, counter)
+        self.summarizer = Summarizer(spec, services, self.publish)
+        self.artifacts = Artifacts(services, spec.session_id, self.publish)
+        self.tool_archive = ToolArchive(
+            self, spec, refs, summarize=self._summarize, done=self._done, spent_unlogged=self._spent_unlogged
+        )
 
     def _set_summarizer(self) -> None:
         from runtime.models import model_info
@@ -225,7 +177,7 @@ class Compactor(SessionActor):
                 raise TypeError(f"compactor: unexpected message {type(message).__name__}")
         return None
 
-    def _enqueue(self, request: CompactorRequest) -> None:
+    def _enqueue(self, request: CompactorJob) -> None:
         asker = self.defer_reply()  # answered when the job is done (None for a tell)
         self._job_ids += 1
 
@@ -246,7 +198,7 @@ class Compactor(SessionActor):
                 error = CompactionInterrupted(why)
                 asker.set_exception((CompactionInterrupted, error, None))
 
-        self._jobs.append(_Job(self._job_ids, request, reply, fail))
+        self._jobs.append(Job(self._job_ids, request, reply, fail))
         self._next()
 
     def _next(self) -> None:
@@ -255,13 +207,13 @@ class Compactor(SessionActor):
         job = self._active = self._jobs.popleft()
         self.call(self.refs.store, p.GetContext(), lambda view: self._with_view(job, view))
 
-    def _done(self, job: _Job, value: JobAnswer) -> None:
+    def _done(self, job: Job, value: JobAnswer) -> None:
         self._active = None
         job.reply(value)
         self._next()
 
     # -- deciding -------------------------------------------------------------------------------------
-    def _with_view(self, job: _Job, view: p.ContextView | CallFailed) -> None:
+    def _with_view(self, job: Job, view: p.ContextView | CallFailed) -> None:
         if isinstance(view, CallFailed):
             self._done(job, Outcome(message=f"store unavailable: {view}"))
             return
@@ -271,7 +223,7 @@ class Compactor(SessionActor):
         messages = tuple(view.messages)
         unchanged = Outcome(messages=messages, estimate=estimate.tokens)
         if isinstance(request, MaybeArchiveTools):
-            self._archive_tools(job)
+            self.tool_archive.start(job, self.counter, self.context_window)
             return
         if isinstance(request, MaybeCompact):
             if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
@@ -293,7 +245,7 @@ class Compactor(SessionActor):
         self._start(job, request.trigger, request.emergency, request.keep_recent_tokens, request.instructions)
 
     @staticmethod
-    def _cause(job: _Job) -> OverflowCause | None:
+    def _cause(job: Job) -> OverflowCause | None:
         """Why an ``overflow`` compaction runs (``refused``, ``counted``): its events say it."""
         return job.request.cause if isinstance(job.request, Compact) else None
 
@@ -304,7 +256,7 @@ class Compactor(SessionActor):
     # -- compacting -----------------------------------------------------------------------------------
     def _start(
         self,
-        job: _Job,
+        job: Job,
         trigger: CompactionTrigger,
         emergency: bool,
         keep: int | None,
@@ -363,155 +315,61 @@ class Compactor(SessionActor):
         if not plan.requests:
             self._finish(job, trigger)
             return
-        job.number = self._next_artifact_number()
-        inputs = "\n\n".join(
-            f"=== {r.kind} ===\n--- system ---\n{r.system}\n--- prompt ---\n{r.prompt}"
-            if not r.prefix
-            else f"=== {r.kind} ===\n--- the session's system prompt, tools and {r.prefix} messages, as sent ---\n"
-            f"--- prompt ---\n{r.prompt}"
-            for r in plan.requests
-        )
-        self._write_artifact(0, inputs, job)
+        job.number = self.artifacts.next_number()
+        self._write_artifact(job, 0, summarizer_input(plan.requests))
         for index, req in enumerate(plan.requests):
-            if req.prefix:
-                self._summarize_cached(job, index, plan.summarized[: req.prefix], req.prompt, req.max_tokens)
-            else:
-                self._summarize(job, index, self.summarizer_model, req.system, req.prompt, req.max_tokens)
+            self._summarize(job, index, req)
 
     def _rides_the_cache(self) -> bool:
         """Whether summaries send the conversation itself (design §5.4): the summarizer is the session's
         own model, and cache hints are on."""
         return self.summarizer_model == self.model and self.spec.config.gateway.prompt_cache
 
-    def _summarize_cached(
-        self, job: _Job, index: int, summarized: Sequence[Message], prompt: str, max_tokens: int
-    ) -> None:
-        """A summary of ``summarized`` asked the way the session asks its own model: its system prompt,
-        tools and messages as the agent sends them (the prefix the provider cached), then ``prompt``."""
-        from runtime.gateway import cache_hints
-        from runtime.messages import system as system_message
-        from runtime.messages import user
+    def _write_artifact(self, job: Job, which: int, text: str) -> None:
+        """Save ``job``'s summarizer input (``which=0``) or summary (1) beside the session (design §2.3)."""
+        path = self.artifacts.path(job.number, which)
+        job.artifacts.append(str(path))
+        self.artifacts.write(path, text)
 
-        spec = self.spec
-        messages = [system_message(spec.system_prompt)] if spec.system_prompt else []
-        messages += [m for m in summarized if m.agent_visible]
-        messages.append(user(prompt))
-        tools = spec.tools.schemas() if len(spec.tools) else []
-        gateway = spec.config.gateway
-        hints = cache_hints(
-            self.model, messages, tools, self.counter, key=self.session_id, ttl=gateway.cache_ttl
-        )
-        self._summarize(
-            job,
-            index,
-            self.model,
-            "",
-            prompt,
-            max_tokens,
-            messages=messages,
-            tools=tools,
-            cache=hints,
-            include_reasoning=spec.config.agent.send_reasoning,
-        )
+    def _spent_unlogged(self, job: Job) -> None:
+        """A compaction that ends without a summary in the log: its spend is counted and logged now."""
+        spent, job.spent = job.spent, Usage()
+        record_unlogged_spend(self.refs.store, self.refs.usage, spent)
 
-    def _summarize(
-        self,
-        job: _Job,
-        index: int,
-        model: str,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        *,
-        messages: list[Message] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        cache: CacheHints | None = None,
-        include_reasoning: bool = False,
-    ) -> None:
-        from runtime.capacity import Priority
-        from runtime.gateway import Admission, CompletionRequest
-        from runtime.messages import system as system_message
-        from runtime.messages import user
+    def _summarize(self, job: Job, index: int, request: SummaryRequest) -> None:
+        """Send ``request``, the ``index``-th of ``job``; its answer comes back as a :class:`_SummaryDone`."""
+        me, job_id = self.actor_ref, job.id
 
-        if messages is None:
-            messages = [system_message(system), user(prompt)]
-        # A compaction a turn waits for goes before the turns' own calls; a manual one is background work.
+        def done(result: CompletionResult) -> None:  # on the gateway's loop
+            me.tell(_SummaryDone(job_id, index, result))
+
         manual = getattr(job.request, "trigger", None) == "manual"
-        admission = Admission(
-            flow=self.session_id,
-            priority=Priority.BACKGROUND if manual else Priority.UNBLOCK,
-            weight=self.spec.config.capacity.weight,
-            input_tokens=sum(self.counter.count_message(m) for m in messages),
-            wait_budget=self.spec.config.capacity.queue_timeout,
-        )
-        request = CompletionRequest(
-            admission=admission,
-            model=model,
-            messages=messages,
-            tools=tools or [],
-            api_base=self.spec.api_base,
-            api_key=self.spec.api_key,
-            max_tokens=max_tokens,
-            timeout=self.cfg.summarizer_timeout,
-            stream=False,
-            include_reasoning=include_reasoning,
-            transport=self.spec.config.gateway.transport,
-            cache=cache,
-        )
-        me, sid, publish, content = self.actor_ref, self.session_id, self.publish, self.services.content
-        request_id = new_id()
-        address, port = server_of(self.spec.api_base)
-        if content is not None:  # what the call's span records (telemetry.record_content): before its event
-            content.put(sid, "request", request_id, messages)
-        self.emit(
-            ev.SummaryRequest,
-            request_id=request_id,
-            purpose="tool_summary" if isinstance(job.request, MaybeArchiveTools) else "summary",
-            model=model,
-            max_tokens=max_tokens,
-            server_address=address,
-            server_port=port,
-        )
-
-        def deliver(result: CompletionResult) -> None:  # on the gateway's loop
-            error, message = result.error, result.message
-            if error is not None:
-                if error.kind != "cancelled":  # (cut short by the compaction's end: that end says so)
-                    publish(
-                        ev.RequestFailed(
-                            session_id=sid,
-                            turn_id=None,
-                            request_id=request_id,
-                            kind=error.kind,
-                            message=error.message,
-                            status_code=error.status_code,
-                            attempts=result.attempts,
-                            transport=result.transport or None,
-                            pool=result.pool or None,
-                            waited=result.waited,
-                            latency=result.latency,
-                        )
-                    )
-            elif message is not None:
-                if content is not None:
-                    content.put(sid, "response", request_id, message)
-                publish(
-                    ev.SummaryResponse(
-                        session_id=sid,
-                        request_id=request_id,
-                        stop_reason=message.stop_reason or ("tool_calls" if message.tool_calls else "stop"),
-                        usage=message.usage or result.usage,
-                        attempts=result.attempts,
-                        transport=result.transport or None,
-                        pool=result.pool or None,
-                        waited=result.waited,
-                        latency=result.latency,
-                    )
-                )
-            me.tell(_SummaryDone(job.id, index, result))
-
-        on_retry: Callable[[RetryInfo], None] = retry_reporter(publish, sid, None, request_id)  # events too
-        job.calls.append(self.services.gateway.complete(request, deliver, on_retry=on_retry))
+        if request.prefix:
+            summarized = job.plan.summarized[: request.prefix]
+            call = self.summarizer.cached(
+                self.model,
+                self.counter,
+                summarized,
+                request.prompt,
+                request.max_tokens,
+                manual=manual,
+                done=done,
+            )
+        else:
+            purpose: SummaryPurpose = (
+                "tool_summary" if isinstance(job.request, MaybeArchiveTools) else "summary"
+            )
+            call = self.summarizer.isolated(
+                self.summarizer_model,
+                self.counter,
+                request.system,
+                request.prompt,
+                request.max_tokens,
+                purpose=purpose,
+                manual=manual,
+                done=done,
+            )
+        job.calls.append(call)
 
     def _on_summary(self, done: _SummaryDone) -> None:
         job = self._active
@@ -526,11 +384,11 @@ class Compactor(SessionActor):
         if job.outstanding > 0:
             return
         if isinstance(job.request, MaybeArchiveTools):
-            self._finish_archive(job)
+            self.tool_archive.finish(job, self.counter)
         else:
             self._finish(job, job.request.trigger)
 
-    def _finish(self, job: _Job, trigger: CompactionTrigger) -> None:
+    def _finish(self, job: Job, trigger: CompactionTrigger) -> None:
         assert job.estimate is not None
         tokens_before = job.tokens_before
         # The progress guard compares counts of the same kind: a full count before and after.
@@ -540,7 +398,7 @@ class Compactor(SessionActor):
             count=self.counter.count_message,
             tokens_before=tokens_before,
             limit=effective_limit(self.context_window, self.cfg),
-            kept_at=self._saved_as(self._artifact_path(job, 1)) if job.number else None,
+            kept_at=saved_as(self.artifacts.path(job.number, 1)) if job.number else None,
         )
         if isinstance(outcome, comp.CompactionFailure):
             over = job.estimate.tokens >= self.context_window
@@ -567,14 +425,14 @@ class Compactor(SessionActor):
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, message))
             self._fail(job, trigger, outcome.reason, message, tokens_before, dead=dead)
             return
-        summary = self._with_spend(outcome.summary, job)
+        summary = with_spend(outcome.summary, job.spent)
         if summary is not outcome.summary:
             outcome = msgspec.structs.replace(
                 outcome,
                 summary=summary,
                 messages=[summary if m is outcome.summary else m for m in outcome.messages],
             )
-        self._write_artifact(1, outcome.unclipped_summary or summary.text, job)
+        self._write_artifact(job, 1, outcome.unclipped_summary or summary.text)
         # Right after a compaction the estimate is a full count (design §4.2): usage from before it, which
         # may be a provider's inflated report (a silent overflow), no longer describes the context.
         tokens_after = self.estimate.full(outcome.messages)
@@ -587,7 +445,9 @@ class Compactor(SessionActor):
             if job.view.dead is not None:  # a manual compaction brought a dead session back
                 self.refs.store.tell(p.SetMetadata(DEAD_KEY, ""))
             self.refs.usage.tell(p.Reset(context_tokens=tokens_after))
-            self._record_spend(summary, job)  # the summarizer's spend is the session's (design §4.1)
+            record_spend(
+                self.refs.usage, summary, job.spent
+            )  # the summarizer's spend is the session's (design §4.1)
             self.emit(
                 ev.CompactionEnd,
                 trigger=trigger,
@@ -625,34 +485,7 @@ class Compactor(SessionActor):
         )
         self.call(self.refs.store, record, recorded)
 
-    def _with_spend(self, summary: Message, job: _Job) -> Message:
-        """``summary`` carrying what its summarizer calls cost, as a response carries its usage: the
-        session's totals count it, live and when rebuilt from the log (design §4.1). A compaction's summary
-        also carries, added by the store, what earlier compactions that recorded nothing spent
-        (:meth:`_spent_unlogged`); :meth:`_record_spend` counts only this job's part live (the rest was
-        counted as it failed)."""
-        spent = job.spent
-        if not (spent.input_tokens or spent.output_tokens):
-            return summary
-        return msgspec.structs.replace(summary, usage=spent)
-
-    def _record_spend(self, summary: Message, job: _Job) -> None:
-        """Count ``summary``'s spend in the session's totals, once it is in the log (:meth:`_with_spend`)."""
-        if job.spent.input_tokens or job.spent.output_tokens:
-            self.refs.usage.tell(p.RecordResponse(message=msgspec.structs.replace(summary, usage=job.spent)))
-
-    def _spent_unlogged(self, job: _Job) -> None:
-        """A compaction that ends without a summary in the log (no progress, a failure): what its summarizer
-        calls cost is the session's all the same: counted now, recorded in the log (not as a message: the
-        no-progress guard keys on the leaf), and carried by the next compaction's summary (design §4.1)."""
-        spent, job.spent = job.spent, Usage()
-        if not (spent.input_tokens or spent.output_tokens):
-            return
-        self.refs.store.tell(p.RecordSpend(spent))  # in the log: a restart's totals count it too
-        record = Message(role="user", kind=KIND_COMPACTION_SUMMARY, agent_visible=False, usage=spent)
-        self.refs.usage.tell(p.RecordResponse(message=record))
-
-    def _skip(self, job: _Job, trigger: CompactionTrigger, reason: str, message: str) -> None:
+    def _skip(self, job: Job, trigger: CompactionTrigger, reason: str, message: str) -> None:
         """A compaction with nothing to reduce: said once (``compaction_skipped``), the history unchanged."""
         self._spent_unlogged(job)
         messages = tuple(job.view.messages)
@@ -682,7 +515,7 @@ class Compactor(SessionActor):
 
     def _fail(
         self,
-        job: _Job,
+        job: Job,
         trigger: CompactionTrigger,
         reason: str,
         message: str,
@@ -714,133 +547,6 @@ class Compactor(SessionActor):
                 tokens_before=tokens,
             ),
         )
-
-    def _next_artifact_number(self) -> int:
-        """The next compaction number for artifact names. Numbers continue from the artifacts on disk across
-        restarts, resumes and hibernation, so a later compaction never overwrites an earlier one's files."""
-        if self._compactions is None:
-            self._compactions = self.services.directory.last_compaction_number(self.session_id)
-        self._compactions += 1
-        return self._compactions
-
-    def _artifact_path(self, job: _Job, which: int) -> Path:
-        """The summarizer input (``which=0``) or the summary (1) of ``job``'s compaction."""
-        return self.services.directory.compaction_artifacts(self.session_id, job.number)[which]
-
-    @staticmethod
-    def _saved_as(path: Path) -> str:
-        """Where a clipped summary's whole text is, for the model: its path and its ``read_saved`` id."""
-        return f'{path}, read_saved(id="{path.name}")'
-
-    def _write_artifact(self, which: int, text: str, job: _Job) -> None:
-        """Save the summarizer input (``which=0``) or the summary (1) beside the session (design §2.3)."""
-        path = self._artifact_path(job, which)
-        job.artifacts.append(str(path))
-        publish, session_id = self.publish, self.session_id
-
-        def written(error: Exception | None) -> None:  # on the writer thread
-            if error is not None:
-                publish(ev.PersistenceFailed(session_id=session_id, path=str(path), error=str(error)))
-
-        data = text.encode("utf-8", errors="replace")  # a lone surrogate must not crash the compactor
-        self.services.writer.write_file(path, data, written)
-
-    # -- tool-result archiving (5.9) ------------------------------------------------------------------
-    def _archive_tools(self, job: _Job) -> None:
-        messages = list(job.view.messages)
-        cfg = self.cfg
-        plan = None
-        if cfg.tool_summary_strategy != "off":
-            assert job.estimate is not None
-            caching = self.spec.config.gateway.prompt_cache
-            min_freed, below = ts.archive_bounds(self.context_window, cfg, caching=caching)
-            plan = ts.plan_tool_archive(
-                messages,
-                cutoff=cfg.tool_call_cutoff,
-                strategy=cfg.tool_summary_strategy,
-                input_chars=cfg.tool_summary_input_chars,
-                output_chars=cfg.tool_summary_output_chars,
-                heuristic_chars=cfg.heuristic_summary_chars,
-                min_freed=min_freed,
-                count=self.counter.count_message,
-                tokens=job.estimate.tokens,
-                below=below,
-            )
-        if plan is None:
-            self._clear_tool_outputs(job, job.view)
-            return
-        job.plan = plan
-        request = plan.request
-        if request is None:  # heuristic strategy: no model call
-            job.answers = []
-            self._finish_archive(job)
-            return
-        job.answers = [None]
-        job.outstanding = 1
-        self._summarize(job, 0, self.summarizer_model, request.system, request.prompt, request.max_tokens)
-
-    def _finish_archive(self, job: _Job) -> None:
-        answer = job.answers[0] if job.answers else None
-        replacements, summary = ts.finish_tool_archive(job.plan, answer)
-        summary = self._with_spend(summary, job)
-        store = self.refs.store
-
-        def appended(reply: p.Stored | CallFailed) -> None:
-            if isinstance(reply, CallFailed):
-                self._spent_unlogged(job)
-            else:
-                self._record_spend(summary, job)
-            self.emit(
-                ev.ToolResultsArchived,
-                archived=job.plan.results,
-                strategy=str(summary.metadata.get("strategy", job.plan.strategy)),
-                summary_chars=len(summary.text),
-            )
-            self._clear_tool_outputs(job, None)
-
-        self.call(
-            store,
-            p.Overlay(tuple(replacements)),
-            lambda _: self.call(store, p.Append((summary,)), appended),
-        )
-
-    def _clear_tool_outputs(self, job: _Job, current: p.ContextView | None) -> None:
-        """The second half of ``MaybeArchiveTools``. ``current`` is the session's view when nothing has
-        changed it since it was read (None: read it again). The job's answer is the view the next request
-        can be made from when the context is as it was, or None when this changed it."""
-        cfg = self.cfg
-        if not cfg.clear_old_tool_outputs:
-            self._done(job, current)
-            return
-
-        def with_view(view: p.ContextView | CallFailed) -> None:
-            if isinstance(view, CallFailed):
-                self._done(job, None)
-                return
-            cleared = ts.plan_tool_output_clearing(
-                list(view.messages),
-                count=self.counter.count_message,
-                protect_tokens=cfg.clear_protect_tokens,
-                min_freed=cfg.clear_min_freed_tokens,
-            )
-            if cleared is None:
-                self._done(job, view)
-                return
-
-            def done(_: p.Stored | CallFailed) -> None:
-                self.emit(
-                    ev.ToolOutputsCleared,
-                    cleared=len(cleared.replacements),
-                    tokens_freed=cleared.tokens_freed,
-                )
-                self._done(job, None)
-
-            self.call(self.refs.store, p.Overlay(tuple(cleared.replacements)), done)
-
-        if current is not None:
-            with_view(current)
-        else:
-            self.call(self.refs.store, p.GetContext(), with_view)
 
     @staticmethod
     def _as_result(outcome: Outcome) -> CompactionResult:

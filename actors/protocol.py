@@ -56,6 +56,7 @@ __all__ = [
     "CheckUsage",
     "ClassifyError",
     "Compact",
+    "CompactorJob",
     "CompactorMessage",
     "ContextView",
     "GetCalibration",
@@ -557,7 +558,8 @@ class MaybeArchiveTools(Ask[ContextView | None], frozen=True):
 # actor's ``on_receive``.
 
 AgentMessage: TypeAlias = Prompt | Abort | SetModel | GetState | UsageOverflowed
-CompactorMessage: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools | SetModel
+CompactorJob: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools  # the compactor's jobs, in turn
+CompactorMessage: TypeAlias = CompactorJob | SetModel
 StoreMessage: TypeAlias = (
     GetContext
     | Append

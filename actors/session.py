@@ -34,7 +34,8 @@ from actors.protocol import (
     Prompt,
     SetModel,
 )
-from actors.session_store import SessionStore, wait_lock_released
+from actors.session_store import SessionStore
+from actors.store_locks import wait_lock_released
 from actors.usage_tracker import UsageTracker
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev

@@ -34,7 +34,6 @@ answers the part in memory and how many messages come before it; the caller read
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -61,16 +60,17 @@ from actors.protocol import (
     Stored,
     SyncTurn,
 )
+from actors.store_locks import RELEASE_WAIT, lock_holders
 from runtime import events as ev
-from runtime.actor import PooledActor, Ref
-from runtime.actor._pykka import ActorStop
+from runtime.actor import ActorStop, PooledActor, Ref
 from runtime.context.integrity import unfinished_turn
 from runtime.errors import SessionLockedError, SessionNotFound, StoreError
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
 from runtime.store.entries import Entry, Header, MessageEntry, scrub_secrets
 from runtime.store.log import RecoveryInfo, SessionLog, read_log, replay, signature
-from runtime.store.sessions import SessionDirectory, SessionLock
+from runtime.store.session_lock import SessionLock
+from runtime.store.sessions import SessionDirectory
 from runtime.store.tree import SPEND_KEY, TURN_ENDED_KEY, NeedsHistory, SessionTree
 from runtime.store.turns import TurnJournal
 from runtime.store.writer import FsyncPolicy, LogWriter, WriterClosedError
@@ -81,92 +81,7 @@ Publish = Callable[[ev.Event], Any]
 Estimator = Callable[[Sequence[Message]], int]
 T = TypeVar("T")
 
-_RELEASE_WAIT = 5.0  # seconds a restarting store waits for its stopped predecessor to let go of the lock
-_RETRY_DELAY = 0.005  # seconds between two tries meanwhile
-
-
-class _LockHolders:
-    """Which store of this process holds which session's lock.
-
-    A store releases its lock from the writer thread once its last writes are done, so a restarted store
-    may find the lock still held by its stopped predecessor (wait for it) — or by a live second store of
-    the same session (refuse at once). A store that fails leaves its lock here (:meth:`park`) for the store
-    its supervisor starts in its place (:meth:`take`): the lock file is not deleted and created again, which
-    on a full disk fails (its owner cannot be written) and restarted the store over and over. A parked lock
-    nobody takes within ``release_wait`` seconds (the supervisor gave up, or stopped) is released.
-    """
-
-    def __init__(self, release_wait: float = _RELEASE_WAIT) -> None:
-        self.release_wait = release_wait
-        self._guard = threading.Condition(threading.Lock())
-        self._refs: dict[str, pykka.ActorRef[SessionStore]] = {}
-        self._parked: dict[str, SessionLock] = {}
-
-    def add(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
-        with self._guard:
-            self._refs[key] = ref
-
-    def remove(self, key: str, ref: pykka.ActorRef[SessionStore]) -> None:
-        with self._guard:
-            if self._refs.get(key) is ref:
-                del self._refs[key]
-                self._guard.notify_all()
-
-    def park(self, key: str, lock: SessionLock) -> None:
-        """Keep the lock of a store that failed for its successor; release it if none takes it in time."""
-        with self._guard:
-            self._parked[key] = lock
-        timer = threading.Timer(self.release_wait, self.unpark, (key, lock))
-        timer.daemon = True
-        timer.start()
-
-    def take(self, key: str, ref: pykka.ActorRef[SessionStore]) -> SessionLock | None:
-        """The lock a failed store of this session left, now held by ``ref``; None if there is none."""
-        with self._guard:
-            lock = self._parked.pop(key, None)
-            if lock is not None:
-                self._refs[key] = ref
-            return lock
-
-    def unpark(self, key: str, lock: SessionLock | None = None) -> None:
-        """Release the parked lock ``key`` (only if it is ``lock``, when given): nobody takes it over."""
-        with self._guard:
-            parked = self._parked.get(key)
-            if parked is None or (lock is not None and parked is not lock):
-                return
-            del self._parked[key]
-            failed = self._refs.get(key)  # the store that parked it (a successor may lock it once released)
-        parked.release()
-        with self._guard:
-            if self._refs.get(key) is failed:
-                self._refs.pop(key, None)
-            self._guard.notify_all()
-
-    def wait_released(self, key: str, timeout: float) -> bool:
-        """Wait until no store of this process holds the lock ``key`` (a stopped store lets go of it from
-        the writer thread once its last writes are done); False if one still does after ``timeout``. A lock
-        parked for a successor is released at once: the caller has stopped the session's stores."""
-        with self._guard:
-            if not self._guard.wait_for(lambda: key not in self._refs or key in self._parked, timeout):
-                return False
-        self.unpark(key)
-        with self._guard:
-            return self._guard.wait_for(lambda: key not in self._refs, timeout)
-
-    def alive(self, key: str) -> bool:
-        with self._guard:
-            ref = self._refs.get(key)
-        return ref is not None and ref.is_alive()
-
-
-_holders = _LockHolders()
-
-
-def wait_lock_released(lock_path: str, timeout: float) -> bool:
-    """Wait until this process's stores have let go of the session lock at ``lock_path``: after that,
-    another process may open the session (a stop returns before the writer has released it)."""
-    return _holders.wait_released(lock_path, timeout)
-
+_RETRY_DELAY = 0.005  # seconds between two tries while a stopped predecessor still holds the lock
 
 # -- the messages it sends itself (its protocol is in actors.protocol) ------------------------------------
 
@@ -258,7 +173,7 @@ class SessionStore(PooledActor):
         """Open the log off the dispatcher: the log writer takes the lock and reads the log (after any
         write an earlier incarnation still has queued to it) and tells the result back (:class:`_Opened`).
         Messages that arrive meanwhile are stashed and handled, in order, once the tree is built."""
-        self._opening = _Opening(time.monotonic() + _RELEASE_WAIT)
+        self._opening = _Opening(time.monotonic() + RELEASE_WAIT)
         self._open_on_writer()
 
     def _open_on_writer(self) -> None:
@@ -276,19 +191,19 @@ class SessionStore(PooledActor):
                 directory.ensure()
                 try:
                     # The lock of a predecessor that failed (its close ran before this, on this thread)
-                    lock = _holders.take(key, me) or directory.lock(session_id)
+                    lock = lock_holders.take(key, me) or directory.lock(session_id)
                 except SessionLockedError as exc:
                     # A store of this process that stopped a moment ago lets go of the lock once its last
                     # writes are done: try again shortly. A live second store is refused at once.
                     if (
                         exc.held_by_this_process
-                        and not _holders.alive(key)
+                        and not lock_holders.alive(key)
                         and time.monotonic() < opening.deadline
                     ):
                         opening.retry = True
                         return
                     raise
-                _holders.add(key, me)
+                lock_holders.add(key, me)
                 opening.lock = lock
                 handed = directory.take_over(session_id)  # a resume that replayed the log just now
                 try:
@@ -376,7 +291,7 @@ class SessionStore(PooledActor):
     def _close_log(self, *, park: bool = False) -> None:
         """Release the lock once the writer has written (and synced) everything queued for this log —
         or, when the store stops while still opening, once the writer has done with the opening. A store
-        that failed (``park``) leaves it for the store restarted in its place (see :class:`_LockHolders`)."""
+        that failed (``park``) leaves it for the store restarted in its place (see :class:`~actors.store_locks.LockHolders`)."""
         lock, self._lock = self._lock, None
         opening, self._opening = self._opening, None
         if lock is None and opening is None:
@@ -386,10 +301,10 @@ class SessionStore(PooledActor):
         def release(_error: Exception | None = None, *, keep: bool = park) -> None:
             held = lock if lock is not None else opening.lock if opening is not None else None
             if held is not None and keep and held.held:
-                _holders.park(str(held.path), held)
+                lock_holders.park(str(held.path), held)
             elif held is not None:
                 held.release()
-                _holders.remove(str(held.path), me)
+                lock_holders.remove(str(held.path), me)
 
         try:
             self._log.close(release)

@@ -36,6 +36,7 @@ from pykka import ActorDeadError, ActorRef
 
 from runtime.actor import (
     ActorExit,
+    ActorStop,
     Dispatcher,
     DispatcherClosed,
     Monitor,
@@ -44,7 +45,6 @@ from runtime.actor import (
     kill,
     monitor,
 )
-from runtime.actor._pykka import ActorStop
 from runtime.errors import RestartIntensityExceeded
 
 __all__ = [

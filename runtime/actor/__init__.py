@@ -20,19 +20,22 @@ One concept per module, as in pykka: ``_future`` (:class:`PooledFuture`), ``_mai
 schedules its actor), ``_monitor`` (:class:`ActorExit`, :func:`monitor`, :func:`kill`), ``_timers``,
 ``_dispatcher`` (:class:`Dispatcher` and the process-wide default), ``_actor`` (:class:`PooledActor`),
 ``_stop_flag``, ``_ref`` (:class:`Ref`, a ref typed by the messages its actor takes); and ``_pykka``, the one module that touches pykka's private internals. The errors are in
-:mod:`runtime.errors` (:class:`DispatcherClosed` is re-exported here).
+:mod:`runtime.errors` (:class:`DispatcherClosed` is re-exported here). :class:`ActorStop` is pykka's stop
+message (what ``ActorRef.stop()`` sends), re-exported for a supervisor or an actor that must recognise one.
 """
 
 from runtime.actor._actor import PooledActor
 from runtime.actor._dispatcher import Dispatcher, default_dispatcher, set_default_dispatcher
 from runtime.actor._future import PooledFuture
 from runtime.actor._monitor import ActorExit, ExitReason, Monitor, kill, monitor
+from runtime.actor._pykka import ActorStop
 from runtime.actor._ref import Ref
 from runtime.actor._timers import TimerHandle
 from runtime.errors import DispatcherClosed
 
 __all__ = [
     "ActorExit",
+    "ActorStop",
     "Dispatcher",
     "DispatcherClosed",
     "ExitReason",

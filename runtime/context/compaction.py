@@ -2,9 +2,9 @@
 
 Sans-I/O in three steps, so the compactor actor only moves data:
 
-1. :func:`plan_compaction` picks the cut (:func:`find_cut_point`), splits the history into the summarized
-   and the kept part, and builds the isolated summarizer calls (:class:`SummaryRequest`), each clipped so
-   that it fits the summarizer model's own window.
+1. :func:`plan_compaction` picks the cut (:func:`~runtime.context.cut.find_cut_point`), splits the history
+   into the summarized and the kept part, and has the isolated summarizer calls built
+   (:mod:`runtime.context.summary_requests`), each clipped so that it fits the summarizer model's own window.
 2. The actor sends the requests to the model and collects the answers (``None`` for a failed call).
 3. :func:`finish_compaction` turns the answers into the summary message and the new context, falls back to
    a deterministic summary where allowed, and applies the progress guard (design §5.6).
@@ -17,75 +17,46 @@ from the model (``agent_visible=False``) cost nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import msgspec
 
 from runtime.config import CompactionConfig
-from runtime.context.estimate import effective_limit, prompt_room
+from runtime.context.cut import CountTokens, CutPoint, find_cut_point, is_summary, is_turn_start
+from runtime.context.estimate import effective_limit
 from runtime.context.file_ops import FileOps, extract_file_ops
-from runtime.context.prompts import (
-    SPLIT_TURN_HEADING,
-    SUMMARIZER_SYSTEM,
-    TranscriptPiece,
-    cached_summary_prompt,
-    clip_head_tail,
-    join_pieces,
-    render_message,
-    summary_body,
-    summary_message_text,
-    summary_request_prompt,
-    transcript_pieces,
+from runtime.context.prompts import SPLIT_TURN_HEADING, clip_head_tail, summary_body, summary_message_text
+from runtime.context.summary_requests import (
+    WINDOW_MARGIN_FRACTION,
+    WINDOW_MARGIN_TOKENS,
+    CountText,
+    RequestKind,
+    SummaryRequest,
+    SummaryRequestBuilder,
+    approx_tokens,
 )
 from runtime.events import CompactionMode, CompactionTrigger
-from runtime.messages import (
-    KIND_COMPACTION_SUMMARY,
-    KIND_TOOL_SUMMARY,
-    Message,
-    TextPart,
-    ToolCallPart,
-)
+from runtime.messages import KIND_COMPACTION_SUMMARY, Message, TextPart
 
 __all__ = [
     "CHARS_PER_OUTPUT_TOKEN",
     "FALLBACK_REQUEST_CHARS",
     "OPEN_REQUEST_CHARS",
-    "WINDOW_MARGIN_FRACTION",
-    "WINDOW_MARGIN_TOKENS",
     "CompactionFailure",
     "CompactionPlan",
     "CompactionResult",
-    "CountText",
-    "CountTokens",
-    "CutPoint",
     "NothingToCompact",
-    "RequestKind",
-    "SummaryRequest",
-    "approx_tokens",
     "fallback_summary",
-    "find_cut_point",
     "finish_compaction",
-    "is_summary",
-    "is_turn_start",
     "keep_recent_budget",
     "plan_compaction",
     "summary_room",
 ]
 
-
-CountTokens = Callable[[Message], int]
-CountText = Callable[[str], int]
-RequestKind = Literal["history", "turn_prefix", "update", "tool_summary"]
-
 # A model asked for N output tokens rarely writes more than ~4 chars each; allow 6 before clipping, so a
 # provider that ignores max_tokens cannot hand us a summary that defeats the point of compacting.
 CHARS_PER_OUTPUT_TOKEN: Final = 6
-# Room left in the summarizer's window for the chat format's overhead, for the sum of a transcript's parts
-# differing from its whole, and for some of the difference between tokenizers: the margin's floor; when the
-# server counts more than we do, the counted prompt's excess at the count ratio (estimate.prompt_room).
-WINDOW_MARGIN_TOKENS: Final = 32
-WINDOW_MARGIN_FRACTION: Final = 0.03
 # A deterministic (fallback) summary quotes the last user request and the previous summary, clipped.
 FALLBACK_REQUEST_CHARS: Final = 600
 # The request of a turn the cut falls inside is carried into the summary verbatim, up to this many chars.
@@ -96,42 +67,9 @@ MIN_SUMMARY_TOKENS: Final = 64
 # Below this many characters a clipped summary body says nothing: the whole summary is clipped instead.
 MIN_SUMMARY_BODY_CHARS: Final = 200
 
-_NOT_TURN_STARTS: Final = frozenset({KIND_TOOL_SUMMARY, KIND_COMPACTION_SUMMARY})
-
 
 # ---------------------------------------------------------------------------------------------------
 # Data
-
-
-class CutPoint(msgspec.Struct, frozen=True):
-    """Where the kept part begins.
-
-    ``index`` is the first kept message (``len(messages)`` when nothing is kept). ``split_turn_start`` is
-    set when the kept part begins inside a turn and at least ``split_turn_min_messages`` of that turn are
-    summarized: it is the index of the turn's user message, and that beginning gets its own summary.
-    ``forced`` says the cut is the ``force`` fallback (keep the last few messages), not a turn boundary.
-    """
-
-    index: int
-    split_turn_start: int | None = None
-    forced: bool = False
-
-
-class SummaryRequest(msgspec.Struct, frozen=True):
-    """One summarizer call: send ``system`` and ``prompt``, allow ``max_tokens``.
-
-    ``omitted`` counts the oldest messages left out so the call fits the summarizer's window. With
-    ``prefix`` (a call that rides the conversation's cache, design §5.4), the call sends the session's own
-    system prompt and tools, the first ``prefix`` summarized messages as they are, and ``prompt`` as the
-    final user message; ``system`` is then empty.
-    """
-
-    kind: RequestKind
-    system: str
-    prompt: str
-    max_tokens: int
-    omitted: int = 0
-    prefix: int = 0
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
@@ -272,153 +210,6 @@ def keep_recent_budget(
 
 
 # ---------------------------------------------------------------------------------------------------
-# The cut (design §5.2, 5.3)
-
-
-def is_summary(msg: Message) -> bool:
-    """A previous compaction summary (by its kind: a user who types the prefix does not make one)."""
-    return msg.kind == KIND_COMPACTION_SUMMARY
-
-
-def is_turn_start(msg: Message) -> bool:
-    """A user message that opens a turn (not a summary or tool digest, which are user messages too)."""
-    return msg.role == "user" and msg.kind not in _NOT_TURN_STARTS
-
-
-def find_cut_point(
-    messages: Sequence[Message],
-    *,
-    keep_tokens: int,
-    count: CountTokens,
-    force: bool = False,
-    force_keep: int = 2,
-    split_turn_min_messages: int = 5,
-    keep_from: int | None = None,
-) -> CutPoint | None:
-    """Where to cut ``messages`` so that the newest ``keep_tokens`` worth are kept, or ``None``.
-
-    Walks back from the newest message, adding up tokens, to the message that crosses ``keep_tokens``;
-    the cut is the first turn start (user message) at or after it. A cut never separates an assistant
-    tool call from its results, and never keeps a tool result without its call.
-
-    When no turn starts at or after the crossing (the newest turn alone exceeds the budget), the cut lands
-    inside that turn, at the first message at or after the crossing where the kept part may start (an
-    assistant message whose tool calls' results all follow it), or the nearest one before the crossing
-    when there is none after. If ``split_turn_min_messages`` or more of the turn fall before the cut, the
-    turn's start is reported as ``split_turn_start``; a shorter beginning is simply summarized with the
-    rest of the history.
-
-    ``None`` when everything fits in ``keep_tokens`` or no cut would summarize anything besides a previous
-    summary; with ``force``, the fallback is to keep only the last ``force_keep`` messages, moved earlier
-    (so more is kept) when that would split a call from its results, or later when no earlier cut exists.
-
-    ``keep_from`` (the working set's start, design §5.13) is kept whatever the budget: a cut after it moves
-    back to it (or to the nearest valid cut before it), and when no such cut leaves anything to
-    summarize, the answer is ``None``.
-    """
-    cut = _find_cut(messages, keep_tokens, count, force, force_keep, split_turn_min_messages)
-    if cut is None or keep_from is None or cut.index <= keep_from:
-        return cut
-    first = next((i for i, m in enumerate(messages) if not is_summary(m)), len(messages))
-    valid = _valid_cuts(messages)
-    index = next((i for i in range(min(keep_from, len(messages)), first, -1) if valid[i]), None)
-    if index is None:
-        return None
-    return _inside_turn(messages, index, split_turn_min_messages)
-
-
-def _find_cut(
-    messages: Sequence[Message],
-    keep_tokens: int,
-    count: CountTokens,
-    force: bool,
-    force_keep: int,
-    split_turn_min_messages: int,
-) -> CutPoint | None:
-    n = len(messages)
-    if n == 0:
-        return None
-    # The cut must leave something besides previous summaries to summarize.
-    first = next((i for i, m in enumerate(messages) if not is_summary(m)), n)
-    lowest = first + 1
-    if lowest > n:
-        return None
-    valid = _valid_cuts(messages)
-
-    crossing = _crossing(messages, keep_tokens, count)
-    if crossing is not None:
-        start = max(crossing, lowest)
-        clean = next((i for i in range(start, n) if valid[i] and is_turn_start(messages[i])), None)
-        if clean is not None:
-            return CutPoint(clean)
-        inside = next((i for i in range(start, n) if valid[i]), None)
-        if inside is None:
-            inside = next((i for i in range(start - 1, lowest - 1, -1) if valid[i]), None)
-        if inside is not None:
-            return _inside_turn(messages, inside, split_turn_min_messages)
-    if not force:
-        return None
-    return _forced_cut(valid, n, lowest, force_keep)
-
-
-def _inside_turn(messages: Sequence[Message], index: int, split_turn_min_messages: int) -> CutPoint:
-    """A cut at ``index``, which may fall inside a turn: a split turn when enough of it is summarized."""
-    if index >= len(messages) or is_turn_start(messages[index]):
-        return CutPoint(index)
-    turn = next((i for i in range(index - 1, -1, -1) if is_turn_start(messages[i])), None)
-    if turn is not None and index - turn >= split_turn_min_messages:
-        return CutPoint(index, split_turn_start=turn)
-    return CutPoint(index)
-
-
-def _valid_cuts(messages: Sequence[Message]) -> list[bool]:
-    """``valid[i]``: the kept part may start at ``i`` (``valid[n]`` is true: keep nothing).
-
-    A cut at ``i`` is invalid when a tool call before ``i`` has its result at or after ``i``, and when
-    ``messages[i]`` is a tool result (its call would be summarized, or it is an orphan).
-    """
-    n = len(messages)
-    call_at: dict[str, int] = {}
-    span = [0] * (n + 2)
-    for i, msg in enumerate(messages):
-        if msg.role == "assistant":
-            for part in msg.parts:
-                if type(part) is ToolCallPart:
-                    call_at[part.id] = i
-        elif msg.role == "tool" and msg.tool_call_id is not None:
-            c = call_at.get(msg.tool_call_id)
-            if c is not None and c < i:
-                span[c + 1] += 1  # cuts in c+1 .. i would separate call c from result i
-                span[i + 1] -= 1
-    valid = [False] * (n + 1)
-    open_spans = 0
-    for i in range(n + 1):
-        open_spans += span[i]
-        valid[i] = open_spans == 0 and (i == n or messages[i].role != "tool")
-    return valid
-
-
-def _crossing(messages: Sequence[Message], keep_tokens: int, count: CountTokens) -> int | None:
-    """Index of the newest message whose addition makes the kept tail exceed ``keep_tokens``."""
-    total = 0
-    for i in range(len(messages) - 1, -1, -1):
-        msg = messages[i]
-        if msg.agent_visible:
-            total += count(msg)
-            if total > keep_tokens:
-                return i
-    return None
-
-
-def _forced_cut(valid: list[bool], n: int, lowest: int, force_keep: int) -> CutPoint:
-    target = max(n - force_keep, lowest)
-    index = next((i for i in range(target, lowest - 1, -1) if valid[i]), None)
-    if index is None:
-        index = next(i for i in range(target, n + 1) if valid[i])  # valid[n] is always true
-    return CutPoint(index, forced=True)
-
-
-# ---------------------------------------------------------------------------------------------------
 # Planning (design §5.4, 5.8)
 
 
@@ -501,7 +292,7 @@ def plan_compaction(
         summary_tokens = max(MIN_SUMMARY_TOKENS, room - kept_tokens)
     requests: list[SummaryRequest] = []
     if mode != "truncate":
-        builder = _RequestBuilder(
+        builder = SummaryRequestBuilder(
             config,
             summarizer_window,
             count,
@@ -544,138 +335,6 @@ def _open_request(summarized: list[Message], kept: list[Message]) -> Message | N
         return None
     prompt = next((m for m in reversed(summarized) if is_turn_start(m)), None)
     return prompt if prompt is not None and prompt.agent_visible else None
-
-
-def approx_tokens(text: str) -> int:
-    """A deliberately high token estimate: ~3 ASCII chars per token, 1.5 tokens per other character."""
-    other = min(len(text.encode("utf-8")) - len(text), len(text))
-    return (len(text) - other) // 3 + (3 * other) // 2 + 1
-
-
-class _RequestBuilder:
-    """Builds summarizer requests that fit the summarizer's window.
-
-    The transcript is filled newest message first until the budget is spent. A message's block is valued
-    at the caller's (cached) count of the message plus its labels, so fitting costs no tokenizing of the
-    history; only blocks that clipping shortened, the instructions and the previous summary are measured
-    with ``count_text``. The margin absorbs the difference between the sum of the parts and the whole, and
-    some of the difference between our tokenizer and the summarizer model's.
-    """
-
-    def __init__(
-        self,
-        config: CompactionConfig,
-        window: int | None,
-        count: CountTokens,
-        measure: CountText,
-        instructions: str | None,
-        summary_tokens: int | None,
-        count_ratio: float,
-    ) -> None:
-        self.config = config
-        self.count_ratio = count_ratio
-        self.window = window
-        self.count = count
-        self.measure = measure
-        self.instructions = instructions
-        out = config.summary_max_output_tokens
-        self.max_tokens = min(out, window // 4) if window else out
-        if summary_tokens is not None:
-            self.max_tokens = min(self.max_tokens, summary_tokens)
-        self._label_tokens: dict[str, int] = {}
-
-    def cached(self, kind: RequestKind, msgs: list[Message], fixed: int | None) -> list[SummaryRequest]:
-        """One request that sends ``msgs`` as they are, after the session's system prompt and tools
-        (``fixed`` tokens), with the final instruction; empty without ``fixed`` or when it does not fit."""
-        if fixed is None:
-            return []
-        max_tokens = max(1, self.max_tokens // 2) if kind == "turn_prefix" else self.max_tokens
-        prompt = cached_summary_prompt(kind, instructions=self.instructions)
-        if self.window is not None:
-            size = fixed + sum(self.count(m) for m in msgs if m.agent_visible) + self.measure(prompt)
-            if size > self._prompt_room(max_tokens):
-                return []
-        return [SummaryRequest(kind, "", prompt, max_tokens, prefix=len(msgs))]
-
-    def build(self, kind: RequestKind, msgs: list[Message], previous: str | None) -> list[SummaryRequest]:
-        """One request for ``msgs`` (as a list, empty when even an empty transcript cannot fit)."""
-        max_tokens = max(1, self.max_tokens // 2) if kind == "turn_prefix" else self.max_tokens
-        visible = [m for m in msgs if m.agent_visible]
-        chars = self.config.summary_tool_result_chars
-        if self.window is None:
-            blocks = [render_message(m, tool_result_chars=chars) for m in visible]
-            return [self._request(kind, blocks, previous, max_tokens, omitted=0)]
-
-        room = self._prompt_room(max_tokens) - self.measure(SUMMARIZER_SYSTEM)
-        if previous is not None:
-            previous = self._clip_to(previous, room // 2)
-        skeleton = self._prompt(kind, [], previous, omitted=len(visible))
-        budget = room - self.measure(skeleton)
-        if budget <= 0:
-            return []
-        taken = self._take(reversed(visible), budget)
-        omitted = len(visible) - len(taken)
-        return [self._request(kind, taken[::-1], previous, max_tokens, omitted=omitted)]
-
-    def _prompt_room(self, max_tokens: int) -> int:
-        """The tokens counted here a request asking for ``max_tokens`` may send: its server's count, the
-        answer and the margin (:data:`WINDOW_MARGIN_TOKENS` + :data:`WINDOW_MARGIN_FRACTION` of the window,
-        or the ratio's excess when more) fit the summarizer's window."""
-        assert self.window is not None
-        fixed = WINDOW_MARGIN_TOKENS + int(self.window * WINDOW_MARGIN_FRACTION)
-        return prompt_room(self.window, max_tokens, self.count_ratio, fixed=fixed)
-
-    def _take(self, newest_first: Iterable[Message], budget: int) -> list[str]:
-        chars = self.config.summary_tool_result_chars
-        taken: list[str] = []
-        used = 0
-        for msg in newest_first:
-            pieces = transcript_pieces(msg, tool_result_chars=chars)
-            block = join_pieces(pieces)
-            tokens = self._block_tokens(msg, pieces, block) + 1  # + the blank line between blocks
-            if used + tokens <= budget:
-                taken.append(block)
-                used += tokens
-                continue
-            if not taken:  # the newest message alone is too big: keep its head and tail
-                taken.append(self._clip_to(block, budget - 1))
-            break
-        return taken
-
-    def _block_tokens(self, msg: Message, pieces: list[TranscriptPiece], block: str) -> int:
-        if any(p.clipped for p in pieces):
-            return self.measure(block)
-        labels = 0
-        for piece in pieces:
-            tokens = self._label_tokens.get(piece.label)
-            if tokens is None:
-                tokens = self._label_tokens[piece.label] = self.measure(piece.label) + 1  # + its newline
-            labels += tokens
-        return self.count(msg) + labels
-
-    def _clip_to(self, text: str, tokens: int) -> str:
-        """``text`` clipped head and tail until it measures at most ``tokens``."""
-        size = self.measure(text)
-        while size > tokens and text:
-            chars = max(0, min(len(text) - 1, int(len(text) * tokens / size * 0.9)))
-            text = clip_head_tail(text, chars) if chars > 64 else text[:chars]
-            size = self.measure(text)
-        return text
-
-    def _prompt(self, kind: RequestKind, blocks: list[str], previous: str | None, *, omitted: int) -> str:
-        return summary_request_prompt(
-            "\n\n".join(blocks),
-            kind=kind,
-            previous_summary=previous,
-            instructions=self.instructions,
-            omitted=omitted,
-        )
-
-    def _request(
-        self, kind: RequestKind, blocks: list[str], previous: str | None, max_tokens: int, *, omitted: int
-    ) -> SummaryRequest:
-        prompt = self._prompt(kind, blocks, previous, omitted=omitted)
-        return SummaryRequest(kind, SUMMARIZER_SYSTEM, prompt, max_tokens, omitted=omitted)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Final, Literal
 import msgspec
 
 from runtime.config import CompactionConfig
-from runtime.context.compaction import CountTokens, SummaryRequest
+from runtime.context.cut import CountTokens
 from runtime.context.estimate import compaction_threshold
 from runtime.context.prompts import (
     TOOL_SUMMARIZER_SYSTEM,
@@ -33,6 +33,7 @@ from runtime.context.prompts import (
     clip_head_tail,
     tool_summary_prompt,
 )
+from runtime.context.summary_requests import SummaryRequest
 from runtime.messages import (
     KIND_TOOL_CALL_ARCHIVED,
     KIND_TOOL_OUTPUT_CLEARED,

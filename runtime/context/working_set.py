@@ -24,7 +24,7 @@ from typing import Final, Literal
 import msgspec
 
 from runtime.config import CompactionConfig
-from runtime.context.compaction import is_turn_start
+from runtime.context.cut import is_turn_start
 from runtime.context.estimate import effective_limit, should_compact
 from runtime.events import CompactionTrigger
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_STEER, Message, TextPart

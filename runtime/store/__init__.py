@@ -25,10 +25,10 @@ from runtime.store.entries import (
 )
 from runtime.store.index import IndexAppender, SessionIndex
 from runtime.store.log import CorruptLogError, RecoveryInfo, SessionLog, load_tree, read_log
+from runtime.store.session_lock import SessionLock
 from runtime.store.sessions import (
     SessionDirectory,
     SessionInfo,
-    SessionLock,
     SessionLockedError,
     SessionNotFound,
     SessionNotFoundError,

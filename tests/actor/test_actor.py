@@ -911,6 +911,25 @@ def test_pykka_private_names_are_imported_by_the_compatibility_module_only() -> 
     assert _private_pykka_imports(root / "runtime" / "actor" / "_pykka.py")  # the check does see them
 
 
+def test_the_actor_package_is_used_through_its_public_surface_from_outside() -> None:
+    """A private module of ``runtime.actor`` (``_pykka``, ``_mailbox``, ...) is its own business: what the
+    rest needs (e.g. :class:`ActorStop`) is re-exported by the package."""
+    root = Path(__file__).resolve().parents[2]
+    inside = root / "runtime" / "actor"
+    offenders = {}
+    for package in ("runtime", "actors", "benchmarks"):
+        for path in (root / package).rglob("*.py"):
+            if inside in path.parents:
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+            modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            private = [m for m in modules if m.startswith("runtime.actor._")]
+            if private:
+                offenders[str(path.relative_to(root))] = private
+    assert offenders == {}
+
+
 def test_the_package_exports_its_public_names() -> None:
     import runtime.actor as package
 

@@ -13,13 +13,12 @@ from runtime.context.compaction import (
     CompactionFailure,
     CompactionPlan,
     CompactionResult,
-    CutPoint,
     NothingToCompact,
-    find_cut_point,
     finish_compaction,
     keep_recent_budget,
     plan_compaction,
 )
+from runtime.context.cut import CutPoint, find_cut_point
 from runtime.context.file_ops import FileOps
 from runtime.context.prompts import SPLIT_TURN_HEADING, SUMMARY_PREFIX, summary_body
 from runtime.tokens import TokenCounter

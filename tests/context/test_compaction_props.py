@@ -20,9 +20,9 @@ from runtime.context.compaction import (
     CompactionResult,
     NothingToCompact,
     finish_compaction,
-    is_turn_start,
     plan_compaction,
 )
+from runtime.context.cut import is_turn_start
 from runtime.context.prompts import SUMMARY_PREFIX
 from runtime.store.entries import decode_entries, encode_entry, new_header
 from runtime.store.log import replay

@@ -78,11 +78,11 @@ class FailingWrites(SmallDisk):
 
     def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         from runtime import _delivery
-        from runtime.store import sessions, writer
+        from runtime.store import session_lock, writer
 
         super().__init__(path)
         self.full = False
-        real_write, real_probe, real_owner = writer._write_all, _delivery._writable, sessions._write_owner
+        real_write, real_probe, real_owner = writer._write_all, _delivery._writable, session_lock._write_owner
 
         def write_all(fd: int, data: bytes) -> None:
             if not self.full:
@@ -98,7 +98,7 @@ class FailingWrites(SmallDisk):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         monkeypatch.setattr(writer, "_write_all", write_all)
-        monkeypatch.setattr(sessions, "_write_owner", write_owner)
+        monkeypatch.setattr(session_lock, "_write_owner", write_owner)
         monkeypatch.setattr(
             _delivery, "_writable", lambda folder, size: not self.full and real_probe(folder, size)
         )

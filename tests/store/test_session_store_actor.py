@@ -25,9 +25,8 @@ from actors.session_store import (
     SetMetadata,
     Stored,
     SyncTurn,
-    _holders,
-    _LockHolders,
 )
+from actors.store_locks import LockHolders, lock_holders
 from runtime import events as ev
 from runtime.actor import Dispatcher
 from runtime.messages import KIND_COMPACTION_SUMMARY, KIND_TOOL_RESULT_ARCHIVED, assistant, tool_result, user
@@ -270,7 +269,7 @@ def test_two_stores_must_not_write_one_session(
 def test_a_failed_write_is_reported_not_acknowledged_and_stops_the_store(
     start: Callable[..., Any], directory: SessionDirectory, events: Events, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_holders, "release_wait", 0.2)  # (its lock is parked for a successor none starts)
+    monkeypatch.setattr(lock_holders, "release_wait", 0.2)  # (its lock is parked for a successor none starts)
     ref = start()
     kept = user("kept")
     stored(ref, Append((kept,)))
@@ -386,7 +385,7 @@ def test_a_parked_lock_is_kept_for_a_successor_released_after_its_wait_and_at_on
     key = str(path)
     successor: Any = object()  # (the store that takes the lock over: only compared by identity here)
 
-    holders = _LockHolders(release_wait=0.2)
+    holders = LockHolders(release_wait=0.2)
     holders.park(key, directory.lock("parked"))
     assert directory.held("parked")  # still this process's: no other process may take the session
     wait_until(lambda: not path.exists())  # released by its timer
@@ -399,7 +398,7 @@ def test_a_parked_lock_is_kept_for_a_successor_released_after_its_wait_and_at_on
     kept.release()
     holders.remove(key, successor)
 
-    holders = _LockHolders(release_wait=60.0)
+    holders = LockHolders(release_wait=60.0)
     holders.park(key, directory.lock("parked"))
     started = time.monotonic()
     assert holders.wait_released(key, timeout=5.0)  # the session stopped: no successor comes
