@@ -281,6 +281,14 @@ class Agent(SessionActor):
     def _record_step(self, effect: fx.RecordStep) -> None:
         self._tell_store(p.RecordStep(effect.record))
 
+    @_performs(fx.LearnCountRatio)
+    def _learn_count_ratio(self, effect: fx.LearnCountRatio) -> None:
+        """The count ratio the session's replies taught it, for the compactor's summarizer requests."""
+        compactor = self.refs.compactor_ref
+        if compactor is not None:
+            with contextlib.suppress(pykka.ActorDeadError):  # restarting: it learns from its own replies
+                compactor.tell(p.CountRatioLearned(effect.model, effect.ratio))
+
     @_performs(fx.SyncTurn)
     def _sync_turn(self, effect: fx.SyncTurn) -> None:
         self._tell_store(p.SyncTurn(ended=effect.ended))

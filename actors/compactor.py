@@ -35,7 +35,7 @@ from actors.tool_archive import ToolArchive
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
 from runtime.context import compaction as comp
-from runtime.context.estimate import effective_limit, should_compact
+from runtime.context.estimate import CountRatio, effective_limit, should_compact, usable_response
 from runtime.context.summary_requests import SummaryRequest
 from runtime.context.working_set import working_set_start
 from runtime.errors import RuntimeStateError
@@ -56,11 +56,14 @@ class CompactionInterrupted(RuntimeStateError):
 
 
 class _SummaryDone(msgspec.Struct, frozen=True):
-    """The summarizer call ``index`` of job ``job`` ended with ``result``."""
+    """The summarizer call ``index`` of job ``job`` ended with ``result``; it asked ``model`` with a request
+    of ``counted`` tokens as counted here."""
 
     job: int
     index: int
     result: CompletionResult
+    model: str
+    counted: int
 
 
 class Compactor(SessionActor):
@@ -86,9 +89,11 @@ class Compactor(SessionActor):
         self._active: Job | None = None
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
-        # The session's learned server count ÷ ours (design §4.5), as the turn machine last told it with a
-        # compaction request; None until then (and after a model change)
+        # The session's learned server count ÷ ours (design §4.5), as its agent last told it (with a
+        # compaction request, or as it learned it); None until then (and after a model change)
         self._count_ratio: float | None = None
+        # Each summarizer model's server count ÷ ours, learned from its replies here (design §4.5)
+        self._ratios: dict[str, CountRatio] = {}
         self._set_summarizer()
         self.estimate = SessionEstimate(spec, counter)
         self.summarizer = Summarizer(spec, services, self.publish)
@@ -107,14 +112,27 @@ class Compactor(SessionActor):
             self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
 
     def _summarizer_ratio(self) -> float:
-        """What the summarizer's server counts per token counted here (design §4.5): the session's learned
-        ratio when the summarizer is its own model and the turn machine told it, else the default for the
-        summarizer's model (:func:`~runtime.turn.fit.default_count_ratio`)."""
+        """What the summarizer's server counts per token counted here (design §4.5): the highest of what
+        its replies taught the compactor and, when the summarizer is the session's own model, what the
+        session's replies taught the agent; while neither has, the default for the summarizer's model."""
+        learned = self._ratios.get(self.summarizer_model)
+        taught = [learned.value] if learned is not None and learned.learned else []
         if self.summarizer_model == self.model and self._count_ratio is not None:
-            return self._count_ratio
+            taught.append(self._count_ratio)
+        if taught:
+            return max(taught)
         from runtime.turn.fit import default_count_ratio
 
         return default_count_ratio(self.summarizer_model, self.spec.config)
+
+    def _learn_ratio(self, done: _SummaryDone) -> None:
+        """A summarizer reply's usage against our count of its request: its model's count ratio."""
+        message = done.result.message
+        if message is None or not usable_response(message):
+            return
+        assert message.usage is not None
+        ratio = self._ratios.setdefault(done.model, CountRatio())
+        ratio.observe(actual_input=message.usage.input_tokens, estimate=done.counted, counted=done.counted)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
@@ -164,9 +182,13 @@ class Compactor(SessionActor):
                 self.model = model
                 if window is not None:
                     self.context_window = window
-                if counter is not None:
+                if counter is not None:  # counted otherwise here: every summarizer's ratio is learned again
                     self.counter, self.estimate = counter, SessionEstimate(self.spec, counter)
+                    self._ratios.clear()
                 self._set_summarizer()
+            case p.CountRatioLearned(model=model, ratio=ratio):
+                if model == self.model:  # (a ratio of the model before a switch is no longer the session's)
+                    self._count_ratio = ratio
             case MaybeCompact() | Compact():
                 if message.count_ratio is not None:
                     self._count_ratio = message.count_ratio
@@ -340,8 +362,8 @@ class Compactor(SessionActor):
         """Send ``request``, the ``index``-th of ``job``; its answer comes back as a :class:`_SummaryDone`."""
         me, job_id = self.actor_ref, job.id
 
-        def done(result: CompletionResult) -> None:  # on the gateway's loop
-            me.tell(_SummaryDone(job_id, index, result))
+        def done(result: CompletionResult, model: str, counted: int) -> None:  # on the gateway's loop
+            me.tell(_SummaryDone(job_id, index, result, model, counted))
 
         manual = getattr(job.request, "trigger", None) == "manual"
         if request.prefix:
@@ -376,6 +398,7 @@ class Compactor(SessionActor):
         if job is None or job.id != done.job:
             return
         result = done.result
+        self._learn_ratio(done)
         text = None if result.error is not None or result.message is None else result.message.text.strip()
         job.answers[done.index] = text or None
         if result.message is not None and result.message.usage is not None:

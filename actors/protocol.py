@@ -59,6 +59,7 @@ __all__ = [
     "CompactorJob",
     "CompactorMessage",
     "ContextView",
+    "CountRatioLearned",
     "GetCalibration",
     "GetContext",
     "GetContextStats",
@@ -547,6 +548,15 @@ class Compact(Ask[Outcome], frozen=True):
             self.handle.set_result(CompactionResult(compacted=False, reason=f"not run: {why}; ask again"))
 
 
+class CountRatioLearned(msgspec.Struct, frozen=True):
+    """The session's replies taught it a new ``ratio`` of its server's prompt count to ours for ``model``
+    (design §4.5), told by the agent as it learns it: the compactor's summarizer requests to the session's
+    own model keep that margin, a manual compaction's included."""
+
+    model: str
+    ratio: float
+
+
 class MaybeArchiveTools(Ask[ContextView | None], frozen=True):
     """Archive old tool results when there are more than ``tool_call_cutoff`` (5.9). Answered with the
     view the next request can be made from when the context is as it was, or None when this changed it."""
@@ -559,7 +569,7 @@ class MaybeArchiveTools(Ask[ContextView | None], frozen=True):
 
 AgentMessage: TypeAlias = Prompt | Abort | SetModel | GetState | UsageOverflowed
 CompactorJob: TypeAlias = MaybeCompact | Compact | MaybeArchiveTools  # the compactor's jobs, in turn
-CompactorMessage: TypeAlias = CompactorJob | SetModel
+CompactorMessage: TypeAlias = CompactorJob | SetModel | CountRatioLearned
 StoreMessage: TypeAlias = (
     GetContext
     | Append

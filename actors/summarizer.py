@@ -71,7 +71,7 @@ class Summarizer:
         max_tokens: int,
         *,
         manual: bool,
-        done: Callable[[CompletionResult], None],
+        done: Callable[[CompletionResult, str, int], None],
     ) -> CallHandle:
         """A summary of ``summarized`` asked the way the session asks its own ``model``: its system prompt,
         tools and messages as the agent sends them (the prefix the provider cached), then ``prompt``."""
@@ -109,7 +109,7 @@ class Summarizer:
         *,
         purpose: SummaryPurpose,
         manual: bool,
-        done: Callable[[CompletionResult], None],
+        done: Callable[[CompletionResult, str, int], None],
     ) -> CallHandle:
         """A summarizer call of its own: ``system`` and ``prompt``, nothing of the conversation."""
         from runtime.messages import system as system_message
@@ -127,12 +127,14 @@ class Summarizer:
         *,
         purpose: SummaryPurpose,
         manual: bool,
-        done: Callable[[CompletionResult], None],
+        done: Callable[[CompletionResult, str, int], None],
         tools: list[dict[str, Any]] | None = None,
         cache: CacheHints | None = None,
         include_reasoning: bool = False,
     ) -> CallHandle:
-        """Send ``messages`` to ``model``; ``done`` gets the result on the gateway's loop."""
+        """Send ``messages`` to ``model``; ``done`` gets the result, the model and our count of the request
+        (its messages, reply priming and tools: what its server's ``usage.input_tokens`` counts), on the
+        gateway's loop."""
         from runtime.capacity import Priority
         from runtime.gateway import Admission, CompletionRequest
 
@@ -159,6 +161,7 @@ class Summarizer:
             transport=spec.config.gateway.transport,
             cache=cache,
         )
+        counted = counter.count_messages(messages) + counter.count_tools(tools or [])
         sid, publish, content = spec.session_id, self.publish, self.services.content
         request_id = new_id()
         address, port = server_of(spec.api_base)
@@ -211,7 +214,7 @@ class Summarizer:
                         latency=result.latency,
                     )
                 )
-            done(result)
+            done(result, model, counted)
 
         on_retry: Callable[[RetryInfo], None] = retry_reporter(publish, sid, None, request_id)  # events too
         return self.services.gateway.complete(request, deliver, on_retry=on_retry)

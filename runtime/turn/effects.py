@@ -41,6 +41,7 @@ __all__ = [
     "ErrorLike",
     "Failed",
     "Hide",
+    "LearnCountRatio",
     "LearnWindow",
     "ModelReply",
     "OutcomeLike",
@@ -128,6 +129,14 @@ class LearnWindow(Effect, frozen=True):
     restarts and its endpoint. (The machine took it already and publishes ``window_learned``.)"""
 
     window: int
+    model: str
+
+
+class LearnCountRatio(Effect, frozen=True):
+    """A reply taught the session a higher ``ratio`` of its server's prompt count to ours for ``model``
+    (design §4.5): tell the compactor, whose summarizer requests keep the same margin."""
+
+    ratio: float
     model: str
 
 

@@ -46,6 +46,7 @@ from runtime.turn.effects import (
     Compact,
     CompletionLike,
     Effect,
+    LearnCountRatio,
     ModelReply,
     OutcomeLike,
     Overlay,
@@ -459,9 +460,13 @@ class TurnMachine(RecoveryFlows):
                 )
             run.usage = run.usage + message.usage
             if usable_response(message):  # the server's count against ours: the answer cap's ratio
-                self.count_ratio.observe(
+                ratio = self.count_ratio
+                before = ratio.value
+                ratio.observe(
                     actual_input=usage.input_tokens, estimate=run.estimated_tokens, counted=run.counted_tokens
                 )
+                if ratio.value != before:  # the compactor's summarizer requests keep the same margin
+                    self._emit(LearnCountRatio(ratio.value, self.model))
             self.context_tokens = message.usage.input_tokens + message.usage.output_tokens
         # A final answer ends the turn: its append also makes the log durable (no SyncTurn after it).
         run.synced = not message.tool_calls

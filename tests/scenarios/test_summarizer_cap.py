@@ -33,22 +33,21 @@ def vllm_like() -> Iterator[LocalProvider]:
         yield provider
 
 
+def start(rt: Any, provider: LocalProvider, windows: dict[str, int] | None = None, **config: Any) -> str:
+    """A session of :data:`MODEL` on ``provider``, its window (and ``windows``) known, with ``config``."""
+    windows = {MODEL: WINDOW, **(windows or {})}
+    config = {"models.context_windows": windows, **config}
+    return str(
+        rt.start_session(model=MODEL, api_base=provider.url, api_key="sk-local", tools=None, config=config)
+    )
+
+
 def test_a_compaction_s_summarizer_request_fits_the_server_s_count(
     rt: Any, vllm_like: LocalProvider, recorder: Recorder
 ) -> None:
     assert SERVER_RATIO > STAND_IN_COUNT_RATIO
-    sid = rt.start_session(
-        model=MODEL,
-        api_base=vllm_like.url,
-        api_key="sk-local",
-        tools=None,
-        # the newest ~200 tokens kept: the summarizer gets most of the history, its request is large
-        config={
-            "models.context_windows": {MODEL: WINDOW},
-            "compaction.keep_recent_tokens": 200,
-            "compaction.threshold": 0.9,
-        },
-    )
+    # the newest ~200 tokens kept: the summarizer gets most of the history, its request is large
+    sid = start(rt, vllm_like, **{"compaction.keep_recent_tokens": 200, "compaction.threshold": 0.9})
     for i in range(9):
         result = rt.prompt(sid, note(i)).result(timeout=60)
         assert result.status == "ok", (i, result.error)
@@ -63,3 +62,60 @@ def test_a_compaction_s_summarizer_request_fits_the_server_s_count(
     assert summaries
     for r in summaries:
         assert r.prompt_tokens + r.body["max_tokens"] <= WINDOW
+
+
+def _refused(provider: LocalProvider) -> list[tuple[str, int, Any]]:
+    log = provider.request_log
+    return [(r.outcome, r.prompt_tokens, r.body.get("max_tokens")) for r in log if r.outcome != "ok"]
+
+
+def _summaries(provider: LocalProvider) -> list[Any]:
+    return [
+        r
+        for r in provider.request_log
+        if "<summary-request>" in str(r.body) or "<conversation>" in str(r.body)
+    ]
+
+
+def test_a_manual_compaction_before_any_automatic_one_keeps_the_ratio_the_session_learned(
+    rt: Any, vllm_like: LocalProvider
+) -> None:
+    """The session's replies taught it the server counts 1.5 of our tokens; nothing compacted yet, so no
+    compaction request carried that ratio to the compactor. A manual compaction's summarizer request (the
+    session's own model) is fitted at the learned ratio all the same: before, at the stand-in default
+    (1.25), its prompt and answer came to more than the window as the server counts and it was refused."""
+    sid = start(rt, vllm_like, **{"compaction.auto": False})
+    for i in range(6):
+        result = rt.prompt(sid, note(i)).result(timeout=60)
+        assert result.status == "ok", (i, result.error)
+    assert _summaries(vllm_like) == []  # nothing compacted before
+    compacted = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+    assert compacted.compacted and not compacted.fallback, compacted
+    assert _refused(vllm_like) == []
+    (summary,) = _summaries(vllm_like)
+    assert summary.prompt_tokens + summary.body["max_tokens"] <= WINDOW
+
+
+def test_a_summarizer_of_another_model_learns_its_ratio_from_its_own_replies(
+    rt: Any, vllm_like: LocalProvider
+) -> None:
+    """The summarizer is another model, whose count ratio nothing but its own replies can teach: the first
+    compaction's reply (a small request) teaches it, and the second compaction, of a history that takes
+    the summarizer's whole window, is fitted at it. Before, every summarizer request used the stand-in
+    default (1.25), and the second was refused."""
+    summarizer = "openai/agentcell-summarizer"  # unknown too: cl100k stands in for its tokenizer
+    config = {"compaction.auto": False, "compaction.summarizer_model": summarizer}
+    sid = start(rt, vllm_like, {summarizer: WINDOW}, **config)
+    for i in range(2):
+        assert rt.prompt(sid, note(i)).result(timeout=60).status == "ok"
+    first = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+    assert first.compacted and not first.fallback, first
+    for i in range(2, 6):
+        result = rt.prompt(sid, note(i)).result(timeout=60)
+        assert result.status == "ok", (i, result.error)
+    second = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+    assert second.compacted and not second.fallback, second
+    assert _refused(vllm_like) == []
+    summaries = _summaries(vllm_like)
+    assert len(summaries) == 2 and {s.body["model"] for s in summaries} == {"agentcell-summarizer"}
+    assert all(s.prompt_tokens + s.body["max_tokens"] <= WINDOW for s in summaries)
