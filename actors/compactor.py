@@ -268,7 +268,7 @@ class Compactor(SessionActor):
 
     @staticmethod
     def _cause(job: Job) -> OverflowCause | None:
-        """Why an ``overflow`` compaction runs (``refused``, ``counted``): its events say it."""
+        """Why an ``overflow`` compaction runs (``refused``, ``counted``): its events and log entry say it."""
         return job.request.cause if isinstance(job.request, Compact) else None
 
     @staticmethod
@@ -505,6 +505,7 @@ class Compactor(SessionActor):
             mode=self.cfg.mode,
             trigger=trigger,
             artifacts=tuple(job.artifacts),
+            cause=self._cause(job),
         )
         self.call(self.refs.store, record, recorded)
 

@@ -351,6 +351,7 @@ class RecordCompaction(Ask[Stored], frozen=True, kw_only=True):
     mode: CompactionMode = "summarize"
     trigger: CompactionTrigger = "threshold"
     artifacts: tuple[str, ...] = ()
+    cause: OverflowCause | None = None  # an overflow compaction's (its events say it too)
     reply_to: ReplyTo[Stored] = None
 
 

@@ -389,6 +389,7 @@ class SessionStore(PooledActor):
                     mode=message.mode,
                     trigger=message.trigger,
                     artifacts=message.artifacts,
+                    cause=message.cause,
                 )
                 self._write((entry,), message.reply_to)
                 tree.trim()  # what the compaction summarized is in the log: memory follows the context

@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from runtime.events import CompactionMode, CompactionTrigger
+from runtime.events import CompactionMode, CompactionTrigger, OverflowCause
 from runtime.messages import Message, new_id
 
 __all__ = [
@@ -92,6 +92,9 @@ class CompactionEntry(_Entry, frozen=True, tag="compaction"):
     mode: CompactionMode = "summarize"
     trigger: CompactionTrigger = "threshold"
     artifacts: list[str] = msgspec.field(default_factory=list)
+    # Why an ``overflow`` compaction ran: the provider ``refused`` the request, or it was ``counted`` over the
+    # limit before it was sent (design §6.3); None for the other triggers, and in logs written before it.
+    cause: OverflowCause | None = None
 
 
 class OverlayEntry(_Entry, frozen=True, tag="overlay"):

@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 
 from runtime.errors import StoreError
-from runtime.events import CompactionMode, CompactionTrigger
+from runtime.events import CompactionMode, CompactionTrigger, OverflowCause
 from runtime.messages import Message, Usage
 from runtime.store.entries import (
     BranchEntry,
@@ -166,6 +166,7 @@ class SessionTree:
         mode: CompactionMode = "summarize",
         trigger: CompactionTrigger = "threshold",
         artifacts: Sequence[str] = (),
+        cause: OverflowCause | None = None,
     ) -> CompactionEntry:
         """Record a compaction as a child of the current leaf.
 
@@ -182,6 +183,7 @@ class SessionTree:
             mode=mode,
             trigger=trigger,
             artifacts=list(artifacts),
+            cause=cause,
         )
         self.apply(entry)
         return entry

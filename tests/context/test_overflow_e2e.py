@@ -11,6 +11,9 @@ import pytest
 
 from runtime.provider.errors import OVERFLOW_FORMATS
 from runtime.provider.script import Turn
+from runtime.store.entries import CompactionEntry
+from runtime.store.log import read_log
+from runtime.store.sessions import SessionDirectory
 from tests.conftest import Recorder
 
 PROVIDER_WINDOW = 3_000  # what the provider really accepts
@@ -42,6 +45,12 @@ def start(rt: Any, provider: Any, model: str, **config: Any) -> str:
     return str(rt.start_session(model=model, api_base=provider.url, api_key="sk-local", config=overrides))
 
 
+def logged_compactions(sessions_dir: Any, sid: str) -> list[tuple[str, str | None]]:
+    """Each compaction in the session's log: its trigger and its cause."""
+    entries, _ = read_log(SessionDirectory(sessions_dir).log_path(sid))
+    return [(e.trigger, e.cause) for e in entries if isinstance(e, CompactionEntry)]
+
+
 def fill_until_overflow(rt: Any, sid: str, recorder: Recorder, limit: int = 30) -> int:
     for i in range(limit):
         result = rt.prompt(sid, f"Record item {i} of the inventory, with its details.").result(timeout=60)
@@ -54,7 +63,7 @@ def fill_until_overflow(rt: Any, sid: str, recorder: Recorder, limit: int = 30) 
 
 @pytest.mark.parametrize("fmt", sorted(OVERFLOW_FORMATS))
 def test_overflow_in_each_vendor_format_compacts_and_retries_once(
-    rt: Any, recorder: Recorder, tight_provider: Any, fmt: str
+    rt: Any, recorder: Recorder, tight_provider: Any, fmt: str, sessions_dir: Any
 ) -> None:
     tight_provider.overflow_format = fmt
     model = chatty(tight_provider)
@@ -65,6 +74,7 @@ def test_overflow_in_each_vendor_format_compacts_and_retries_once(
     (end_event,) = recorder.of("compaction_end", sid)
     assert start_event.trigger == end_event.trigger == "overflow"
     assert start_event.cause == end_event.cause == "refused"  # the provider refused the request
+    assert logged_compactions(sessions_dir, sid) == [("overflow", "refused")]  # the log says it too
     assert end_event.tokens_after < end_event.tokens_before
     assert not recorder.of("error", sid)
     statuses = [r.outcome for r in tight_provider.request_log if r.model == model.split("/", 1)[1]]
@@ -74,7 +84,7 @@ def test_overflow_in_each_vendor_format_compacts_and_retries_once(
 
 
 def test_a_request_counted_over_the_limit_compacts_before_it_is_sent_and_says_so(
-    rt: Any, recorder: Recorder
+    rt: Any, recorder: Recorder, sessions_dir: Any
 ) -> None:
     """The turn's own emergency compaction (design §5.13): its threshold compaction did not help (its
     summarizer failed, no fallback), the request is over the limit (window − reserve), so the runtime
@@ -114,6 +124,9 @@ def test_a_request_counted_over_the_limit_compacts_before_it_is_sent_and_says_so
             "overflow",
             "counted",
         )
+        assert logged_compactions(sessions_dir, sid) == [
+            ("overflow", "counted")
+        ]  # (the threshold one failed)
         assert [r.outcome for r in provider.request_log if r.model == model.split("/", 1)[1]] == ["ok"] * 5
 
 

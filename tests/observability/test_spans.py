@@ -229,6 +229,41 @@ def test_a_sub_agents_turn_is_a_child_of_the_delegating_call_and_a_lone_compacti
     assert compaction.attributes["agentcell.compaction.messages_before"] == 2
 
 
+def test_an_overflow_compaction_s_span_says_its_cause_and_no_other_compaction_s_does(
+    spans: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    """``agentcell.compaction.cause``: the provider ``refused`` the request, or it was ``counted`` over the
+    limit before it was sent; a compaction that failed before it started says it too."""
+    tracing, exporter = spans
+    start = {"messages_before": 9, "tokens_before": 900}
+    end = {**start, "messages_after": 3, "tokens_after": 200, "summary_chars": 80, "mode": "summarize"}
+    feed(
+        tracing,
+        ev.AgentStart(session_id=SID, turn_id="t1", ts=1.0, model="openai/m"),
+        ev.CompactionStart(session_id=SID, ts=2.0, trigger="overflow", cause="refused", **start),
+        ev.CompactionEnd(session_id=SID, ts=3.0, trigger="overflow", cause="refused", **end),
+        ev.CompactionStart(session_id=SID, ts=4.0, trigger="threshold", **start),
+        ev.CompactionEnd(session_id=SID, ts=5.0, trigger="threshold", **end),
+        ev.AgentEnd(session_id=SID, turn_id="t1", ts=6.0, status="ok"),
+        ev.CompactionFailed(
+            session_id=SID,
+            ts=7.0,
+            error="no",
+            reason="nothing_to_compact",
+            trigger="overflow",
+            cause="counted",
+        ),
+    )
+    compactions = sorted(
+        (s for s in exporter.get_finished_spans() if s.name == "compaction"), key=lambda s: s.start_time
+    )
+    causes = [
+        (s.attributes["agentcell.compaction.trigger"], s.attributes.get("agentcell.compaction.cause"))
+        for s in compactions
+    ]
+    assert causes == [("overflow", "refused"), ("threshold", None), ("overflow", "counted")]
+
+
 def test_spans_whose_end_was_lost_are_marked_and_ended_not_left_open(
     spans: tuple[Tracing, InMemorySpanExporter],
 ) -> None:

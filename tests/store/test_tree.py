@@ -84,6 +84,24 @@ def test_compaction_view_is_summary_then_kept_span_then_newer_messages() -> None
     assert texts(tree.messages()) == ["m0", "m1", "m2", "m3", "m4", "m5", "summary", "after"]
 
 
+def test_an_overflow_compaction_s_cause_is_in_its_log_entry_and_an_older_entry_without_one_loads() -> None:
+    """The log says why an overflow compaction ran (``refused``, ``counted``) as its events do; a line
+    written before the entry had a ``cause`` reads as None."""
+    from runtime.store.entries import decode_entries, encode_entry
+
+    tree = SessionTree()
+    first = tree.append(user("m0")).id
+    entry = tree.record_compaction(summary(), first, trigger="overflow", cause="refused")
+    line = encode_entry(entry)
+    assert msgspec.json.decode(line)["cause"] == "refused"
+    (read,) = decode_entries(line)
+    assert isinstance(read, CompactionEntry) and read.cause == "refused"
+    older = msgspec.json.decode(line)
+    del older["cause"]
+    (read,) = decode_entries(msgspec.json.encode(older) + b"\n")
+    assert isinstance(read, CompactionEntry) and read.cause is None and read.trigger == "overflow"
+
+
 def test_hard_reset_compaction_replaces_the_whole_history() -> None:
     tree = SessionTree()
     for i in range(4):
