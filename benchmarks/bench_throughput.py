@@ -487,7 +487,7 @@ class OnRuntime:
 
     async def slice(self) -> Run:
         """``work.turns`` turns of new sessions (started before the clock runs), all at once. The slice
-        ends when every turn has ended and the log writer has written what they queued, so none of it
+        ends when every turn has ended and what they left behind is done (:meth:`_settle`), so none of it
         spills into the next slice."""
         self.sids = await asyncio.to_thread(self._start, self.work.sessions)
         readers = self.readers
@@ -497,7 +497,7 @@ class OnRuntime:
         gc.collect()
         cpu, began = time.process_time(), time.perf_counter()
         calls = await self._drive(self.sids, self.work.turns, latencies)
-        await asyncio.to_thread(self.rt.services.writer.flush)
+        await asyncio.to_thread(self._settle)
         seconds = time.perf_counter() - began
         cpu_seconds = time.process_time() - cpu
         run = Run(self.side, self.work, seconds, cpu_seconds, latencies, calls, _rss_mb())
@@ -508,6 +508,17 @@ class OnRuntime:
             run.dropped = readers.dropped - dropped_before
             run.delivery_seconds = settled - began
         return run
+
+    def _settle(self) -> None:
+        """Wait for the work the slice's turns left behind them: the log writer's lines, and with tracing the
+        spans of their events (made on the spans' own thread, after the handles resolve: design §7.5) and
+        their hand-over to the tracer provider's processors. All of it is the slice's cost."""
+        self.rt.services.writer.flush()
+        tracing = self.rt._machinery.tracing
+        if tracing is not None:
+            tracing.flush()
+            if self.tracer_provider is not None:
+                self.tracer_provider.force_flush()
 
     async def close(self) -> None:
         if self.readers is not None:
