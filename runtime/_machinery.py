@@ -72,7 +72,7 @@ class Machinery:
         # the spans, made from the events (design §7.5): subscribed before any session publishes
         self.tracing = tracing_for(cfg.telemetry, tracer_provider)
         if self.tracing is not None:
-            self.tracing.attach(self.bus)
+            self.tracing.attach(self.bus.subscribe)
         self.services = Services(
             dispatcher=self.dispatcher,
             bus=self.bus,
@@ -177,7 +177,9 @@ class Machinery:
             self._reaper.join()
         for session in list(self.services.awake):  # the running ones; a parked one has nothing to stop
             session.stop(timeout=timeout)
-        # to whoever gets it: a session nobody follows (no subscriber, no transcript) makes no event
+        # to whoever gets it: a session nobody follows (no subscriber, no transcript) makes no event, nor
+        # one that only the spans would get (they end what is still open at close, at this time)
+        stopped = time.time()
         self.bus.publish_each(hosted, "session_stopped", _stopped)
         self.root.stop(timeout=timeout)
         if self.services.mcp is not None:  # no MCP server process outlives the runtime
@@ -188,7 +190,7 @@ class Machinery:
         self.turns.close()  # (deleted when no turn is left open: the writer wrote every end)
         self.services.directory.close()
         if self.tracing is not None:  # (the spans of every event published, ended before stop returns)
-            self.tracing.close(timeout)
+            self.tracing.close(timeout, at=stopped)
         self.bus.close()
         self.dispatcher.shutdown()
 

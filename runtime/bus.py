@@ -63,6 +63,7 @@ class Subscription:
         types: frozenset[str] | None,
         queue_size: int,
         include_children: bool = False,
+        bulk: bool = True,
     ) -> None:
         self.sessions = sessions
         """The session ids it receives, or None for all sessions."""
@@ -71,6 +72,9 @@ class Subscription:
         self.queue_size = queue_size
         self.include_children = include_children
         """Whether the sub-agent sessions of its sessions (and theirs) come through too."""
+        self.bulk = bulk
+        """Whether, subscribed to all sessions, it takes what the bus publishes to many sessions at once
+        (:meth:`EventBus.publish_each`)."""
         self.dropped = 0
         """How many events it has lost so far by falling behind."""
         self._bus = bus
@@ -341,67 +345,71 @@ class EventBus:
     def publish(self, event: E) -> E:
         """Stamp ``event`` with its session's next ``seq`` (from 1) and ``ts`` (now, unless already set),
         give it to the sinks and the matching subscribers, and return the stamped event."""
+        with self._lock:
+            return self._publish(event, self._everything)
+
+    def _publish(self, event: E, everything: tuple[Subscription, ...]) -> E:
+        """:meth:`publish` to ``everything`` (the all-sessions subscribers it goes to); lock held."""
         cls = type(event)
         tag = self._tags.get(cls)
         if tag is None:
             tag = self._tags[cls] = event.type
         sid = event.session_id
-        with self._lock:
-            seq = self._seqs.get(sid, 0) + 1
-            self._seqs[sid] = seq
-            parent = self._parents.get(sid) if self._parents else None
-            if parent is None:
-                event = replace(event, seq=seq, ts=event.ts or time.time())
-            else:
-                event = replace(
-                    event,
-                    seq=seq,
-                    ts=event.ts or time.time(),
-                    parent_session_id=parent[0],
-                    parent_call_id=parent[1],
-                )
-            for sink in self._sinks:
-                try:
-                    sink(event)
-                except Exception:
-                    logger.exception("event sink %r failed on %s", sink, tag)
-            subs = self._by_session.get(sid)
-            targets = self._everything if subs is None else self._everything + subs
-            for sub in targets:  # Subscription._offer, inlined: this loop is the bus's hot path
-                types = sub.types
-                if types is not None and tag not in types:
-                    continue
-                queue = sub._queue
-                if len(queue) >= sub.queue_size:
-                    sub._drop_oldest()
-                queue.append(event)
-                if sub._waiter is not None:
-                    sub._wake()
+        seq = self._seqs.get(sid, 0) + 1
+        self._seqs[sid] = seq
+        parent = self._parents.get(sid) if self._parents else None
+        if parent is None:
+            event = replace(event, seq=seq, ts=event.ts or time.time())
+        else:
+            event = replace(
+                event,
+                seq=seq,
+                ts=event.ts or time.time(),
+                parent_session_id=parent[0],
+                parent_call_id=parent[1],
+            )
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception:
+                logger.exception("event sink %r failed on %s", sink, tag)
+        subs = self._by_session.get(sid)
+        targets = everything if subs is None else everything + subs
+        for sub in targets:  # Subscription._offer, inlined: this loop is the bus's hot path
+            types = sub.types
+            if types is not None and tag not in types:
+                continue
+            queue = sub._queue
+            if len(queue) >= sub.queue_size:
+                sub._drop_oldest()
+            queue.append(event)
+            if sub._waiter is not None:
+                sub._wake()
         return event
 
     def publish_each(self, session_ids: Iterable[str], kind: str, make: Callable[[str], Event]) -> int:
         """Publish ``make(sid)``, an event of type ``kind``, for each of ``session_ids``, holding the lock
-        once, and only where someone gets it: a session with no subscriber (of its own or of every session)
-        and no sink that wants it (a sink with a ``wants(session_id, kind)`` method may decline; one without
-        gets every event) is skipped, its event never made nor numbered. A million idle sessions stopping
-        cost a loop, not a million events. Returns how many events were published."""
+        once, and only where someone gets it: a session is skipped, its event never made nor numbered, when
+        no subscriber of its own, no all-sessions subscriber that takes ``kind`` in bulk (one subscribed with
+        ``bulk=False`` takes none of these events, whoever they are published for) and no sink that wants it
+        (a sink with a ``wants(session_id, kind)`` method may decline; one without gets every event) would
+        get its event. A million idle sessions stopping cost a loop, not a million events. Returns how many
+        events were published."""
         with self._lock:
-            if self._everything:
-                wanted: Iterable[str] = session_ids
+            everything = tuple(sub for sub in self._everything if sub.bulk)
+            asks = [getattr(sink, "wants", None) for sink in self._sinks]
+            if None in asks or any(sub.types is None or kind in sub.types for sub in everything):
+                wanted: Iterable[str] = session_ids  # someone takes every session's
             else:
-                asks = [getattr(sink, "wants", None) for sink in self._sinks]
-                if None in asks:  # a sink that takes every event
-                    wanted = session_ids
-                else:
-                    by_session = self._by_session
-                    wanted = [
-                        sid
-                        for sid in session_ids
-                        if sid in by_session or any(ask(sid, kind) for ask in asks if ask is not None)
-                    ]
+                by_session = self._by_session
+                wanted = [
+                    sid
+                    for sid in session_ids
+                    if sid in by_session or any(ask(sid, kind) for ask in asks if ask is not None)
+                ]
             published = 0
             for sid in wanted:
-                self.publish(make(sid))
+                self._publish(make(sid), everything)
                 published += 1
             return published
 
@@ -413,11 +421,19 @@ class EventBus:
         callback: Callable[[Event], object] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
+        bulk: bool = True,
     ) -> Subscription:
         """Subscribe to ``sessions`` (one id, several, or ``"*"``) and ``types`` (event type names; None for all).
 
         With ``callback``, a thread of its own calls ``callback(event)`` for each event (a slow callback
         only makes that subscriber lag). Otherwise read the returned :class:`Subscription`.
+
+        ``bulk=False`` (all sessions only; one of given sessions gets what is published for them): it takes
+        none of the events published to many sessions at once (:meth:`publish_each`: the ``session_stopped``
+        of every hosted session at the runtime's stop), so an all-sessions subscriber that holds state for a
+        few sessions only does not make the runtime's stop publish an event for each of a million idle ones.
+        The end of its subscription tells it the runtime stopped; a session stopped on its own still
+        publishes its ``session_stopped`` to it.
 
         Raises:
             ValueError: an unknown event type, an empty set of sessions, or a queue size below 1.
@@ -437,7 +453,7 @@ class EventBus:
         size = queue_size if queue_size is not None else self.queue_size
         if size < 1:
             raise ValueError("queue_size must be at least 1")
-        sub = Subscription(self, wanted, type_set, size, include_children and wanted is not None)
+        sub = Subscription(self, wanted, type_set, size, include_children and wanted is not None, bulk)
         with self._lock:
             if wanted is None:
                 self._everything = (*self._everything, sub)

@@ -20,7 +20,9 @@ Delivery is the bus's (design §1.4): publishing never waits for the spans. The 
 far behind, the bus drops the oldest and says so (``subscriber_lagged``): the spans of that session open at that
 moment get an ``agentcell.events_lost`` event, a span whose end was lost is ended at the session's next turn
 or its ``session_stopped`` with ``agentcell.span.incomplete``, and the rest of the trace goes on. The
-runtime's ``stop`` waits for the spans of its last events (:meth:`Tracing.close`) and ends those left open.
+runtime's ``stop`` waits for the spans of its last events (:meth:`Tracing.close`) and ends those left open
+at the stop's time: the spans take no ``session_stopped`` of the runtime's stop (``bulk=False``), which
+would be one event per hosted session, a million for a million idle ones, to end the few spans still open.
 
 Prompt and completion text (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.call.arguments``, ``gen_ai.tool.call.result``) are recorded
@@ -72,7 +74,7 @@ from runtime.observability.genai import (
 )
 
 if TYPE_CHECKING:
-    from runtime.bus import EventBus, Subscription
+    from runtime.bus import Subscription
 
 __all__ = ["QUEUE_SIZE", "SPAN_TYPES", "Tracing"]
 
@@ -192,9 +194,12 @@ class Tracing:
         return cls(tracer, record_content=record_content)
 
     # -- the subscription -------------------------------------------------------------------------------
-    def attach(self, bus: EventBus, *, queue_size: int = QUEUE_SIZE) -> None:
-        """Make spans of ``bus``'s events from now on, on the subscription's own thread."""
-        self._subscription = bus.subscribe("*", SPAN_TYPES, callback=self.handle, queue_size=queue_size)
+    def attach(self, subscribe: Callable[..., Subscription], *, queue_size: int = QUEUE_SIZE) -> None:
+        """Make spans of the events from now on, on the subscription's own thread. ``subscribe``: a
+        runtime's ``EventBus.subscribe``, or a cluster front's subscription to every shard's events."""
+        self._subscription = subscribe(
+            "*", SPAN_TYPES, callback=self.handle, queue_size=queue_size, bulk=False
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the spans of every event published so far are made (False if ``timeout`` passed
@@ -202,16 +207,17 @@ class Tracing:
         ``handle.result()`` a flush sees the turn's spans ended (and handed to the span processors)."""
         return self._subscription is None or self._subscription.flush(timeout)
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, *, at: float | None = None) -> None:
         """Make the spans of the events published so far, stop reading, and end the spans left open (their
-        end was never published: a turn cut off by the runtime's stop) as incomplete."""
+        end was never published: a turn cut off by the runtime's stop) as incomplete, at the time ``at``
+        (the runtime stopped its sessions; None: now)."""
         if self._subscription is not None:
             if not self.flush(timeout):
                 log.warning("tracing: the spans of some events were not made within %s s", timeout)
             self._subscription.close()
         with self._lock:
             for sid in list(self._sessions):
-                self._end_session(sid, None)
+                self._end_session(sid, at)
 
     def handle(self, event: ev.Event) -> None:
         """Apply the rule of ``event``'s type (if any); a rule that fails is logged, never raised."""

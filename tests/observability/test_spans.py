@@ -297,6 +297,31 @@ def test_spans_whose_end_was_lost_are_marked_and_ended_not_left_open(
     assert chat.end_time == 4 * NS  # cut off by the next turn's start, as a call an agent crash cut off
 
 
+def test_the_runtimes_stop_ends_what_is_left_open_at_its_time(
+    spans: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    """The runtime's stop publishes no ``session_stopped`` for the spans (one a hosted session would be a
+    million events for a million idle ones): closing them ends every span still open (its end was lost) at
+    the time the runtime stopped its sessions, marked incomplete."""
+    tracing, exporter = spans
+    feed(
+        tracing,
+        ev.AgentStart(session_id=SID, turn_id="t1", ts=1.0),
+        ev.ToolExecutionStart(session_id=SID, turn_id="t1", ts=2.0, call_id="c1", name="add", arguments="{}"),
+        ev.SubscriberLagged(session_id=SID, ts=3.0, dropped=2),  # (the tool's end and the turn's)
+        ev.AgentStart(session_id="s2", turn_id="t9", ts=3.5),
+        ev.AgentEnd(session_id="s2", turn_id="t9", ts=3.75, status="ok"),
+    )
+    assert exporter.get_finished_spans()[0].name == "invoke_agent agentcell"  # s2's: ended by its events
+    assert tracing.open_sessions == 1
+    tracing.close(at=6.0)
+    assert tracing.open_sessions == 0
+    left = exporter.get_finished_spans()[1:]
+    assert sorted(s.name for s in left) == ["execute_tool add", "invoke_agent agentcell"]
+    for span in left:
+        assert span.attributes["agentcell.span.incomplete"] is True and span.end_time == 6 * NS
+
+
 def test_a_rule_that_fails_loses_that_span_only(
     spans: tuple[Tracing, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -343,3 +344,41 @@ def test_a_turn_taken_up_after_an_agent_crash_stays_one_span(
     ]
     assert kids[1].attributes["error.type"] == "aborted"  # the crash cut the tool call short
     assert len(spans) == 4
+
+
+def test_stop_ends_a_cut_off_turns_spans_without_an_event_for_every_idle_session(
+    traced: Callable[..., Traced], provider: Any
+) -> None:
+    """The runtime's stop ends the spans of a turn it cuts off (the turn aborted, its call cancelled), and
+    tracing makes it publish no ``session_stopped`` for the idle sessions it hosts (a million idle sessions would
+    be a million events for the few spans still open)."""
+    tr = traced()
+    idle = [tr.rt.start_session(model="openai/idle") for _ in range(200)]
+    provider.add_script("otel-stop", [Turn(fault=Fault(kind="hang"))])
+    sid = tr.rt.start_session(model="openai/otel-stop", api_base=provider.url, api_key="sk-local")
+    tr.rt.prompt(sid, "hello")
+    tr.recorder.wait_type("request_start", timeout=30)
+    tr.recorder.close()  # (an all-sessions subscriber of every event asks for every session's stop)
+    stops: list[str] = []
+
+    class Stops:
+        """A sink that sees every event published, and asks for none in bulk."""
+
+        def __call__(self, event: Any) -> None:
+            if event.type == "session_stopped":
+                stops.append(event.session_id)
+
+        def wants(self, session_id: str, kind: str) -> bool:
+            return False
+
+    tr.rt.bus.add_sink(Stops())
+    assert tr.spans() == []  # the turn and its call are open
+    before = time.time_ns()
+    tr.rt.stop()
+    after = time.time_ns()
+    assert stops == [sid]  # (its transcript's clean end)
+    assert all(tr.rt.bus.last_seq(s) <= 1 for s in idle)  # (their session_started at most)
+    chat, turn = sorted(tr.spans(), key=lambda s: s.name)
+    assert chat.name == "chat openai/otel-stop" and chat.attributes["error.type"] == "cancelled"
+    assert turn.name == "invoke_agent agentcell" and turn.attributes["agentcell.turn.status"] == "aborted"
+    assert before <= chat.end_time <= turn.end_time <= after

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from runtime.bus import EventBus, Subscription
-from runtime.events import AgentStart, Event, SubscriberLagged, TextDelta
+from runtime.events import AgentStart, Event, SessionStopped, SubscriberLagged, TextDelta
 
 WAIT = 10.0
 
@@ -421,3 +421,30 @@ def test_closing_the_bus_lets_readers_drain_then_stop() -> None:
     late = bus.subscribe("a")
     bus.publish(delta("a"))
     assert [e.seq for e in late.drain()] == [5]
+
+
+def test_publish_each_makes_events_only_for_subscribers_that_take_them_in_bulk() -> None:
+    """An event published to many sessions at once (the runtime's stop: ``session_stopped`` of each hosted
+    session) is made for every session only if an all-sessions subscriber takes its type in bulk. One that
+    reads other types (a drain counting turns) or subscribed with ``bulk=False`` (the spans: they end what
+    they hold when the bus closes) forces none and gets none; one of its own session still gets it."""
+    bus = EventBus()
+    sessions = [f"s{i}" for i in range(1_000)]
+    turns = bus.subscribe("*", ["agent_start", "agent_end"])
+    spans = bus.subscribe("*", ["agent_start", "session_stopped"], bulk=False)
+    one = bus.subscribe("s7", ["session_stopped"], bulk=False)
+
+    def stopped(sid: str) -> Event:
+        return SessionStopped(session_id=sid)
+
+    assert bus.publish_each(sessions, "session_stopped", stopped) == 1
+    assert [e.session_id for e in one.drain()] == ["s7"]
+    assert turns.drain() == [] and spans.drain() == []
+    assert bus.last_seq("s1") == 0  # never made nor numbered
+
+    everyone = bus.subscribe("*")  # a user's all-sessions subscriber asked for every event: it gets them
+    assert bus.publish_each(sessions, "session_stopped", stopped) == 1_000
+    assert [e.session_id for e in everyone.drain()] == sessions
+    assert spans.drain() == []  # not even those published for another subscriber
+    bus.publish(SessionStopped(session_id="s3"))  # a session stopped on its own: to every subscriber
+    assert [e.session_id for e in spans.drain()] == ["s3"]
