@@ -213,8 +213,8 @@ class Server:
         if method in (SUBSCRIBE, UNSUBSCRIBE):
             try:
                 if method == SUBSCRIBE:
-                    key, sessions, types, children = arguments
-                    self._router.subscribe(front_id, key, sessions, types, children)
+                    key, sessions, types, children, bulk = arguments
+                    self._router.subscribe(front_id, key, sessions, types, children, bulk)
                 else:
                     self._router.unsubscribe(front_id, arguments[0])
                 frame: tuple[Any, ...] = (call_id, True, None)

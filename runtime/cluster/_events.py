@@ -103,6 +103,7 @@ class Relay:
         include_children: bool = False,
         callbacks: Callbacks | None = None,
         clock: Callable[[], float] = time.monotonic,
+        bulk: bool = True,
     ) -> None:
         self.key = key
         self.bus = _RelayBus(queue_size=queue_size)
@@ -118,6 +119,11 @@ class Relay:
             callbacks.drive(self.subscription, callback)
         self.types = self.subscription.types
         self.sessions = _session_set(sessions)
+        self.bulk = bulk and (self.types is None or BARRIER_TYPE in self.types)
+        """Whether its shard-side feeds take what a shard publishes to many sessions at once (its stop's
+        ``session_stopped`` of every session, ``EventBus.publish_each``): not for a subscriber that did not
+        ask for ``session_stopped`` (the barrier the feeds always take is for moves, one session at a time),
+        nor for one subscribed with ``bulk=False``."""
         self._seen: dict[str, int] = {}  # session -> the highest seq delivered (or dropped by the filter)
         self._feeds: set[str] = set()  # the shards whose feed is open
         self._held: dict[str, tuple[str, list[Event]]] = {}  # session -> (its dead shard, what came since)

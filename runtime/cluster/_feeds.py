@@ -231,7 +231,7 @@ class Feeds:
     # -- subscriptions --------------------------------------------------------------------------------
     @staticmethod
     def _feed_args(relay: Relay) -> tuple[Any, ...]:
-        return (relay.key, relay.shard_sessions(), relay.shard_types(), relay.include_children)
+        return (relay.key, relay.shard_sessions(), relay.shard_types(), relay.include_children, relay.bulk)
 
     def subscribe(self, relays: list[Relay], shards: list[ShardRef], timeout: float = 30.0) -> None:
         """Add each relay's feed on each shard; every shard has it before this returns (blocking)."""

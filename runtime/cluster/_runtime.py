@@ -41,6 +41,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
+
 from runtime import events as ev
 from runtime.api import RuntimeAPI, ToolsArg
 from runtime.bus import Subscription
@@ -62,6 +64,7 @@ from runtime.handles import CompactionResult, Handle, PromptHandle
 from runtime.host import _require_unicode, check_sendable
 from runtime.ids import validate_session_id
 from runtime.messages import Message, new_id
+from runtime.observability import tracing_for
 from runtime.served import SessionSummary
 from runtime.store.history import page_bounds
 
@@ -70,6 +73,7 @@ if TYPE_CHECKING:
     from runtime.handles import UsageReport
     from runtime.messages import Usage
     from runtime.observability.metrics import RuntimeMetrics
+    from runtime.observability.tracing import Tracing
     from runtime.store.sessions import SessionInfo
 
 log = logging.getLogger("agentcell.cluster")
@@ -97,6 +101,9 @@ class ClusterRuntime(RuntimeAPI):
         shard_cpus: the CPUs Ray reserves for each shard (each shard is one busy process).
         start_timeout: seconds to wait for the shards to start (a cluster too small for them never does).
         ray_init: more keyword arguments for ``ray.init``.
+        tracer_provider: as for ``Runtime`` (``telemetry.tracing``): the spans are made here, at the front,
+            from the events of every shard (design §10.6), so a turn is one trace wherever it runs, and the
+            shards do not trace. Prompt and answer text stays in the shards: ``record_content`` is not.
     """
 
     def __init__(
@@ -111,6 +118,7 @@ class ClusterRuntime(RuntimeAPI):
         shard_cpus: float = 1.0,
         start_timeout: float = 120.0,
         ray_init: Mapping[str, Any] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {shards}")
@@ -134,6 +142,8 @@ class ClusterRuntime(RuntimeAPI):
         self._ray_init = dict(ray_init or {})
         self._owns_ray = False
         self._metrics: RuntimeMetrics | None = None
+        self._tracer_provider = tracer_provider
+        self._tracing: Tracing | None = None
         self._metrics_lock = threading.Lock()  # not the fleet's: making them subscribes on every shard
         self._fleet = Fleet(
             cfg, approval, shard_cpus=shard_cpus, start_timeout=start_timeout, actor_class=None
@@ -155,6 +165,7 @@ class ClusterRuntime(RuntimeAPI):
             if fleet.started:
                 return self
             ray = import_ray()
+            self._tracing = self._traced()
             self._connect(ray)
             fleet.loop = Loop().start()
             fleet.actor_class = ray.remote(Shard)
@@ -167,9 +178,26 @@ class ClusterRuntime(RuntimeAPI):
             fleet.gone = None
             fleet.started = True
             self._feeds.start()
+            if self._tracing is not None:
+                self._tracing.attach(self._relay)
             self._leases = Leases(self._live_shards)
             self._leases.start()
             return self
+
+    def _traced(self) -> Tracing | None:
+        """The front's spans, if it traces (``telemetry.tracing``, as a ``Runtime`` decides): then the shards
+        it starts do not (one span per turn, made here from their events)."""
+        telemetry = self.config.telemetry
+        if telemetry.record_content:
+            log.warning(
+                "telemetry.record_content: a cluster's spans are made at its front, from the events of its "
+                "shards, which carry no prompt or answer text: the spans record none"
+            )
+            telemetry = msgspec.structs.replace(telemetry, record_content=False)
+        tracing = tracing_for(telemetry, self._tracer_provider)
+        if tracing is not None:
+            self._fleet.config = self.config.with_overrides({"telemetry.tracing": "off"})
+        return tracing
 
     def _live_shards(self) -> list[tuple[str, Any]]:
         with self._fleet.lock:
@@ -216,6 +244,7 @@ class ClusterRuntime(RuntimeAPI):
             metrics, self._metrics = self._metrics, None
         if metrics is not None:
             metrics.close()
+        stopped = time.time()
         with contextlib.suppress(Exception):
             ray.get([s.actor.stop.remote(timeout) for s in shards], timeout=timeout + 10)
         # Each shard closed its turn channel after writing the answers of the turns its stop ended.
@@ -233,6 +262,10 @@ class ClusterRuntime(RuntimeAPI):
         deadline = time.monotonic() + 5.0
         for relay in relays:
             relay.wait_feeds_ended(max(0.0, deadline - time.monotonic()))
+        tracing, self._tracing = self._tracing, None
+        if tracing is not None:  # (the spans of every event the shards sent, made before stop returns)
+            tracing.close(timeout, at=stopped)
+        for relay in relays:
             relay.close()
         for shard in shards:
             shard.alive = False
@@ -671,6 +704,21 @@ class ClusterRuntime(RuntimeAPI):
         """Subscribe to sessions on every shard, as ``Runtime.subscribe``: the same filters, order per
         session, bounded queue and ``subscriber_lagged`` notices. Events published once this returns are
         not missed. ``include_children`` adds the events of the sessions' sub-agents (on their shards)."""
+        return self._relay(
+            sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
+        )
+
+    def _relay(
+        self,
+        sessions: str | Iterable[str],
+        types: Iterable[str] | None,
+        *,
+        callback: Callable[[ev.Event], Any] | None = None,
+        queue_size: int | None = None,
+        include_children: bool = False,
+        bulk: bool = True,
+    ) -> Subscription:
+        """:meth:`subscribe`, and ``bulk`` as ``EventBus.subscribe`` takes it (the front's spans')."""
         self._fleet.require_started()
         check_types(types)
         size = queue_size if queue_size is not None else self.config.bus.subscriber_queue
@@ -682,6 +730,7 @@ class ClusterRuntime(RuntimeAPI):
             callback=callback,
             include_children=include_children,
             callbacks=self._callbacks,
+            bulk=bulk,
         )
         with self._fleet.lock:
             self._fleet.relays[relay.key] = relay

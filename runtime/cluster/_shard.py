@@ -298,9 +298,15 @@ class Shard:
 
     # -- events (for a front without a turn channel; see runtime.cluster._stream) --------------------
     async def subscribe_feed(
-        self, front_id: str, key: int, sessions: str | list[str], types: list[str] | None, children: bool
+        self,
+        front_id: str,
+        key: int,
+        sessions: str | list[str],
+        types: list[str] | None,
+        children: bool,
+        bulk: bool = True,
     ) -> None:
-        self._routing().subscribe(front_id, key, sessions, types, children)
+        self._routing().subscribe(front_id, key, sessions, types, children, bulk)
 
     async def unsubscribe_feed(self, front_id: str, key: int) -> None:
         self._routing().unsubscribe(front_id, key)

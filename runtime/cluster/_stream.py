@@ -85,7 +85,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class Feed:
     """One subscription of a front on this shard."""
 
-    __slots__ = ("children", "key", "sessions", "stream", "types")
+    __slots__ = ("bulk", "children", "key", "sessions", "stream", "types")
 
     def __init__(
         self,
@@ -94,12 +94,14 @@ class Feed:
         sessions: frozenset[str] | None,
         types: frozenset[str] | None,
         children: bool,
+        bulk: bool = True,
     ) -> None:
         self.key = key
         self.stream = stream
         self.sessions = sessions
         self.types = types
         self.children = children and sessions is not None
+        self.bulk = bulk
 
 
 class _Batch:
@@ -323,11 +325,12 @@ class Router:
                 feed.stream.hurry()
 
     def wants(self, session_id: str, kind: str) -> bool:
-        """Whether a feed wants this event (``EventBus.publish_each`` skips the sessions none does)."""
+        """Whether a feed wants this event, published to many sessions at once (``EventBus.publish_each``
+        skips the sessions none does; a feed of every session takes such events only in ``bulk``)."""
         feeds = self._everything + self._by_session.get(session_id, ())
-        return any(f.types is None or kind in f.types for f in feeds) or bool(
-            self._children and self._ancestors_feeds(session_id)
-        )
+        return any(
+            (f.bulk or f.sessions is not None) and (f.types is None or kind in f.types) for f in feeds
+        ) or bool(self._children and self._ancestors_feeds(session_id))
 
     def _ancestors_feeds(self, sid: str) -> tuple[Feed, ...]:
         """The feeds with sub-agents that take ``sid`` as a descendant of one of their sessions."""
@@ -361,15 +364,16 @@ class Router:
         sessions: str | Iterable[str],
         types: Iterable[str] | None,
         children: bool,
+        bulk: bool = True,
     ) -> None:
-        """Add (or replace) the feed ``key`` of a front."""
+        """Add (or replace) the feed ``key`` of a front (``bulk``: as ``Relay.bulk``)."""
         stream = self.stream(front_id)
         if isinstance(sessions, str):
             wanted = None if sessions == "*" else frozenset((sessions,))
         else:
             wanted = frozenset(sessions)
             wanted = None if "*" in wanted else wanted
-        feed = Feed(key, stream, wanted, frozenset(types) if types is not None else None, children)
+        feed = Feed(key, stream, wanted, frozenset(types) if types is not None else None, children, bulk)
         with self._lock:
             self._remove((front_id, key))
             self._feeds[front_id, key] = feed
