@@ -151,3 +151,29 @@ def _frames(data: bytearray, inbound: Inbound, relay: Relay) -> int:
         del data[: 4 + size]
     inbound.wake()
     return relay.subscription.pending
+
+
+def test_a_shards_stop_makes_session_stopped_only_for_relays_that_take_it_in_bulk() -> None:
+    """A shard's stop publishes ``session_stopped`` to many sessions at once: a feed of every session takes
+    those (and ships them to its front) only if its subscriber asked for ``session_stopped`` and did not
+    subscribe with ``bulk=False`` (the front's spans); the feeds' barrier for moves does not count."""
+
+    async def main() -> tuple[int, int]:
+        bus = EventBus()
+        router = Router(bus, asyncio.get_running_loop())
+        bus.add_sink(router)
+        sessions = [f"s{i}" for i in range(500)]
+        drain = Relay(1, "*", ["agent_start", "agent_end"], queue_size=100)
+        spans = Relay(2, "*", ["agent_start", "session_stopped"], queue_size=100, bulk=False)
+        for relay in (drain, spans):
+            router.subscribe("front", relay.key, "*", relay.shard_types(), False, relay.bulk)
+
+        def stopped(sid: str) -> ev.Event:
+            return ev.SessionStopped(session_id=sid)
+
+        quiet = bus.publish_each(sessions, "session_stopped", stopped)
+        everyone = Relay(3, "*", None, queue_size=1_000)
+        router.subscribe("front", everyone.key, "*", everyone.shard_types(), False, everyone.bulk)
+        return quiet, bus.publish_each(sessions, "session_stopped", stopped)
+
+    assert asyncio.run(main()) == (0, 500)
