@@ -202,6 +202,21 @@ def test_a_second_overflow_is_the_detectors_error_not_a_loop() -> None:
     assert w.types()[-3:] == ["error", "status_update", "agent_end"]
 
 
+def test_a_reply_that_raises_the_learned_count_ratio_is_told_for_the_compactor() -> None:
+    """The server counts 1.5 x ours (design §4.5): the machine says so once (the compactor fits the session's
+    own summarizer requests at it); a later reply that teaches nothing higher says nothing."""
+    w = World(machine())
+    text = "a" * 1_200  # 304 tokens, + 20 fixed: a request counted here in full
+    w.prompt(prompt(text))
+    w.run([answer(input_tokens=486)])
+    assert w.m.count_ratio.value == 1.5
+    w.prompt(prompt(text))
+    w.run([answer(input_tokens=700)])
+    assert w.m.count_ratio.value == 1.5
+    learned = [(e.ratio, e.model) for e in w.seen if isinstance(e, fx.LearnCountRatio)]
+    assert learned == [(1.5, "openai/gpt-4o-mini")]
+
+
 def test_a_learned_window_is_taken_and_told() -> None:
     w = World(machine())
     w.prompt(prompt("hi"))
