@@ -94,6 +94,7 @@ class CompactionEntry(_Entry, frozen=True, tag="compaction"):
     artifacts: list[str] = msgspec.field(default_factory=list)
     # Why an ``overflow`` compaction ran: the provider ``refused`` the request, or it was ``counted`` over the
     # limit before it was sent (design §6.3); None for the other triggers, and in logs written before it.
+    # Written only when set (:func:`encode_entry`); a line with ``"cause": null`` loads as None too.
     cause: OverflowCause | None = None
 
 
@@ -179,7 +180,12 @@ _decoder = msgspec.json.Decoder(Entry)
 
 
 def encode_entry(entry: Entry) -> bytes:
-    """One log line: the entry as JSON followed by a newline."""
+    """One log line: the entry as JSON followed by a newline. A compaction without a ``cause`` (every
+    trigger but an overflow) is written without the field, as before it had one."""
+    if isinstance(entry, CompactionEntry) and entry.cause is None:
+        fields = msgspec.to_builtins(entry)  # (a compaction is rare: the dict's cost does not matter)
+        del fields["cause"]
+        return _encoder.encode(fields) + b"\n"
     return _encoder.encode(entry) + b"\n"
 
 

@@ -102,6 +102,49 @@ def test_an_overflow_compaction_s_cause_is_in_its_log_entry_and_an_older_entry_w
     assert isinstance(read, CompactionEntry) and read.cause is None and read.trigger == "overflow"
 
 
+def test_a_compaction_without_a_cause_is_written_without_the_field_and_lines_with_or_without_it_load(
+    tmp_path: Path,
+) -> None:
+    """A compaction of any trigger but an overflow has no cause: its log line leaves the field out (it
+    said ``"cause": null`` in every such line). The loader reads a log with a line as written now, the
+    same line with ``"cause": null`` (as agentcell wrote it from 2026-11-27 15:47) and one with a cause."""
+    from runtime.store.entries import encode_entry
+
+    tree = SessionTree(new_header("s", model="m"))
+    tree.append(user("m0"))
+    tree.record_compaction(summary("s1"), None, trigger="threshold", artifacts=["a.txt"])
+    tree.append(user("m1"))
+    tree.record_compaction(summary("s2"), None, trigger="manual")
+    tree.append(user("m2"))
+    tree.record_compaction(summary("s3"), None, trigger="overflow", cause="counted")
+    path = tmp_path / "s.jsonl"
+    writer = LogWriter("never")
+    try:
+        SessionLog(path, writer).append_many(tree.entries())
+        writer.flush()
+    finally:
+        writer.close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    compactions = [i for i, line in enumerate(lines) if msgspec.json.decode(line)["type"] == "compaction"]
+    written = [msgspec.json.decode(lines[i]) for i in compactions]
+    assert [c.get("cause", "(absent)") for c in written] == ["(absent)", "(absent)", "counted"]
+    assert lines[compactions[0]] == encode_entry(tree.entries()[compactions[0]])
+    with_null = written[1] | {"cause": None}  # the second one as the earlier writer had it
+    lines[compactions[1]] = msgspec.json.encode(with_null) + b"\n"
+    path.write_bytes(b"".join(lines))
+
+    replayed, info = load_tree(path)
+    assert not info.torn
+    assert replayed.entries() == tree.entries()
+    read = [e for e in replayed.entries() if isinstance(e, CompactionEntry)]
+    assert [(e.trigger, e.cause) for e in read] == [
+        ("threshold", None),
+        ("manual", None),
+        ("overflow", "counted"),
+    ]
+    assert read[0].artifacts == ["a.txt"] and replayed.context()[0].text == "s3"
+
+
 def test_hard_reset_compaction_replaces_the_whole_history() -> None:
     tree = SessionTree()
     for i in range(4):
