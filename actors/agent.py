@@ -83,10 +83,11 @@ class _McpTools(msgspec.Struct, frozen=True):
     registry: ToolRegistry | None  # None: unchanged
 
 
-class _Performers(dict[type[fx.Effect], Callable[["Agent", Any], "list[fx.Effect] | None"]]):
-    """Who performs each effect: one method of the agent a type (a lookup per effect, not a chain of tests)."""
+class _Performers(dict[type[fx.Said], Callable[["Agent", Any], "list[fx.Said] | None"]]):
+    """Who performs each effect: one method of the agent a type (a lookup per effect, not a chain of tests);
+    every event type is published."""
 
-    def __missing__(self, effect_type: type[fx.Effect]) -> Any:
+    def __missing__(self, effect_type: type[fx.Said]) -> Any:
         raise TypeError(f"agent: unexpected effect {effect_type.__name__}")
 
 
@@ -95,7 +96,7 @@ _PERFORMERS = _Performers()
 _Performer = TypeVar("_Performer", bound=Callable[..., Any])
 
 
-def _performs(*types: type[fx.Effect]) -> Callable[[_Performer], _Performer]:
+def _performs(*types: type[fx.Said]) -> Callable[[_Performer], _Performer]:
     """Make the decorated method the one that performs effects of ``types``. An awaited effect's performer
     returns the machine's next effects when the answer is there at once, else None (it comes as a message)."""
 
@@ -215,7 +216,7 @@ class Agent(SessionActor):
         self._perform(self.machine.prompt(prompt))
 
     # -- performing effects ---------------------------------------------------------------------------------
-    def _perform(self, effects: list[fx.Effect] | None) -> None:
+    def _perform(self, effects: list[fx.Said] | None) -> None:
         """Perform ``effects`` in order, each by its performer (see :func:`_performs`). Only the last may be
         awaited: answered at once, its performer returns the machine's next effects, performed in turn;
         answered later, the answer comes back as a message."""
@@ -228,11 +229,12 @@ class Agent(SessionActor):
 
     # done and forgotten
 
-    @_performs(fx.Publish)
-    def _publish(self, effect: fx.Publish) -> None:
-        if not effect.best_effort:
-            self.publish(effect.event)
-            return
+    @_performs(*ev.EVENTS)
+    def _publish(self, event: ev.Event) -> None:
+        self.publish(event)
+
+    @_performs(fx.PublishBestEffort)
+    def _publish_best_effort(self, effect: fx.PublishBestEffort) -> None:
         try:
             self.publish(effect.event)
         except Exception:  # the bus may be gone at shutdown; the handle is answered regardless
@@ -327,19 +329,19 @@ class Agent(SessionActor):
     # awaited: answered at once (the machine's next effects returned) or later (None returned)
 
     @_performs(fx.TakeHandover)
-    def _take_handover(self, effect: fx.TakeHandover) -> list[fx.Effect]:
+    def _take_handover(self, effect: fx.TakeHandover) -> list[fx.Said]:
         handover, self.refs.handover = self.refs.handover, None
         return self.machine.answer(effect.ticket, handover)
 
     @_performs(fx.Route)
-    def _route(self, effect: fx.Route) -> list[fx.Effect]:
+    def _route(self, effect: fx.Route) -> list[fx.Said]:
         routed = self._prepare(effect.request)
         if self._content is not None and self._prepared is not None:  # for the call's span: before its event
             self._content.put(self.session_id, "request", effect.request_id, self._prepared.messages)
         return self.machine.answer(effect.ticket, routed)
 
     @_performs(fx.RefreshTools)
-    def _refresh_tools(self, effect: fx.RefreshTools) -> list[fx.Effect] | None:
+    def _refresh_tools(self, effect: fx.RefreshTools) -> list[fx.Said] | None:
         mcp = self.spec.mcp
         if mcp is None or not mcp.needs_refresh():
             return self.machine.answer(effect.ticket, None)
@@ -350,7 +352,7 @@ class Agent(SessionActor):
         return None
 
     @_performs(fx.Persist)
-    def _persist(self, effect: fx.Persist) -> list[fx.Effect] | None:
+    def _persist(self, effect: fx.Persist) -> list[fx.Said] | None:
         store = self._store(effect.optional)
         if store is None:
             return self.machine.answer(effect.ticket, fx.Failed("the store is not running"))
@@ -361,7 +363,7 @@ class Agent(SessionActor):
         return None
 
     @_performs(fx.ReadContext)
-    def _read_context(self, effect: fx.ReadContext) -> list[fx.Effect] | None:
+    def _read_context(self, effect: fx.ReadContext) -> list[fx.Said] | None:
         store = self._store(effect.optional)
         if store is None:
             return self.machine.answer(effect.ticket, fx.Failed("the store is not running"))

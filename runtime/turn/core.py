@@ -32,11 +32,12 @@ from runtime.turn.effects import (
     Effect,
     Failed,
     Persist,
-    Publish,
+    PublishBestEffort,
     ReadContext,
     RecordStep,
     Resolve,
     ResolveAbort,
+    Said,
     SyncTurn,
     ViewLike,
 )
@@ -153,10 +154,10 @@ class MachineCore(ABC):
         self._flow: Flow | None = None
         self._ticket = 0
         self._awaited: Awaited | None = None
-        self._out: list[Effect] = []  # what the call in progress says, in order (see _take)
+        self._out: list[Said] = []  # what the call in progress says, in order (see _take)
 
     # -- the answers, and the pump ---------------------------------------------------------------------------
-    def answer(self, ticket: int, value: Any) -> list[Effect]:
+    def answer(self, ticket: int, value: Any) -> list[Said]:
         """The answer to the awaited effect ``ticket`` (a value, or :class:`Failed`). A late one is dropped."""
         if ticket != self._ticket or self._awaited is None:
             return []
@@ -167,11 +168,11 @@ class MachineCore(ABC):
         """Whether ``ticket`` is the effect the machine waits for."""
         return self._awaited is not None and ticket == self._ticket
 
-    def _begin(self, flow: Flow) -> list[Effect]:
+    def _begin(self, flow: Flow) -> list[Said]:
         self._flow = flow
         return self._pump(None)
 
-    def _pump(self, value: Any) -> list[Effect]:
+    def _pump(self, value: Any) -> list[Said]:
         """Run the flow up to the effect it waits for next, and return what it said meanwhile (that effect
         last). A flow that ends lets the next queued prompt in; one whose collaborator failed (:meth:`_ask`)
         ends the turn."""
@@ -196,7 +197,7 @@ class MachineCore(ABC):
             break
         return self._take()
 
-    def _take(self) -> list[Effect]:
+    def _take(self) -> list[Said]:
         """The effects said since the last call, in order; the outbox starts empty again (the same list: one
         that lived on while the session waits would be work for the garbage collector)."""
         out = self._out.copy()
@@ -208,8 +209,9 @@ class MachineCore(ABC):
         """Say ``effect``, which nobody waits for (a flow yields only what it waits for)."""
         self._out.append(effect)
 
-    def _publish(self, event_type: type[ev.Event], **fields: Any) -> None:
-        self._out.append(Publish(event_type(session_id=self.session_id, **fields)))
+    def _publish(self, event: ev.Event) -> None:
+        """Say ``event``: the driver publishes it as it is (no effect wraps it)."""
+        self._out.append(event)
 
     def _record(self, run: TurnState, kind: StepKind, **fields: str | int) -> None:
         """Record a step of ``run`` in the log before its effect (design §3.12)."""
@@ -223,7 +225,11 @@ class MachineCore(ABC):
             raise IllegalTransition(f"agent: {previous} → {state} is not a transition of the state machine")
         self.state = state
         turn = turn_id or (self.run.turn_id if self.run is not None else None)
-        self._publish(ev.StatusUpdate, state=str(state), previous=str(previous), turn_id=turn)
+        self._publish(
+            ev.StatusUpdate(
+                session_id=self.session_id, state=str(state), previous=str(previous), turn_id=turn
+            )
+        )
 
     @staticmethod
     def _ask(effect: Awaited) -> _Step[Any]:
@@ -273,14 +279,18 @@ class MachineCore(ABC):
                     yield Persist(messages=tuple(repairs), optional=True)
                     repaired = len(repairs)
         if status == "aborted":
-            self._publish(ev.AgentAbort, turn_id=run.turn_id, repaired_calls=repaired)
+            self._publish(
+                ev.AgentAbort(session_id=self.session_id, turn_id=run.turn_id, repaired_calls=repaired)
+            )
         elif status == "error":
             self._publish(
-                ev.ErrorOccurred,
-                message=error or "error",
-                code=code,
-                turn_id=run.turn_id,
-                retryable=retryable,
+                ev.ErrorOccurred(
+                    session_id=self.session_id,
+                    message=error or "error",
+                    code=code,
+                    turn_id=run.turn_id,
+                    retryable=retryable,
+                )
             )
         if not (status == "ok" and run.synced):  # (a turn that waits for the client ends there too)
             self._emit(SyncTurn(ended=status != "ok" or bool(run.awaiting)))
@@ -332,17 +342,16 @@ class MachineCore(ABC):
             context_tokens=self.context_tokens,
             steps=run.step,
         )
-        self._emit(Publish(event, best_effort=best_effort))
+        self._out.append(PublishBestEffort(event) if best_effort else event)
 
     def _end_interrupted(self, run: TurnState, status: Literal["aborted", "error"], reason: str) -> None:
         """Close a turn cut short by a crash or a stop for subscribers: every agent_start gets its agent_end."""
         if status == "error":
             self._emit(
-                Publish(
+                PublishBestEffort(
                     ev.ErrorOccurred(
                         session_id=self.session_id, message=reason, code="agent_crashed", turn_id=run.turn_id
-                    ),
-                    best_effort=True,
+                    )
                 )
             )
         self._agent_end(run, status, best_effort=True)

@@ -1,8 +1,9 @@
 """What the turn machine asks its driver to do (effects), and what the driver tells it back (design §3.1).
 
 The machine (:class:`runtime.turn.TurnMachine`) never performs anything: each of its methods returns a
-list of effects, in the order they must be performed. Most are done and forgotten (:class:`Publish` an
-event, :class:`Resolve` a prompt's handle, :class:`SyncTurn`). The last effect of a list may be an
+list of what it says (:data:`Said`), in the order it must be performed. An event
+(:class:`runtime.events.Event`) is said as it is: publish it. The effects below are the rest; most are done
+and forgotten (:class:`Resolve` a prompt's handle, :class:`SyncTurn`). The last effect of a list may be an
 :class:`Awaited` one (:class:`Persist`, :class:`CallModel`, :class:`RunTools`, ...): the machine waits for
 its answer, which the driver hands to :meth:`TurnMachine.answer` with the effect's ``ticket``. An answer
 whose ticket is not the one awaited (a late answer of an aborted turn) is dropped there.
@@ -47,7 +48,7 @@ __all__ = [
     "OutcomeLike",
     "Overlay",
     "Persist",
-    "Publish",
+    "PublishBestEffort",
     "ReadContext",
     "RecordAnswer",
     "RecordStep",
@@ -61,6 +62,7 @@ __all__ = [
     "Route",
     "Routed",
     "RunTools",
+    "Said",
     "SaveOutput",
     "StoredLike",
     "SyncTurn",
@@ -75,6 +77,10 @@ class Effect(msgspec.Struct, frozen=True):
     """Something the driver does for the machine."""
 
 
+Said = Effect | Event
+"""What the machine says: an event to publish, or an effect."""
+
+
 class Awaited(Effect, frozen=True, kw_only=True):
     """An effect whose answer the machine waits for: hand it to ``TurnMachine.answer(ticket, value)``.
 
@@ -87,12 +93,11 @@ class Awaited(Effect, frozen=True, kw_only=True):
 # -- done and forgotten ------------------------------------------------------------------------------------
 
 
-class Publish(Effect, frozen=True):
-    """Publish ``event`` on the bus. ``best_effort``: the bus may be gone (a stopping session): ignore a
-    failure to publish."""
+class PublishBestEffort(Effect, frozen=True):
+    """Publish ``event`` on the bus, ignoring a failure to: the bus may be gone (a stopping session). (Any
+    other event is said as it is, no effect around it.)"""
 
     event: Event
-    best_effort: bool = False
 
 
 class Resolve(Effect, frozen=True):

@@ -45,7 +45,6 @@ from runtime.turn.effects import (
     Classify,
     Compact,
     CompletionLike,
-    Effect,
     LearnCountRatio,
     ModelReply,
     OutcomeLike,
@@ -59,6 +58,7 @@ from runtime.turn.effects import (
     Route,
     Routed,
     RunTools,
+    Said,
     StoredLike,
     ToolResultLike,
     VerdictLike,
@@ -101,22 +101,31 @@ class TurnMachine(RecoveryFlows):
     """
 
     # -- what happened ---------------------------------------------------------------------------------------
-    def prompt(self, prompt: PromptLike) -> list[Effect]:
+    def prompt(self, prompt: PromptLike) -> list[Said]:
         """A prompt arrived: steer the running turn, wait in the queue, or start a turn."""
         if prompt.steer and self.run is not None:
             self.steering.append(prompt)
             self._publish(
-                ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.steering), steer=True
+                ev.MessageQueued(
+                    session_id=self.session_id,
+                    prompt_id=prompt.handle.id,
+                    position=len(self.steering),
+                    steer=True,
+                )
             )
             return self._take()
         if self.state is not AgentState.IDLE or self._busy_with_recovery or self._flow is not None:
             self.queue.append(prompt)
             if self.state is not AgentState.IDLE:  # (while recovering, the prompt just waits a moment)
-                self._publish(ev.MessageQueued, prompt_id=prompt.handle.id, position=len(self.queue))
+                self._publish(
+                    ev.MessageQueued(
+                        session_id=self.session_id, prompt_id=prompt.handle.id, position=len(self.queue)
+                    )
+                )
             return self._take()
         return self._begin(self._turn(prompt))
 
-    def abort(self, handle: Any = None) -> list[Effect]:
+    def abort(self, handle: Any = None) -> list[Said]:
         """The user aborts: the running turn stops, its provider call and tools are cancelled, its
         orphaned calls get results, and it ends ``aborted``. ``handle`` learns whether a turn ran."""
         if self.run is None:
@@ -132,25 +141,35 @@ class TurnMachine(RecoveryFlows):
             self._finish("aborted", "aborted by the user", code="aborted", repair=True, abort_handle=handle)
         )
 
-    def queued(self, ticket: int, pool: str, position: int, estimated_wait: float) -> list[Effect]:
+    def queued(self, ticket: int, pool: str, position: int, estimated_wait: float) -> list[Said]:
         """The call ``ticket`` waits for capacity of ``pool`` (state ``queued``)."""
         run = self.run
         if run is None or not self.expects(ticket):
             return []
         run.queued_pool = pool
         self._publish(
-            ev.RequestQueued, turn_id=run.turn_id, pool=pool, position=position, estimated_wait=estimated_wait
+            ev.RequestQueued(
+                session_id=self.session_id,
+                turn_id=run.turn_id,
+                pool=pool,
+                position=position,
+                estimated_wait=estimated_wait,
+            )
         )
         if self.state is AgentState.STREAMING:
             self._enter(AgentState.QUEUED)
         return self._take()
 
-    def admitted(self, ticket: int, waited: float) -> list[Effect]:
+    def admitted(self, ticket: int, waited: float) -> list[Said]:
         """The call ``ticket`` got its capacity after ``waited`` seconds (state ``streaming`` again)."""
         run = self.run
         if run is None or not self.expects(ticket):
             return []
-        self._publish(ev.RequestAdmitted, turn_id=run.turn_id, pool=run.queued_pool, waited=waited)
+        self._publish(
+            ev.RequestAdmitted(
+                session_id=self.session_id, turn_id=run.turn_id, pool=run.queued_pool, waited=waited
+            )
+        )
         if self.state is AgentState.QUEUED:
             self._enter(AgentState.STREAMING)
         return self._take()
@@ -184,7 +203,11 @@ class TurnMachine(RecoveryFlows):
     def _start(self, run: TurnState) -> Flow:
         prompt = run.prompt
         self.run = run  # (from its agent_start on, the turn can be aborted)
-        self._publish(ev.AgentStart, turn_id=run.turn_id, prompt_id=prompt.handle.id, model=self.model)
+        self._publish(
+            ev.AgentStart(
+                session_id=self.session_id, turn_id=run.turn_id, prompt_id=prompt.handle.id, model=self.model
+            )
+        )
         self._enter(AgentState.RUNNING)
         clash = sorted(run.options.client_tool_names & set(self.spec.tools.names)) if prompt.options else []
         if clash:  # the model could not tell which one it calls: refused before anything is recorded
@@ -233,7 +256,7 @@ class TurnMachine(RecoveryFlows):
             view = yield from self._ask(ReadContext())
         assert view is not None
         if view.dead is not None:  # no turn runs in a dead session; a manual compaction may revive it
-            self._publish(ev.SessionDead, message=view.dead)
+            self._publish(ev.SessionDead(session_id=self.session_id, message=view.dead))
             yield from self._finish("error", view.dead, code="session_dead")
             return
         measured = self.measure(view)
@@ -301,7 +324,7 @@ class TurnMachine(RecoveryFlows):
             )
             if outcome.dead:  # hard_reset could not get under the window: the log marks the session dead
                 message = outcome.message or "context limit exceeded"
-                self._publish(ev.SessionDead, message=message)
+                self._publish(ev.SessionDead(session_id=self.session_id, message=message))
                 yield from self._finish("error", message, code="session_dead")
                 return
             context, estimate, anchored = outcome.messages, outcome.estimate, 0  # (a full count)
@@ -383,18 +406,20 @@ class TurnMachine(RecoveryFlows):
         request_id = run.message_id = new_id()
         routed: Routed = yield Route(request, request_id)
         self._publish(
-            ev.RequestStart,
-            turn_id=run.turn_id,
-            attempt=run.step,
-            model=self.model,
-            messages=len(messages),
-            estimated_tokens=estimate,
-            transport=routed.transport,
-            message_id=request_id,
-            provider=routed.provider,
-            max_tokens=request.max_tokens,
-            server_address=routed.server_address,
-            server_port=routed.server_port,
+            ev.RequestStart(
+                session_id=self.session_id,
+                turn_id=run.turn_id,
+                attempt=run.step,
+                model=self.model,
+                messages=len(messages),
+                estimated_tokens=estimate,
+                transport=routed.transport,
+                message_id=request_id,
+                provider=routed.provider,
+                max_tokens=request.max_tokens,
+                server_address=routed.server_address,
+                server_port=routed.server_port,
+            )
         )
         self._enter(AgentState.STREAMING)
         reply: ModelReply = yield CallModel(request=request, turn_id=run.turn_id, message_id=request_id)
@@ -410,17 +435,19 @@ class TurnMachine(RecoveryFlows):
             if result.error.kind == "cancelled":
                 return
             self._publish(
-                ev.RequestFailed,
-                turn_id=run.turn_id,
-                request_id=request_id,
-                kind=result.error.kind,
-                message=result.error.message,
-                status_code=result.error.status_code,
-                attempts=result.attempts,
-                transport=result.transport or None,
-                pool=result.pool or None,
-                waited=result.waited,
-                latency=result.latency,
+                ev.RequestFailed(
+                    session_id=self.session_id,
+                    turn_id=run.turn_id,
+                    request_id=request_id,
+                    kind=result.error.kind,
+                    message=result.error.message,
+                    status_code=result.error.status_code,
+                    attempts=result.attempts,
+                    transport=result.transport or None,
+                    pool=result.pool or None,
+                    waited=result.waited,
+                    latency=result.latency,
+                )
             )
             verdict: VerdictLike = yield from self._ask(
                 Classify(
@@ -451,12 +478,14 @@ class TurnMachine(RecoveryFlows):
             )
             if broke is not None:
                 self._publish(
-                    ev.CacheBreak,
-                    turn_id=run.turn_id,
-                    cause=broke.cause,
-                    expected_tokens=broke.expected_tokens,
-                    cached_tokens=broke.cached_tokens,
-                    model=self.model,
+                    ev.CacheBreak(
+                        session_id=self.session_id,
+                        turn_id=run.turn_id,
+                        cause=broke.cause,
+                        expected_tokens=broke.expected_tokens,
+                        cached_tokens=broke.cached_tokens,
+                        model=self.model,
+                    )
                 )
             run.usage = run.usage + message.usage
             if usable_response(message):  # the server's count against ours: the answer cap's ratio
@@ -485,14 +514,16 @@ class TurnMachine(RecoveryFlows):
     def _after_response(self, run: TurnState, message: Message, result: CompletionLike) -> Flow:
         stop = message.stop_reason or ("tool_calls" if message.tool_calls else "stop")
         self._publish(
-            ev.TurnEnd,
-            turn_id=run.turn_id,
-            stop_reason=stop,
-            usage=message.usage or Usage(),
-            attempts=result.attempts,
-            pool=result.pool or None,
-            waited=result.waited,
-            latency=result.latency,
+            ev.TurnEnd(
+                session_id=self.session_id,
+                turn_id=run.turn_id,
+                stop_reason=stop,
+                usage=message.usage or Usage(),
+                attempts=result.attempts,
+                pool=result.pool or None,
+                waited=result.waited,
+                latency=result.latency,
+            )
         )
         calls = message.tool_calls
         if not calls:

@@ -23,7 +23,6 @@ from runtime.turn.effects import (
     Abandon,
     CancelIO,
     Compact,
-    Effect,
     Failed,
     Hide,
     LearnWindow,
@@ -35,6 +34,7 @@ from runtime.turn.effects import (
     Resolve,
     RestoreUsage,
     Resumed,
+    Said,
     SyncTurn,
     TakeHandover,
     VerdictLike,
@@ -50,7 +50,7 @@ class RecoveryFlows(MachineCore):
     request overflowed the context."""
 
     # -- a crash, a stop -------------------------------------------------------------------------------------
-    def crash(self, reason: str, incoming: PromptLike | None = None) -> tuple[Handover | None, list[Effect]]:
+    def crash(self, reason: str, incoming: PromptLike | None = None) -> tuple[Handover | None, list[Said]]:
         """The agent crashed (``reason``). A turn cut off for the first time is handed over (with the prompts
         waiting) for the successor to take up; otherwise nobody may wait forever: the prompt being handled
         (``incoming``), a turn that was already taken up once, and the queue are answered."""
@@ -83,12 +83,16 @@ class RecoveryFlows(MachineCore):
                 )
             )
         for queued in self.queue:
-            self._publish(ev.ErrorOccurred, message="queued prompt lost to an agent crash; resend it")
+            self._publish(
+                ev.ErrorOccurred(
+                    session_id=self.session_id, message="queued prompt lost to an agent crash; resend it"
+                )
+            )
             self._emit(Reject(queued, "the agent crashed before this queued prompt ran"))
         self._flow, self._awaited = None, None
         return handover, self._take()
 
-    def stop(self) -> list[Effect]:
+    def stop(self) -> list[Said]:
         """The session stops: the running turn and every prompt waiting end ``aborted``."""
         self._out.clear()  # (what a call that raised had said was never handed out)
         run = self.run
@@ -112,12 +116,12 @@ class RecoveryFlows(MachineCore):
         return self._take()
 
     # -- recovery after a crash (design §1.2, §3.12) ---------------------------------------------------------
-    def recover(self) -> list[Effect]:
+    def recover(self) -> list[Said]:
         """The agent restarted after a crash: read the log, give orphaned calls their results, and take up
         the turn its predecessor was in (from :class:`TakeHandover`) or say it ended."""
         return self._begin(self._recovery())
 
-    def resume(self, run: TurnState) -> list[Effect]:
+    def resume(self, run: TurnState) -> list[Said]:
         """Take up ``run``, a turn cut off before its end, at its next step: from the log, without a new
         prompt (design §1.2)."""
         run.continued = True
@@ -129,9 +133,11 @@ class RecoveryFlows(MachineCore):
         handover: Handover | None = yield TakeHandover()
         if isinstance(view, Failed):
             self._publish(
-                ev.ErrorOccurred,
-                message=f"agent recovery could not read the session: {view.message}",
-                code="recovery",
+                ev.ErrorOccurred(
+                    session_id=self.session_id,
+                    message=f"agent recovery could not read the session: {view.message}",
+                    code="recovery",
+                )
             )
             if handover is not None:
                 self._emit(
@@ -157,7 +163,12 @@ class RecoveryFlows(MachineCore):
             taken_up = handover is None
             if taken_up:  # its caller is gone with the process: the runtime hands its handle out
                 self._publish(
-                    ev.AgentStart, turn_id=run.turn_id, prompt_id=run.prompt.handle.id, model=self.model
+                    ev.AgentStart(
+                        session_id=self.session_id,
+                        turn_id=run.turn_id,
+                        prompt_id=run.prompt.handle.id,
+                        model=self.model,
+                    )
                 )
             self._emit(Resumed(run.prompt.handle if taken_up else None))
             if self.spec.mcp is not None:  # its MCP servers' tools, before the first request
@@ -170,11 +181,13 @@ class RecoveryFlows(MachineCore):
         if notes:
             yield Persist(messages=tuple(notes), end_turn=True)
         self._publish(
-            ev.AgentRecovered,
-            messages=len(view.messages),
-            repaired_calls=len(repairs),
-            interrupted_turn=interrupted,
-            continued=False,
+            ev.AgentRecovered(
+                session_id=self.session_id,
+                messages=len(view.messages),
+                repaired_calls=len(repairs),
+                interrupted_turn=interrupted,
+                continued=False,
+            )
         )
         self._emit(Resumed(None))
         if handover is not None:
@@ -221,11 +234,13 @@ class RecoveryFlows(MachineCore):
         if notes:
             yield from self._ask(Persist(messages=notes))
         self._publish(
-            ev.AgentRecovered,
-            messages=len(view.messages),
-            repaired_calls=len(notes),
-            interrupted_turn=True,
-            continued=True,
+            ev.AgentRecovered(
+                session_id=self.session_id,
+                messages=len(view.messages),
+                repaired_calls=len(notes),
+                interrupted_turn=True,
+                continued=True,
+            )
         )
         if handover is not None:
             self.queue = [*handover.queue, *self.queue]
@@ -237,14 +252,16 @@ class RecoveryFlows(MachineCore):
         """Say that ``run`` is taken up (``turn_resumed``), in the log and to subscribers."""
         self._record(run, "resumed", step=recovery.steps)
         self._publish(
-            ev.TurnResumed,
-            turn_id=run.turn_id,
-            prompt_id=run.prompt.handle.id,
-            resume_from=recovery.resume_from,
-            step=recovery.steps,
-            process=process_name(),
-            rerun_calls=len(recovery.rerun),
-            unknown_calls=len(recovery.unknown),
+            ev.TurnResumed(
+                session_id=self.session_id,
+                turn_id=run.turn_id,
+                prompt_id=run.prompt.handle.id,
+                resume_from=recovery.resume_from,
+                step=recovery.steps,
+                process=process_name(),
+                rerun_calls=len(recovery.rerun),
+                unknown_calls=len(recovery.unknown),
+            )
         )
 
     def _continue(
@@ -302,7 +319,9 @@ class RecoveryFlows(MachineCore):
             return
         self.context_window = window
         self._emit(LearnWindow(window, self.model))
-        self._publish(ev.WindowLearned, old=old, new=window, source=source, model=self.model)
+        self._publish(
+            ev.WindowLearned(session_id=self.session_id, old=old, new=window, source=source, model=self.model)
+        )
 
     def _prompt_caused_overflow(self, run: TurnState, request_tokens: int) -> bool:
         return prompt_caused_overflow(

@@ -464,6 +464,7 @@ def test_a_steering_message_that_finds_no_step_boundary_runs_next(
     steer = rt.prompt(sid, "and another thing", steer=True)
     assert handle.result(timeout=20).text == "first"
     assert steer.result(timeout=20).text == "second"
+    recorder.wait_type("agent_start", 2)  # (a callback subscriber's thread may still be delivering it)
     assert len(recorder.of("agent_start", sid)) == 2
 
 

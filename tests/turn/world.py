@@ -119,14 +119,14 @@ class World:
     def __init__(self, m: TurnMachine) -> None:
         self.m = m
         self.log: list[Message] = []
-        self.seen: list[fx.Effect] = []
+        self.seen: list[fx.Said] = []
         self.pending: fx.Awaited | None = None
         self.results: dict[str, list[TurnResult]] = {}
         self.abort_answers: list[bool] = []
         self.tool_output = "ok"
 
     # -- what the machine says ------------------------------------------------------------------------
-    def take(self, effects: list[fx.Effect]) -> list[fx.Effect]:
+    def take(self, effects: list[fx.Said]) -> list[fx.Said]:
         for effect in effects:
             self.seen.append(effect)
             match effect:
@@ -145,7 +145,7 @@ class World:
 
     @property
     def events(self) -> list[ev.Event]:
-        return [e.event for e in self.seen if isinstance(e, fx.Publish)]
+        return [e.event if isinstance(e, fx.PublishBestEffort) else e for e in self.seen if _published(e)]
 
     def types(self) -> list[str]:
         return [e.type for e in self.events]
@@ -258,3 +258,7 @@ class World:
 
     def orphans(self) -> list[Message]:
         return repair_tool_calls(self.log)
+
+
+def _published(said: fx.Said) -> bool:
+    return isinstance(said, ev.Event | fx.PublishBestEffort)
