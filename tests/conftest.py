@@ -66,6 +66,12 @@ def rt(sessions_dir: Path, gateway_transport: str) -> Iterator[Any]:
         yield r
 
 
+RPM = 6_000
+"""The request limit the tests' rate-limit faults report (``Fault(kind="rate_limit", rpm=RPM)``): after a refusal
+that says 60 (the default) the runtime rightly paces the key's later requests a second apart, and a test that
+is about something else pays a second for each."""
+
+
 class Recorder:
     """Collects every event of a runtime; waits for a condition on them."""
 

@@ -136,7 +136,7 @@ def rate_limit_error(
         "https://platform.openai.com/account/rate-limits to learn more."
     )
     sent: dict[str, str] = (
-        {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0"}
+        {"x-ratelimit-limit-requests": str(limit_value), "x-ratelimit-remaining-requests": "0"}
         if headers is None
         else dict(headers)
     )

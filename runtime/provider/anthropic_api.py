@@ -321,6 +321,14 @@ class MessagesEndpoint:
         frames = reply.events(provider.chunk_chars)
         return sse_frames(frames, provider.chunk_delay, {**SSE_HEADERS, **headers})
 
+    @staticmethod
+    def _rate_limited(model: str, fault: Fault) -> ErrorResponse:
+        """A ``rate_limit`` fault's 429: with ``fault.rpm``, the request limit in the headers too."""
+        if fault.rpm is None:
+            return anthropic.rate_limit_error(model, fault.retry_after)
+        reported = anthropic.rate_limit_headers("requests", fault.rpm, 0, 60 / fault.rpm, time.time())
+        return anthropic.rate_limit_error(model, fault.retry_after, limit_value=fault.rpm, headers=reported)
+
     async def _fault(
         self, request: Request, fault: Fault, model: str, parsed: Parsed, count: PromptCount
     ) -> Response:
@@ -328,7 +336,7 @@ class MessagesEndpoint:
         window = provider._window_of(model)
         error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
         words = errors.FaultWords(
-            rate_limit=lambda: anthropic.rate_limit_error(model, fault.retry_after),
+            rate_limit=lambda: self._rate_limited(model, fault),
             server_error=anthropic.api_error,
             overloaded=lambda status: anthropic.error("overloaded_error", "Overloaded", status or 529),
             auth=anthropic.auth_error,

@@ -147,7 +147,7 @@ class ChatEndpoint:
 
         error = b"data: " + _json.encode(errors.server_error().body) + b"\n\n"
         words = errors.FaultWords(
-            rate_limit=lambda: errors.rate_limit_error(model, fault.retry_after),
+            rate_limit=lambda: errors.rate_limit_error(model, fault.retry_after, limit_value=fault.rpm or 60),
             server_error=errors.server_error,
             overloaded=errors.overloaded_error,
             auth=errors.auth_error,

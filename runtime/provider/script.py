@@ -61,6 +61,10 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     kind: FaultKind
     retry_after: float | None = 1.0
     """Seconds sent in the ``retry-after`` header of a ``rate_limit`` fault (None: no header)."""
+    rpm: int | None = None
+    """The requests-per-minute limit a ``rate_limit`` fault reports, in its message and in the dialect's
+    ``*-ratelimit-*-requests`` headers: a client paces the key's later requests to it. None: OpenAI's fault
+    says 60 (``x-ratelimit-limit-requests``), Anthropic's says 50 in words only (no header)."""
     status: int | None = None
     """Overrides the HTTP status of ``server_error`` / ``overloaded`` (e.g. 502, 529)."""
     after_chunks: int = 1

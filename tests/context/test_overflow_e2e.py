@@ -114,6 +114,7 @@ def test_a_request_counted_over_the_limit_compacts_before_it_is_sent_and_says_so
         assert not recorder.of("compaction_start", sid)
         result = rt.prompt(sid, "the big one: " + "pallet " * 3_500).result(timeout=60)
         assert result.status == "ok", result.error
+        recorder.wait_type("agent_end", 5)  # the callback's thread has the five turns' events
         starts = [(e.trigger, e.cause) for e in recorder.of("compaction_start", sid)]
         assert starts == [("threshold", None), ("overflow", "counted")]
         (failed,) = recorder.of("compaction_failed", sid)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.conftest import Recorder
+from tests.conftest import RPM, Recorder
 
 TRANSPORTS = ("litellm", "openai_compat", "anthropic")
 _names = itertools.count(1)
@@ -122,7 +122,7 @@ def test_a_coding_turn_with_tools_and_reasoning(
 def test_retries_and_clear_errors(rt_on: Any, events: Recorder, provider: Any, transport: str) -> None:
     model = scripted(
         provider,
-        Turn(fault=Fault(kind="rate_limit", retry_after=0.05)),
+        Turn(fault=Fault(kind="rate_limit", retry_after=0.05, rpm=RPM)),
         Turn(fault=Fault(kind="server_error")),
         Turn(text="after two retries"),
         Turn(fault=Fault(kind="auth")),

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.apps.server import ApiServer
 from runtime.provider.script import Fault, ToolCallSpec, Turn
+from tests.conftest import RPM
 from tests.observability.conftest import Seen
 from tests.serve import serve_process
 
@@ -96,7 +97,7 @@ def run_workload(rt: Any, provider: Any) -> None:
         assert rt.prompt(long, f"record part {i} " + words(60, "p")).result(timeout=60).status == "ok"
     assert rt.compact(long).result(timeout=60).compacted
     # a rate-limited call, retried, then answered
-    busy = Turn(fault=Fault(kind="rate_limit", retry_after=None))
+    busy = Turn(fault=Fault(kind="rate_limit", retry_after=None, rpm=RPM))
     retried = session("metrics-retry", [busy, Turn(text="Here you go.")])
     assert rt.prompt(retried, "hello").result(timeout=60).status == "ok"
     # an overflow: emergency compaction, then the retry of the turn answers

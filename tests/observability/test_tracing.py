@@ -14,6 +14,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, StatusCode
 
 from runtime.provider.script import Fault, ToolCallSpec, Turn
+from tests.conftest import RPM
 from tests.observability.conftest import Traced
 
 PROMPT = "Add these three pairs for me, please: 1+2, 2+3, 3+4."
@@ -147,7 +148,7 @@ def test_retries_are_events_of_the_chat_span_and_a_failure_is_an_error(
     traced: Callable[..., Traced], provider: Any
 ) -> None:
     tr = traced()
-    busy = Turn(fault=Fault(kind="rate_limit", retry_after=None))
+    busy = Turn(fault=Fault(kind="rate_limit", retry_after=None, rpm=RPM))
     provider.add_script("otel-retry", [busy, busy, Turn(text="Finally.")])
     sid = tr.rt.start_session(model="openai/otel-retry", api_base=provider.url, api_key="sk-local")
     assert tr.rt.prompt(sid, "hello").result(timeout=60).status == "ok"

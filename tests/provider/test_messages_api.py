@@ -14,7 +14,7 @@ import pytest
 
 from runtime.capacity import parse_rate_limit_headers
 from runtime.dialects import anthropic as dialect
-from runtime.provider import LocalProvider, ToolCallSpec, Turn
+from runtime.provider import Fault, LocalProvider, ToolCallSpec, Turn
 
 TOOLS: list[Any] = [
     {
@@ -312,6 +312,24 @@ def test_over_its_limits_a_429_carries_retry_after_and_anthropics_rate_limit_hea
     info = parse_rate_limit_headers(refused.headers, now=time.time())
     assert info is not None and info.requests is not None
     assert info.requests.limit == 60 and info.requests.remaining == 0
+
+
+def test_a_rate_limit_fault_reports_the_request_limit_it_is_given(provider: LocalProvider) -> None:
+    fault = Fault(kind="rate_limit", retry_after=0.2, rpm=6_000)
+    provider.add_script("claude-f", [Turn(fault=Fault(kind="rate_limit")), Turn(fault=fault)])
+    url = f"http://127.0.0.1:{provider.port}/v1/messages"
+    headers = {"x-api-key": "sk-ant-local", "anthropic-version": "2023-06-01"}
+    body = {"model": "claude-f", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    plain, told = httpx.post(url, json=body, headers=headers), httpx.post(url, json=body, headers=headers)
+    assert plain.status_code == told.status_code == 429
+    plain_info = parse_rate_limit_headers(plain.headers, now=time.time())
+    assert plain_info is not None and plain_info.requests is None  # the limit in words only, as before
+    assert "rate limit of 50 requests per minute" in plain.json()["error"]["message"]
+    info = parse_rate_limit_headers(told.headers, now=time.time())
+    assert info is not None and info.requests is not None
+    assert info.requests.limit == 6_000 and info.requests.remaining == 0
+    assert told.headers["retry-after"] == "1"  # whole seconds, as Anthropic sends it
+    assert "rate limit of 6000 requests per minute" in told.json()["error"]["message"]
 
 
 def test_a_request_anthropic_would_refuse_gets_its_400(provider: LocalProvider) -> None:

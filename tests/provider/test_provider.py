@@ -325,6 +325,24 @@ def test_rate_limit_server_error_and_overloaded_faults(provider: LocalProvider, 
     assert chat(client, "x", [{"role": "user", "content": "hi"}]).status_code == 200, "faults are used up"
 
 
+def test_a_rate_limit_fault_reports_the_request_limit_it_is_given(
+    provider: LocalProvider, client: httpx.Client
+) -> None:
+    fault = Fault(kind="rate_limit", retry_after=0.2, rpm=6_000)
+    provider.add_script("limited", [Turn(fault=Fault(kind="rate_limit")), Turn(fault=fault)])
+    plain, told = (chat(client, "limited", [{"role": "user", "content": "hi"}]) for _ in range(2))
+    assert plain.status_code == told.status_code == 429
+    assert (
+        plain.headers["x-ratelimit-limit-requests"] == "60"
+        and "Limit 60," in plain.json()["error"]["message"]
+    )
+    assert (
+        told.headers["x-ratelimit-limit-requests"] == "6000"
+        and "Limit 6000," in told.json()["error"]["message"]
+    )
+    assert told.headers["x-ratelimit-remaining-requests"] == "0" and told.headers["retry-after-ms"] == "200"
+
+
 def test_a_fault_in_a_script_turn_consumes_that_turn(provider: LocalProvider, client: httpx.Client) -> None:
     provider.add_script("flaky", [Turn(fault=Fault(kind="server_error")), Turn(text="recovered")])
     assert chat(client, "flaky", [{"role": "user", "content": "hi"}]).status_code == 500

@@ -153,6 +153,7 @@ def test_a_turn_cut_off_between_a_calls_start_and_its_result_is_taken_up(
         first = rt.prompt(sid, f"task {sid} run the plan").result(timeout=60)
     finally:
         support.HOLD.pop(key)
+    recorder.wait_type("agent_end")  # the callback's thread has the turn's events
     assert first.status == "ok" and recorder.of("compaction_end", sid)  # the turn compacted midway
     rt.stop_session(sid)
     (log,) = sessions_dir.rglob(f"{sid}.jsonl")

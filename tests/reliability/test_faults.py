@@ -25,6 +25,7 @@ from runtime.context.integrity import check_integrity
 from runtime.provider.script import FAULT_KINDS, Fault, FaultKind, ToolCallSpec, Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import read_transcript
+from tests.conftest import RPM
 from tests.reliability.support import EventLog, Gate, check_log, message_ids, order_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,7 +241,7 @@ def test_a_transient_provider_fault_is_retried_and_the_turn_succeeds(
     runtime_with_events: tuple[Runtime, EventLog], provider: Any, kind: FaultKind
 ) -> None:
     rt, events = runtime_with_events
-    fault = Fault(kind=kind, retry_after=0.01, after_chunks=2)
+    fault = Fault(kind=kind, retry_after=0.01, after_chunks=2, rpm=RPM)
     sid, _ = fault_session(rt, provider, Turn(fault=fault), Turn(text="after the retry"))
     result = rt.prompt(sid, "hello").result(timeout=30)
     assert result.status == "ok", result.error
@@ -259,7 +260,7 @@ def test_a_provider_that_keeps_failing_ends_the_turn_without_a_loop(
     # a 429 puts the call back in its pool's queue and uses no retry attempt: capacity.max_refusals bounds
     # those (design §3.11)
     attempts = rt.config.capacity.max_refusals + 1 if kind == "rate_limit" else rt.config.retry.max_attempts
-    fault = Turn(fault=Fault(kind=kind, retry_after=0.01, after_chunks=2))
+    fault = Turn(fault=Fault(kind=kind, retry_after=0.01, after_chunks=2, rpm=RPM))
     sid, main = fault_session(rt, provider, *[fault] * attempts, Turn(text="back again"))
     result = rt.prompt(sid, "hello").result(timeout=60)
     assert result.status == "error" and result.error
@@ -498,7 +499,7 @@ def test_sigkill_of_the_runtime_mid_turn_then_resume(sessions_dir: Path, provide
         # the call that was running is not run again: its outcome is unknown, and the model is told so
         (repaired,) = [m for m in rt.messages("mid-tool") if m.role == "tool"]
         assert repaired.is_error and repaired.metadata.get("outcome_unknown")
-        assert events.of("mid-tool", "agent_recovered")[0].repaired_calls == 1
+        assert events.wait_for("mid-tool", "agent_recovered")[0].repaired_calls == 1
     for sid in ("mid-tool", "mid-stream"):
         check = check_log(directory, sid, allow_torn=True)
         assert not check.problems

@@ -89,6 +89,7 @@ def test_a_turn_cut_off_by_kill_9_is_recorded_when_the_session_resumes(
     rt.stop_session(sid)
     rt.resume_session(sid, api_base=provider.url, api_key="sk-local")
     assert rt.prompt(sid, "fourth question").result(timeout=60).text == "fourth"
+    recorder.wait_type("agent_end", 2)  # the callback's thread has both turns' events
     recovered_again = recorder.of("agent_recovered", sid)[-1]
     assert not recovered_again.interrupted_turn
 
@@ -105,6 +106,7 @@ def test_a_turn_that_ended_in_an_error_is_not_taken_for_an_interrupted_one(
     rt.stop_session(sid)
     rt.resume_session(sid, api_base=provider.url, api_key="sk-local")
     assert rt.prompt(sid, "works").result(timeout=30).text == "ok"
+    recorder.wait_type("agent_end", 2)  # the callback's thread has the second turn's events
     (recovered,) = recorder.of("agent_recovered", sid)
     assert not recovered.interrupted_turn
     assert not [m for m in rt.messages(sid) if m.kind == KIND_TURN_INTERRUPTED]

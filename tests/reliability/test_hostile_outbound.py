@@ -210,6 +210,7 @@ def test_a_client_server_is_checked_again_at_every_connection(
             model=model(provider), api_base=provider.url, api_key="sk-local", mcp_servers={"x": server}
         )
         rt.prompt(sid, "hi").result(30)
+        recorder.wait_type("agent_end")  # the callback's thread has the turn's events
     errors = [e.message for e in recorder.of("mcp_server_error", sid)]
     assert errors and "loopback address" in errors[0], errors
     assert listener.seen == []

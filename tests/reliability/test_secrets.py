@@ -23,6 +23,7 @@ from runtime import Runtime
 from runtime.config import Config
 from runtime.events import encode_event
 from runtime.provider.script import Fault, ToolCallSpec, Turn
+from tests.conftest import RPM
 from tests.reliability.support import EventLog, grep_tree
 
 _names = iter(range(1, 1_000_000))
@@ -104,7 +105,7 @@ def test_an_api_key_leaves_no_trace(
         provider,
         tools_turn,
         Turn(text="tools done " * 20),
-        Turn(fault=Fault(kind="rate_limit", retry_after=0.01)),
+        Turn(fault=Fault(kind="rate_limit", retry_after=0.01, rpm=RPM)),
         Turn(text="after a retry " * 20),
         Turn(fault=Fault(kind="auth")),
         Turn(fault=Fault(kind="overflow")),

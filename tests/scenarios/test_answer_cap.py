@@ -59,6 +59,7 @@ def test_a_compacting_session_is_never_refused_for_its_answer_cap(
     log = vllm_like.request_log
     refused = [(r.outcome, r.prompt_tokens) for r in log if r.outcome != "ok"]
     assert refused == [], f"{len(refused)} of {len(log)} requests refused: {refused}"
+    recorder.wait_type("agent_end", 10)  # the callback's thread has every turn's events
     compactions = [e for e in recorder.events if e.session_id == sid and e.type == "compaction_end"]
     assert len(compactions) >= 2  # the session compacted, then went on
     asked = [r.body.get("max_tokens") or r.body.get("max_completion_tokens") for r in log]

@@ -227,6 +227,7 @@ def test_a_summary_longer_than_the_room_left_is_clipped_to_fit_and_kept_whole(
     assert rt.prompt(sid, "Read the six modules.").result(timeout=60).status == "error"
     second = rt.prompt(sid, "Something small now.").result(timeout=60)
     assert (second.status, second.text) == ("ok", "fine"), second.error
+    recorder.wait_type("agent_end", 2)  # the callback's thread has both turns' events
     (end,) = recorder.of("compaction_end", sid)
     limit = rt.context_stats(sid).limit  # window - reserve
     assert end.tokens_after <= limit < end.tokens_before

@@ -54,6 +54,7 @@ def test_a_compaction_s_summarizer_request_fits_the_server_s_count(
     log = vllm_like.request_log
     refused = [(r.outcome, r.prompt_tokens, r.body.get("max_tokens")) for r in log if r.outcome != "ok"]
     assert refused == [], f"{len(refused)} of {len(log)} requests refused: {refused}"
+    recorder.wait_type("agent_end", 9)  # the callback's thread has every turn's events
     ends = [e for e in recorder.events if e.session_id == sid and e.type == "compaction_end"]
     assert ends, "the session compacted"
     assert [e.fallback for e in ends] == [False] * len(ends)  # every summary the summarizer's own

@@ -14,7 +14,7 @@ import pytest
 from runtime.context.integrity import check_integrity
 from runtime.provider.script import Fault, ToolCallSpec, Turn
 from runtime.tools.registry import ToolRegistry, tool
-from tests.conftest import Recorder
+from tests.conftest import RPM, Recorder
 
 
 def call(name: str, arguments: str = "{}", id: str | None = None) -> ToolCallSpec:
@@ -274,7 +274,9 @@ def test_prompt_while_busy_is_queued_and_runs_next(
 def test_transient_provider_errors_are_retried(
     rt: Any, recorder: Recorder, script: Any, session: Any
 ) -> None:
-    model = script(Turn(fault=Fault(kind="rate_limit", retry_after=0.05)), Turn(text="after the retry"))
+    model = script(
+        Turn(fault=Fault(kind="rate_limit", retry_after=0.05, rpm=RPM)), Turn(text="after the retry")
+    )
     sid = session(model)
     result = rt.prompt(sid, "hi").result(timeout=20)
     assert result.status == "ok" and result.text == "after the retry"
@@ -313,6 +315,7 @@ def test_agent_crash_mid_turn_recovers_from_the_store_and_goes_on(
     resumed = handle.result(timeout=10)
     assert resumed.status == "ok" and resumed.text == "recovered fine"
     release.set()
+    recorder.wait_type("agent_end")  # the subscriber's thread has the turn's events (restart, recovery) then
     (restart,) = recorder.of("actor_restarted", sid)
     assert restart.actor == "agent"
     (recovered,) = recorder.of("agent_recovered", sid)

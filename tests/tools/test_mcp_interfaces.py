@@ -152,6 +152,7 @@ def test_a_resumed_session_gets_its_servers_back_from_its_log_without_secrets(
 
         rt.resume_session("r1", api_key="sk-local")
         assert rt.prompt("r1", "hello").result(timeout=60).text == "plain answer"  # the session goes on
+        recorder.wait_type("agent_end")  # the callback's thread has the turn's events
         (failed,) = recorder.of("mcp_server_error", "r1")
         assert failed.kind == "start_failed" and "env GITHUB_TOKEN" in failed.message
         assert "resume_session(mcp_servers=" in failed.message
