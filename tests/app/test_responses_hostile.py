@@ -15,6 +15,7 @@ import pytest
 
 from runtime.apps.server import ApiServer
 from runtime.provider.script import ToolCallSpec, Turn
+from tests.conftest import wait_until
 
 TOKEN = "hostile-token"
 TOOL = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
@@ -131,13 +132,17 @@ def test_an_oversized_body_is_413(client: openai.OpenAI, script: Any) -> None:
     assert raised.value.status_code == 413 and error_of(raised)["code"] == "request_too_large"
 
 
-def test_cancel_mid_stream_stops_the_turn_and_the_session_goes_on(client: openai.OpenAI, script: Any) -> None:
+def test_cancel_mid_stream_stops_the_turn_and_the_session_goes_on(
+    client: openai.OpenAI, script: Any, provider: Any
+) -> None:
     model = script(Turn(text="first"), Turn(text="too slow", latency=30), Turn(text="after the cancel"))
     first = client.responses.create(model=model, input="one")
     stream = client.responses.create(model=model, input="two", previous_response_id=first.id, stream=True)
     events = iter(stream)
     created = next(events)
     assert created.type == "response.created"
+    # mid-stream: the provider holds the request (a cancel before it arrived would leave "too slow" unsaid)
+    wait_until(lambda: provider.remaining_turns(model.split("/", 1)[1]) == 1, "the provider has the request")
     cancelled = client.responses.cancel(created.response.id)
     assert cancelled.status == "cancelled"
     rest = list(events)
