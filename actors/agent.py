@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -24,10 +25,13 @@ from actors.protocol import Abort, AgentStatus, GetState, Prompt, SetModel
 from actors.session_estimate import SessionEstimate
 from actors.wiring import Services, SessionRefs, SessionSpec
 from runtime import events as ev
+from runtime.capacity import Priority
 from runtime.durable import step_record
+from runtime.gateway import Admission, CacheHints, CompletionRequest, endpoint_of
 from runtime.handles import TurnResult
 from runtime.messages import ToolCallPart, new_id
 from runtime.tokens import TokenCounter
+from runtime.tools.executor import context_factory
 from runtime.turn import effects as fx
 from runtime.turn.machine import CLIENT_TOOL_CLASH, TurnMachine
 from runtime.turn.state import TRANSITIONS, AgentState, Handover, IllegalTransition
@@ -35,7 +39,7 @@ from runtime.turn.state import TRANSITIONS, AgentState, Handover, IllegalTransit
 if TYPE_CHECKING:
     from runtime.actor import Ref
     from runtime.bus import EventBus
-    from runtime.gateway import CallHandle, CompletionRequest, CompletionResult, Delta, RetryInfo
+    from runtime.gateway import CallHandle, CompletionResult, Delta, RetryInfo
     from runtime.tools.executor import ContextFactory, ToolBatchHandle, ToolRunResult
     from runtime.tools.registry import Tool, ToolRegistry
 
@@ -255,8 +259,6 @@ class Agent(SessionActor):
     @_performs(fx.SaveOutput)
     def _save(self, effect: fx.SaveOutput) -> None:
         """Hand the full text of a clipped tool result to the writer thread."""
-        from pathlib import Path
-
         publish, sid, path = self.publish, self.session_id, effect.path
 
         def written(error: Exception | None) -> None:  # on the writer thread
@@ -275,8 +277,6 @@ class Agent(SessionActor):
         for ref in (self.refs.overflow_ref, self.refs.usage_ref, self.refs.compactor_ref):
             if ref is not None:
                 ref.tell(update)
-        from runtime.gateway import endpoint_of
-
         self.services.gateway.windows.learn(endpoint_of(model, self.spec.api_base), model, window)
 
     @_performs(fx.RecordStep)
@@ -448,9 +448,6 @@ class Agent(SessionActor):
     def _prepare(self, spec: fx.RequestSpec) -> fx.Routed:
         """Build the request the machine decided (with the session's endpoint, key and limits) and say
         where it goes."""
-        from runtime.capacity import Priority
-        from runtime.gateway import Admission, CacheHints, CompletionRequest
-
         cfg = self.spec.config
         admission = Admission(
             flow=self.session_id,
@@ -657,8 +654,6 @@ class Agent(SessionActor):
         return record
 
     def _tool_context_factory(self, turn_id: str) -> ContextFactory:
-        from runtime.tools.executor import context_factory
-
         return context_factory(
             session_id=self.session_id,
             workspace=self.spec.workspace,
