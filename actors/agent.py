@@ -131,6 +131,7 @@ class Agent(SessionActor):
         self.spec = spec
         self.services = services
         self.refs = refs
+        told = refs.count_ratio  # what the agent before a restart had learned
         self.machine = TurnMachine(
             spec,
             counter=counter,
@@ -139,6 +140,7 @@ class Agent(SessionActor):
             context_window=context_window,
             spill_dir=services.directory.spill_dir(spec.session_id),
             recovering=recovering,
+            count_ratio=told[1] if told is not None and told[0] == model else None,
         )
         self._content = services.content  # prompts and answers for the spans (telemetry.record_content)
         self._server = server_of(spec.api_base)
@@ -285,7 +287,9 @@ class Agent(SessionActor):
 
     @_performs(fx.LearnCountRatio)
     def _learn_count_ratio(self, effect: fx.LearnCountRatio) -> None:
-        """The count ratio the session's replies taught it, for the compactor's summarizer requests."""
+        """The count ratio the session's replies taught it, for the compactor's summarizer requests (and for
+        the restarts of either: :attr:`SessionRefs.count_ratio`)."""
+        self.refs.count_ratio = (effect.model, effect.ratio)
         compactor = self.refs.compactor_ref
         if compactor is not None:
             with contextlib.suppress(pykka.ActorDeadError):  # restarting: it learns from its own replies

@@ -90,8 +90,10 @@ class Compactor(SessionActor):
         self._job_ids = 0
         self._no_progress_at: str | None = None  # leaf of the last history that could not be compacted
         # The session's learned server count ÷ ours (design §4.5), as its agent last told it (with a
-        # compaction request, or as it learned it); None until then (and after a model change)
-        self._count_ratio: float | None = None
+        # compaction request, or as it learned it; after a restart, as the session kept it); None until then
+        # (and after a model change)
+        told = refs.count_ratio
+        self._count_ratio: float | None = told[1] if told is not None and told[0] == model else None
         # Each summarizer model's server count ÷ ours, learned from its replies here (design §4.5)
         self._ratios: dict[str, CountRatio] = {}
         self._set_summarizer()

@@ -91,6 +91,9 @@ class SessionRefs:
     agent_ref: Ref[AgentMessage] | None = None
     handover: Handover | None = None  # a crashed agent's turn, for its successor to take up
     learned_window: int | None = None  # the window the provider stated (design §6.3): restarts start with it
+    # The session's learned server count ÷ ours and the model it is of (design §4.5), as its agent last learned
+    # it: a restarted agent or compactor starts with it.
+    count_ratio: tuple[str, float] | None = None
     # The turn its agent took up from the log when it started (design §3.12): its handle, or None.
     resumed: Handle[PromptHandle | None] = field(default_factory=Handle)
 

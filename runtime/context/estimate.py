@@ -202,9 +202,9 @@ class CountRatio:
 
     __slots__ = ("_learned", "default")
 
-    def __init__(self, default: float = 1.0) -> None:
+    def __init__(self, default: float = 1.0, *, learned: float | None = None) -> None:
         self.default = default
-        self._learned: float | None = None
+        self._learned: float | None = learned  # (a ratio learned before, as a restarted agent had it)
 
     @property
     def value(self) -> float:

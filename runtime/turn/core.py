@@ -132,6 +132,7 @@ class MachineCore(ABC):
         context_window: int,
         spill_dir: Path,
         recovering: bool = False,
+        count_ratio: float | None = None,
     ) -> None:
         self.spec = spec
         self.session_id = spec.session_id
@@ -149,7 +150,8 @@ class MachineCore(ABC):
         self.pending_trigger: CompactionTrigger | None = None
         self.cache_watch = CacheWatch()  # design §4.7: a response that broke the cached prefix
         # the server's prompt count ÷ ours, learned from replies: the answer cap's margin (design §4.5)
-        self.count_ratio = CountRatio(fit.default_count_ratio(model, spec.config))
+        # (``count_ratio``: what the session learned before its agent restarted)
+        self.count_ratio = CountRatio(fit.default_count_ratio(model, spec.config), learned=count_ratio)
         self._busy_with_recovery = recovering
         self._flow: Flow | None = None
         self._ticket = 0

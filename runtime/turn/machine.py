@@ -98,6 +98,7 @@ class TurnMachine(RecoveryFlows):
         model: the session's model; ``context_window`` its window.
         spill_dir: where a clipped result's full text is saved.
         recovering: the agent restarts after a crash: call :meth:`recover` first; prompts wait until then.
+        count_ratio: the server's count ÷ ours the session learned before its agent restarted (design §4.5).
     """
 
     # -- what happened ---------------------------------------------------------------------------------------

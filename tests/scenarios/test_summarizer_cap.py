@@ -120,3 +120,26 @@ def test_a_summarizer_of_another_model_learns_its_ratio_from_its_own_replies(
     summaries = _summaries(vllm_like)
     assert len(summaries) == 2 and {s.body["model"] for s in summaries} == {"agentcell-summarizer"}
     assert all(s.prompt_tokens + s.body["max_tokens"] <= WINDOW for s in summaries)
+
+
+def test_a_restarted_compactor_keeps_the_ratio_the_session_learned(
+    rt: Any, vllm_like: LocalProvider, recorder: Recorder
+) -> None:
+    """The session's replies taught it the server counts 1.5 of our tokens, and the agent told the
+    compactor. The compactor then crashes: the supervisor restarts it (and the agent after it). A manual
+    compaction right after, with no reply in between to teach the new actors anything, is fitted at the
+    ratio the session learned: not refused. Before, the restarted compactor fell back to the stand-in
+    default (1.25), and the server refused the summarizer's request. (The restarted agent's machine starts
+    with it too: tests/turn/test_machine.py.)"""
+    sid = start(rt, vllm_like, **{"compaction.auto": False})
+    for i in range(6):
+        result = rt.prompt(sid, note(i)).result(timeout=60)
+        assert result.status == "ok", (i, result.error)
+    rt._session(sid).refs.compactor.tell(object())  # an unexpected message: the handler raises, it dies
+    recorder.wait_type("agent_recovered")  # rest_for_one: the compactor, then the agent, restarted
+    assert [e.actor for e in recorder.of("actor_restarted", sid)] == ["compactor", "agent"]
+    compacted = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+    assert compacted.compacted and not compacted.fallback, compacted
+    assert _refused(vllm_like) == []
+    (summary,) = _summaries(vllm_like)
+    assert summary.prompt_tokens + summary.body["max_tokens"] <= WINDOW

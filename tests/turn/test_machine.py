@@ -217,6 +217,20 @@ def test_a_reply_that_raises_the_learned_count_ratio_is_told_for_the_compactor()
     assert learned == [(1.5, "openai/gpt-4o-mini")]
 
 
+def test_a_restarted_agent_s_machine_keeps_the_count_ratio_the_session_learned() -> None:
+    """A machine started with the ratio its session learned before the agent restarted (1.5) fits its
+    requests at it, and a reply that teaches less (1.25) says nothing: the compactor keeps 1.5. A machine
+    that had started over from the default would tell the compactor 1.25, below what the server counts."""
+    text = "a" * 1_200  # 304 tokens, + 20 fixed: a request counted here in full
+    for told, said in ((1.5, []), (None, [1.25])):
+        w = World(machine(count_ratio=told))
+        assert w.m.count_ratio.value == (1.5 if told else 1.0)
+        w.prompt(prompt(text))
+        w.run([answer(input_tokens=405)])  # 1.25 x 324
+        assert w.m.count_ratio.value == (told or 1.25)
+        assert [e.ratio for e in w.seen if isinstance(e, fx.LearnCountRatio)] == said
+
+
 def test_a_learned_window_is_taken_and_told() -> None:
     w = World(machine())
     w.prompt(prompt("hi"))

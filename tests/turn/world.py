@@ -82,8 +82,15 @@ def config(**overrides: Any) -> Config:
     return Config().with_overrides({"compaction.reserve_tokens": 1_000, **overrides})
 
 
-def machine(cfg: Config | None = None, window: int = WINDOW, *, recovering: bool = False) -> TurnMachine:
-    """A machine of a fresh session, or (``recovering``) of one whose agent starts again and reads its log."""
+def machine(
+    cfg: Config | None = None,
+    window: int = WINDOW,
+    *,
+    recovering: bool = False,
+    count_ratio: float | None = None,
+) -> TurnMachine:
+    """A machine of a fresh session, or (``recovering``) of one whose agent starts again and reads its log
+    (with the ``count_ratio`` the session had learned)."""
     return TurnMachine(
         Spec(cfg or config()),
         counter=Counter(),
@@ -92,6 +99,7 @@ def machine(cfg: Config | None = None, window: int = WINDOW, *, recovering: bool
         context_window=window,
         spill_dir=Path("/nonexistent/s1.spill"),
         recovering=recovering,
+        count_ratio=count_ratio,
     )
 
 
