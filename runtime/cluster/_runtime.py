@@ -717,8 +717,10 @@ class ClusterRuntime(RuntimeAPI):
         queue_size: int | None = None,
         include_children: bool = False,
         bulk: bool = True,
+        linger: float = 0.0,
     ) -> Subscription:
-        """:meth:`subscribe`, and ``bulk`` as ``EventBus.subscribe`` takes it (the front's spans')."""
+        """:meth:`subscribe`, and ``bulk`` as ``EventBus.subscribe`` takes it (the front's spans'). ``linger``
+        is not needed: a front's callbacks run on a pool that reads each subscription's events in batches."""
         self._fleet.require_started()
         check_types(types)
         size = queue_size if queue_size is not None else self.config.bus.subscriber_queue

@@ -448,3 +448,22 @@ def test_publish_each_makes_events_only_for_subscribers_that_take_them_in_bulk()
     assert spans.drain() == []  # not even those published for another subscriber
     bus.publish(SessionStopped(session_id="s3"))  # a session stopped on its own: to every subscriber
     assert [e.session_id for e in spans.drain()] == ["s3"]
+
+
+def test_a_lingering_callback_reads_a_burst_in_one_go_and_a_flush_ends_its_wait() -> None:
+    """With ``linger``, a callback that has read everything waits before it sleeps on its queue: what is
+    published meanwhile wakes nobody (each wake is a thread switch) and is read in one go when the wait ends;
+    ``flush`` ends the wait at once and returns once the callback has seen every event."""
+    bus = EventBus()
+    seen: list[int] = []
+    sub = bus.subscribe("s", callback=lambda e: seen.append(e.seq), linger=5.0)
+    bus.publish(delta("s"))
+    wait_until(lambda: seen == [1])
+    for _ in range(50):
+        bus.publish(delta("s"))
+    time.sleep(0.1)
+    assert seen == [1]  # lingering: none of the 50 woke it
+    began = time.monotonic()
+    assert sub.flush(timeout=WAIT)
+    assert seen == list(range(1, 52)) and time.monotonic() - began < 2.5
+    sub.close()
