@@ -84,7 +84,7 @@ QUEUE_SIZE = 100_000
 """The events the spans' subscription holds before the bus drops its oldest (design §1.4)."""
 LINGER = 0.05
 """Seconds the spans' thread waits before it sleeps on an empty queue (``EventBus.subscribe``'s ``linger``):
-woken for each event, it was woken 4.4 times a turn, each a thread switch."""
+woken for each event, it was woken 5-8 times a turn, each a thread switch (``benchmarks.bench_spans``)."""
 
 INCOMPLETE = "agentcell.span.incomplete"
 
