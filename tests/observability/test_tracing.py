@@ -354,7 +354,7 @@ def test_stop_ends_a_cut_off_turns_spans_without_an_event_for_every_idle_session
     tracing makes it publish no ``session_stopped`` for the idle sessions it hosts (a million idle sessions would
     be a million events for the few spans still open)."""
     tr = traced()
-    idle = [tr.rt.start_session(model="openai/idle") for _ in range(200)]
+    idle = [tr.rt.start_session(model="openai/idle") for _ in range(20)]
     provider.add_script("otel-stop", [Turn(fault=Fault(kind="hang"))])
     sid = tr.rt.start_session(model="openai/otel-stop", api_base=provider.url, api_key="sk-local")
     tr.rt.prompt(sid, "hello")
