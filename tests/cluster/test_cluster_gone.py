@@ -54,6 +54,7 @@ os._exit(0)  # (Ray's exit handlers would try to reach the dead cluster)
 """
 
 
+@pytest.mark.slow  # a child process that starts a Ray cluster of its own: 5-7 s idle, a minute under load
 def test_a_cluster_that_goes_away_and_an_address_that_is_not_ray(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="the cluster tests need the ray extra: pip install -e '.[dev,ray]'")
     child = subprocess.run(
