@@ -151,6 +151,7 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # an agentcell chat process: seconds even on an idle machine
 def test_a_chat_streams_replies_and_runs_every_command(chat: Any) -> None:
     notes = "\n".join(
         f"Line {i}: the migration must keep customer ids stable across shards." for i in range(60)

@@ -176,6 +176,8 @@ def test_a_manual_compaction_cut_short_by_a_crash_still_answers(
         assert rt.prompt(sid, f"question {i}").result(timeout=30).status == "ok"
     handle = rt.compact(sid)
     events.wait_for(sid, "compaction_start")
+    # the slow summary is asked (crashed before it arrived, the retry would get the slow turn)
+    wait_until(lambda: provider.remaining_turns(summarizer) == 1)
     crash(rt, sid, "compactor")
     result = handle.result(timeout=10)  # not after the slow summarizer, and never forever
     assert not result.compacted and "crashed" in (result.reason or "")
