@@ -32,7 +32,7 @@ from runtime.provider.script import Turn
 from runtime.store.sessions import SessionDirectory
 from runtime.store.transcript import read_transcript
 from runtime.subagents import UsageReport
-from tests.conftest import Recorder
+from tests.conftest import Recorder, wait_until
 from tests.reliability.durable_support import TOOLS, PlanModel, check_turn, counts, session_config
 
 TOKEN = "cluster-token"
@@ -549,6 +549,9 @@ def test_a_shard_killed_mid_turn_loses_nothing_acknowledged(
     deadline = time.monotonic() + 30
     while b"the turn in flight" not in log.read_bytes() and time.monotonic() < deadline:
         time.sleep(0.02)
+    # ... and asked of the model, which answers slowly (killed before it asked, the survivor would be the
+    # one to get the slow answer, ten seconds later)
+    wait_until(lambda: provider.remaining_turns(slow.split("/", 1)[1]) == 1, "the shard asked the model")
     elsewhere = cluster.prompt(safe[0], "a turn on the other shard")
     numbered = max(e.seq for e in recorder.events if e.session_id == doomed[0])
 

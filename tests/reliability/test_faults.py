@@ -540,7 +540,7 @@ def test_a_full_disk_surfaces_as_events_and_loses_nothing_acknowledged(
     events = EventLog()
     main = add_script(provider, Turn(text="written"), Turn(text="written again"))
     with Runtime(fast_config(), sessions_dir=sessions_dir) as rt:
-        rt.subscribe("*", callback=events)
+        sub = rt.subscribe("*", callback=events)
         sid = rt.start_session(model=f"openai/{main}", api_base=provider.url, api_key="sk-local")
         assert rt.prompt(sid, "before").result(timeout=30).status == "ok"
         events.wait_for(sid, "agent_end")
@@ -562,6 +562,7 @@ def test_a_full_disk_surfaces_as_events_and_loses_nothing_acknowledged(
 
         result = rt.prompt(sid, "after").result(timeout=30)
         assert result.status == "ok", result.error
+        assert sub.flush(timeout=10)  # the callback's thread has had the last turn's events
         assert [m.text for m in rt.messages(sid)] == ["before", "written", "after", "written again"]
         acknowledged |= {e.message_id for e in events.of(sid, "message_appended")}
     assert disk.failures
