@@ -39,3 +39,9 @@ class Job:
     calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
     spent: Usage = field(default_factory=Usage)  # what its summarizer calls cost (design §4.1)
+    # A compaction's plan made again (its summarizer requests sized anew), once, after a refusal taught the
+    # compactor the summarizer's count ratio or window; None for a job that is no compaction
+    replan: Callable[[], Any] | None = None
+    sized: tuple[float, int] = (1.0, 0)  # the count ratio and the window its requests were sized with
+    refused: list[int] = field(default_factory=list)  # the requests the summarizer refused as too large
+    retried: bool = False

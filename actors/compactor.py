@@ -94,8 +94,10 @@ class Compactor(SessionActor):
         # (and after a model change)
         told = refs.count_ratio
         self._count_ratio: float | None = told[1] if told is not None and told[0] == model else None
-        # Each summarizer model's server count ÷ ours, learned from its replies here (design §4.5)
+        # Each summarizer model's server count ÷ ours, learned from its replies here (design §4.5), and the
+        # window its refusals stated, when smaller than the one it was given
         self._ratios: dict[str, CountRatio] = {}
+        self._windows: dict[str, int] = {}
         self._set_summarizer()
         self.estimate = SessionEstimate(spec, counter)
         self.summarizer = Summarizer(spec, services, self.publish)
@@ -112,6 +114,9 @@ class Compactor(SessionActor):
             self.summarizer_window = self.context_window
         else:
             self.summarizer_window = model_info(self.summarizer_model, self.spec.config.models).context_window
+        stated = self._windows.get(self.summarizer_model)
+        if stated is not None and stated < self.summarizer_window:
+            self.summarizer_window = stated
 
     def _summarizer_ratio(self) -> float:
         """What the summarizer's server counts per token counted here (design §4.5): the highest of what
@@ -135,6 +140,18 @@ class Compactor(SessionActor):
         assert message.usage is not None
         ratio = self._ratios.setdefault(done.model, CountRatio())
         ratio.observe(actual_input=message.usage.input_tokens, estimate=done.counted, counted=done.counted)
+
+    def _learn_from_refusal(self, done: _SummaryDone) -> None:
+        """A summarizer request refused as too large: the count of its prompt the server states, against
+        ours, is its model's count ratio; a window it states smaller than the one used is its window."""
+        error = done.result.error
+        assert error is not None
+        if error.prompt_tokens is not None:
+            ratio = self._ratios.setdefault(done.model, CountRatio())
+            ratio.observe(actual_input=error.prompt_tokens, estimate=done.counted, counted=done.counted)
+        if error.window is not None and error.window < self._windows.get(done.model, error.window + 1):
+            self._windows[done.model] = error.window
+            self._set_summarizer()
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
@@ -291,29 +308,12 @@ class Compactor(SessionActor):
         # One figure from start to end: the full count the progress guard compares the summary with (the
         # estimate that triggered may rest on a provider's usage, which no count of ours can match).
         tokens_before = job.tokens_before = self.estimate.full(messages)
-        # An automatic compaction never summarizes the working set away (design §5.13).
-        keep_from = working_set_start(messages) if trigger != "manual" else None
-        keep_tokens = comp.keep_recent_budget(
-            self.context_window, self.cfg, emergency=emergency, override=keep
-        )
-        plan = comp.plan_compaction(
-            messages,
-            mode=self.cfg.mode,
-            trigger=trigger,
-            keep_tokens=keep_tokens,
-            count=self.counter.count_message,
-            config=self.cfg,
-            instructions=instructions,
-            summarizer_window=self.summarizer_window,
-            count_text=self.counter.count_text,
-            force=emergency or trigger == "manual",
-            keep_from=keep_from,
-            room=comp.summary_room(
-                effective_limit(self.context_window, self.cfg), self.estimate.fixed_tokens
-            ),
-            cached_prefix=self.estimate.fixed_tokens if self._rides_the_cache() else None,
-            count_ratio=self._summarizer_ratio(),
-        )
+
+        def replan() -> comp.CompactionPlan | comp.NothingToCompact:
+            return self._plan(job, messages, trigger, emergency, keep, instructions)
+
+        job.replan = replan
+        plan = replan()
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
                 self._no_progress_at = self._leaf(tuple(messages))
@@ -343,6 +343,41 @@ class Compactor(SessionActor):
         self._write_artifact(job, 0, summarizer_input(plan.requests))
         for index, req in enumerate(plan.requests):
             self._summarize(job, index, req)
+
+    def _plan(
+        self,
+        job: Job,
+        messages: list[Message],
+        trigger: CompactionTrigger,
+        emergency: bool,
+        keep: int | None,
+        instructions: str | None,
+    ) -> comp.CompactionPlan | comp.NothingToCompact:
+        """The compaction of ``messages``, its summarizer requests sized with what is known now."""
+        # An automatic compaction never summarizes the working set away (design §5.13).
+        keep_from = working_set_start(messages) if trigger != "manual" else None
+        keep_tokens = comp.keep_recent_budget(
+            self.context_window, self.cfg, emergency=emergency, override=keep
+        )
+        job.sized = (self._summarizer_ratio(), self.summarizer_window)
+        return comp.plan_compaction(
+            messages,
+            mode=self.cfg.mode,
+            trigger=trigger,
+            keep_tokens=keep_tokens,
+            count=self.counter.count_message,
+            config=self.cfg,
+            instructions=instructions,
+            summarizer_window=self.summarizer_window,
+            count_text=self.counter.count_text,
+            force=emergency or trigger == "manual",
+            keep_from=keep_from,
+            room=comp.summary_room(
+                effective_limit(self.context_window, self.cfg), self.estimate.fixed_tokens
+            ),
+            cached_prefix=self.estimate.fixed_tokens if self._rides_the_cache() else None,
+            count_ratio=job.sized[0],
+        )
 
     def _rides_the_cache(self) -> bool:
         """Whether summaries send the conversation itself (design §5.4): the summarizer is the session's
@@ -401,6 +436,9 @@ class Compactor(SessionActor):
             return
         result = done.result
         self._learn_ratio(done)
+        if result.error is not None and result.error.kind == "overflow" and job.replan is not None:
+            self._learn_from_refusal(done)
+            job.refused.append(done.index)
         text = None if result.error is not None or result.message is None else result.message.text.strip()
         job.answers[done.index] = text or None
         if result.message is not None and result.message.usage is not None:
@@ -410,8 +448,39 @@ class Compactor(SessionActor):
             return
         if isinstance(job.request, MaybeArchiveTools):
             self.tool_archive.finish(job, self.counter)
-        else:
+        elif not self._retry(job):
             self._finish(job, job.request.trigger)
+
+    def _retry(self, job: Job) -> bool:
+        """Send the requests the summarizer refused again, once, sized anew, when their refusals taught a
+        higher count ratio or a smaller window than they were sized with (design §5.4); False when there is
+        nothing to retry (the compaction then finishes, falling back for what was refused)."""
+        if not job.refused or job.retried or job.replan is None:
+            return False
+        ratio, window = job.sized
+        if not (self._summarizer_ratio() > ratio or self.summarizer_window < window):
+            return False  # the refusals stated nothing new: sent again, they would be refused again
+        job.retried = True
+        plan = job.replan()
+        if isinstance(plan, comp.NothingToCompact) or not plan.requests:
+            return False
+        # (the same cut, so the same requests: only the refused ones go again, unless their number changed)
+        again = job.refused if len(plan.requests) == len(job.plan.requests) else range(len(plan.requests))
+        if len(plan.requests) != len(job.answers):
+            job.answers = [None] * len(plan.requests)
+        job.plan, job.refused, job.outstanding = plan, [], len(again)
+        log.info(
+            "%s: the summarizer refused %d request(s) as too large; sending them again at count ratio %.3f, "
+            "window %d",
+            self.session_id,
+            len(again),
+            job.sized[0],
+            job.sized[1],
+        )
+        self.artifacts.write(self.artifacts.path(job.number, 0), summarizer_input(plan.requests))
+        for index in again:
+            self._summarize(job, index, plan.requests[index])
+        return True
 
     def _finish(self, job: Job, trigger: CompactionTrigger) -> None:
         assert job.estimate is not None

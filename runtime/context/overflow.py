@@ -52,6 +52,7 @@ __all__ = [
     "is_context_overflow",
     "is_usage_overflow",
     "overflow_reason",
+    "stated_prompt_tokens",
     "stated_window",
 ]
 
@@ -96,6 +97,9 @@ OUTPUT_BUDGET_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("output_budge
 
 WINDOW_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("window_regexes")
 """Overflow messages that state the window (the first match wins; see :func:`stated_window`)."""
+
+PROMPT_REGEXES: Final[tuple[re.Pattern[str], ...]] = _union("prompt_regexes")
+"""Overflow messages that state the server's count of the prompt (see :func:`stated_prompt_tokens`)."""
 
 # A stated window outside these bounds is a misreading, not a model.
 _MIN_WINDOW = 16
@@ -202,6 +206,44 @@ def stated_window(
         return None
 
 
+def stated_prompt_tokens(
+    error: BaseException | None = None,
+    *,
+    message: str | None = None,
+    status_code: int | None = None,
+    code: str | None = None,
+    body: object = None,
+) -> int | None:
+    """The server's count of the refused request's prompt, as an overflow error states it, or None (no
+    count stated, or no overflow). What it teaches: the server's tokens per token counted here (design
+    §4.5), which a refused summarizer request learns from before it is sent again, smaller (§5.4).
+
+    llama.cpp's JSON ``n_prompt_tokens`` first, then the number in the first of the dialects'
+    ``prompt_regexes`` that matches ("request (N tokens) exceeds …", "N in the messages", "your request has N
+    input tokens", "prompt is too long: N tokens > …", ...). Never raises.
+    """
+    try:
+        facts = _Facts()
+        facts.add_text(message)
+        facts.add_status(status_code)
+        facts.add_code(code)
+        facts.add_body(body, 0)
+        if error is not None:
+            facts.add_exception(error)
+        text = "\n".join(facts.texts)
+        if facts.verdict() is None and _output_budget(text) is None:
+            return None
+        candidates: list[int] = list(facts.n_prompt)
+        for regex in PROMPT_REGEXES:
+            match = regex.search(text)
+            if match is not None:
+                candidates.append(int(match["prompt"].replace(",", "")))
+                break
+        return next((n for n in candidates if 0 < n <= _MAX_WINDOW * 2), None)
+    except Exception:  # like the classifier: never turn one error into two
+        return None
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -214,6 +256,7 @@ class _Facts:
         self.statuses: set[int] = set()
         self.context_window_error = False
         self.n_ctx: list[int] = []  # llama.cpp's error body states the slot's context as n_ctx
+        self.n_prompt: list[int] = []  # ... and the prompt's tokens as n_prompt_tokens
         self._size = 0
         self._seen: set[int] = set()
 
@@ -259,6 +302,8 @@ class _Facts:
                     self.add_status(value)
                 elif name == "n_ctx" and isinstance(value, int) and not isinstance(value, bool):
                     self.n_ctx.append(value)
+                elif name == "n_prompt_tokens" and isinstance(value, int) and not isinstance(value, bool):
+                    self.n_prompt.append(value)
                 self.add_body(value, depth + 1)
         elif isinstance(body, (list, tuple)):
             for item in _bounded(body):

@@ -18,6 +18,7 @@ import msgspec
 __all__ = [
     "NUM",
     "OUT",
+    "PROMPT",
     "WIN",
     "Dialect",
     "Dimension",
@@ -75,6 +76,8 @@ class Dialect:
     ``window``."""
     window_regexes: tuple[re.Pattern[str], ...] = ()
     """Overflow messages that state the window (group ``window``)."""
+    prompt_regexes: tuple[re.Pattern[str], ...] = ()
+    """Overflow messages that state the server's count of the refused request's prompt (group ``prompt``)."""
     negative_phrases: tuple[str, ...] = ()
     """Phrases of its errors that are never an overflow (rate limits, parameter errors, auth, policy)."""
     negative_regexes: tuple[re.Pattern[str], ...] = ()
@@ -95,6 +98,7 @@ class Dimension(msgspec.Struct, frozen=True, kw_only=True):
 NUM: Final = r"\d[\d,]*"
 OUT: Final = rf"(?P<output>{NUM})"
 WIN: Final = rf"(?P<window>{NUM})"
+PROMPT: Final = rf"(?P<prompt>{NUM})"
 
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

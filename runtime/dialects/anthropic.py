@@ -21,6 +21,7 @@ from typing import Any, Final
 from runtime.dialects._base import (
     NUM,
     OUT,
+    PROMPT,
     WIN,
     Dialect,
     Dimension,
@@ -72,6 +73,10 @@ ANTHROPIC: Final = Dialect(
     window_regexes=(
         # "prompt is too long: 208310 tokens > 200000 maximum"
         re.compile(rf"{NUM} tokens? > {WIN} maximum"),
+    ),
+    prompt_regexes=(
+        re.compile(rf"prompt is too long: {PROMPT} tokens? >"),
+        re.compile(rf"exceed context limit: {PROMPT} \+"),
     ),
     negative_phrases=(
         "invalid x-api-key",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from runtime.dialects._base import NUM, WIN, Dialect
+from runtime.dialects._base import NUM, PROMPT, WIN, Dialect
 
 OPAL: Final = Dialect(
     name="opal",
@@ -100,6 +100,7 @@ OTHER: Final = Dialect(
         # Poolside: "exceeds the maximum allowed input length of N tokens"
         re.compile(rf"maximum allowed input length of {WIN} tokens"),
     ),
+    prompt_regexes=(re.compile(rf"current length is {PROMPT} while limit is"),),  # Cerebras
     negative_phrases=(
         # rate limits and quotas: a request too large for a per-minute budget is not too large for the window
         "tokens per day",

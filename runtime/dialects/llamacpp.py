@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 LLAMACPP: Final = Dialect(
     name="llama.cpp",
@@ -27,6 +27,8 @@ LLAMACPP: Final = Dialect(
         # larger than the max context size (M tokens)"
         re.compile(rf"(?:available|max) context size \({WIN} tokens?\)"),
     ),
+    # the same messages' prompt (its JSON body's n_prompt_tokens too)
+    prompt_regexes=(re.compile(rf"(?:request|input) \({PROMPT} tokens?\) (?:exceeds|is larger)"),),
 )
 
 

@@ -6,13 +6,14 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 MISTRAL: Final = Dialect(
     name="mistral",
     # "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length"
     overflow_phrases=("too large for model with",),
     window_regexes=(re.compile(rf"too large for model with {WIN} maximum context length"),),
+    prompt_regexes=(re.compile(rf"prompt contains {PROMPT} tokens"),),
 )
 
 

@@ -18,6 +18,7 @@ from typing import Any, Final
 from runtime.dialects._base import (
     NUM,
     OUT,
+    PROMPT,
     WIN,
     Dialect,
     Dimension,
@@ -46,6 +47,10 @@ OPENAI: Final = Dialect(
         # OpenAI (old), vLLM, DeepSeek, OpenRouter ("this endpoint's …"), NIM: "maximum context length is N
         # tokens"; SGLang "maximum context length of N tokens"; Ollama (MLX) "maximum context length (N tokens)"
         re.compile(rf"maximum context length (?:is|of|\() ?{WIN} tokens"),
+    ),
+    prompt_regexes=(
+        re.compile(rf"you requested {NUM} tokens \({PROMPT} in the messages"),  # (vLLM ≤ 0.9, DeepSeek too)
+        re.compile(rf"your messages resulted in {PROMPT} tokens"),
     ),
     negative_phrases=(
         "tokens per min",

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import NUM, OUT, PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 OPENROUTER: Final = Dialect(
     name="openrouter",
@@ -18,6 +18,7 @@ OPENROUTER: Final = Dialect(
             rf"\({NUM} of text input, {OUT} in the output\)"
         ),
     ),
+    prompt_regexes=(re.compile(rf"\({PROMPT} of text input,"),),
 )
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import NUM, OUT, PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 SGLANG: Final = Dialect(
     name="sglang",
@@ -21,6 +21,10 @@ SGLANG: Final = Dialect(
         ),
     ),
     window_regexes=(re.compile(rf"model's context length \({WIN} tokens?\)"),),
+    prompt_regexes=(
+        re.compile(rf"the input \({PROMPT} tokens?\) is longer"),
+        re.compile(rf"{PROMPT} tokens from the input messages"),
+    ),
 )
 
 

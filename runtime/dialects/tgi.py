@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import NUM, OUT, WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import NUM, OUT, PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 TGI: Final = Dialect(
     name="tgi",
@@ -21,6 +21,10 @@ TGI: Final = Dialect(
     window_regexes=(
         re.compile(rf"`inputs` must have less than {WIN} tokens"),
         re.compile(rf"`max_new_tokens` must be <= {WIN}"),
+    ),
+    prompt_regexes=(
+        re.compile(rf"given: {PROMPT} `inputs` tokens"),
+        re.compile(rf"`inputs` must have less than {NUM} tokens\. given: {PROMPT}"),
     ),
 )
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from runtime.dialects._base import OUT, WIN, Dialect, ErrorResponse, OverflowFormat
+from runtime.dialects._base import OUT, PROMPT, WIN, Dialect, ErrorResponse, OverflowFormat
 
 VLLM: Final = Dialect(
     name="vllm",
@@ -37,6 +37,11 @@ VLLM: Final = Dialect(
         re.compile(rf"too long to fit into the model \(context length {WIN}\)"),
         # ≤ 0.9 engine: "is longer than the maximum model length of N"
         re.compile(rf"longer than the maximum model length of {WIN}"),
+    ),
+    prompt_regexes=(
+        re.compile(rf"your request has {PROMPT} input tokens"),  # ≥ 0.10, both wordings
+        re.compile(rf"the prompt \(total length {PROMPT}\)"),  # V1
+        re.compile(rf"the decoder prompt \(length {PROMPT}\)"),  # ≤ 0.9 engine
     ),
     negative_phrases=("'max_tokens' or 'max_completion_tokens' is too large",),
 )

@@ -28,7 +28,7 @@ def classify_error(
     """Classify a provider exception. ``kind`` is what its type says, as the transport that raised it maps
     its library's exception types (:meth:`Transport.error_kind`); the status code, the overflow wordings and
     the message decide the rest (a 401 is ``auth`` whatever its type)."""
-    from runtime.context.overflow import is_context_overflow, stated_window
+    from runtime.context.overflow import is_context_overflow, stated_prompt_tokens, stated_window
 
     status = _status_code(exc)
     body = getattr(exc, "body", None)
@@ -40,6 +40,11 @@ def classify_error(
     window = (
         None if cancelled else stated_window(exc, message=message, status_code=status, code=code, body=body)
     )
+    prompt = (
+        None
+        if cancelled
+        else stated_prompt_tokens(exc, message=message, status_code=status, code=code, body=body)
+    )
 
     def error(kind: ErrorKind, retry: float | None = None) -> ProviderError:
         return ProviderError(
@@ -50,6 +55,7 @@ def classify_error(
             retry_after=retry,
             provider=provider,
             window=window,
+            prompt_tokens=prompt if kind == "overflow" else None,
         )
 
     if isinstance(exc, asyncio.CancelledError):

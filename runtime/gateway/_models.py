@@ -102,6 +102,7 @@ class ProviderError(msgspec.Struct, frozen=True, kw_only=True):
     retry_after: float | None = None
     provider: str | None = None
     window: int | None = None  # the context window the error states (llama.cpp's n_ctx, "… is N tokens")
+    prompt_tokens: int | None = None  # an overflow's count of the prompt, as the server states it
 
     @property
     def retryable(self) -> bool:

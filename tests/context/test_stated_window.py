@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime.context.estimate import MIN_ANSWER_TOKENS, answer_cap
-from runtime.context.overflow import is_context_overflow, stated_window
+from runtime.context.overflow import is_context_overflow, stated_prompt_tokens, stated_window
 from runtime.context.recovery import decide_overflow
 from runtime.provider.errors import OVERFLOW_FORMATS, overflow_error
 
@@ -161,3 +161,98 @@ def test_a_learned_window_earns_a_second_compaction_in_a_turn() -> None:
     # but never without a store or with compaction off
     off = {**facts, "auto_compact": False}
     assert decide_overflow(recoveries_this_turn=0, window_learned=True, **off).action == "fail"
+
+
+# (who, message, the prompt's tokens it states): the servers' own wordings, beside the local provider's.
+STATED_PROMPTS: list[tuple[str, str, int]] = [
+    (
+        "llama.cpp",
+        "request (1431 tokens) exceeds the available context size (1024 tokens), try increasing it",
+        1431,
+    ),
+    (
+        "llama.cpp (2024)",
+        "input (5000 tokens) is larger than the max context size (4096 tokens). skipping",
+        5000,
+    ),
+    (
+        "vLLM ≤ 0.9, OpenAI (old)",
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4,000 in the "
+        "messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+        4000,
+    ),
+    (
+        "vLLM ≥ 0.10 (max_tokens)",
+        "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is "
+        "4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).",
+        3500,
+    ),
+    (
+        "vLLM V1",
+        "The prompt (total length 5000) is too long to fit into the model (context length 4096).",
+        5000,
+    ),
+    (
+        "OpenAI",
+        "This model's maximum context length is 128000 tokens. However, your messages resulted in 130201 "
+        "tokens. Please reduce the length of the messages.",
+        130201,
+    ),
+    ("Anthropic", "prompt is too long: 208310 tokens > 200000 maximum", 208310),
+    (
+        "Anthropic (max_tokens)",
+        "input length and `max_tokens` exceed context limit: 197000 + 8192 > 200000, "
+        "decrease input length or `max_tokens` and try again",
+        197000,
+    ),
+    ("SGLang", "The input (5000 tokens) is longer than the model's context length (4096 tokens).", 5000),
+    (
+        "Mistral",
+        "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum "
+        "context length",
+        40000,
+    ),
+    (
+        "Cerebras",
+        "Please reduce the length of the messages or completion. Current length is 9000 while limit is 8192",
+        9000,
+    ),
+]
+
+
+@pytest.mark.parametrize(("who", "message", "prompt"), STATED_PROMPTS, ids=[s[0] for s in STATED_PROMPTS])
+def test_an_overflow_states_the_servers_count_of_the_prompt(who: str, message: str, prompt: int) -> None:
+    """What a refused request teaches of the server's tokenizer (design §4.5, §5.4): its count of the
+    prompt, in each server's words."""
+    assert stated_prompt_tokens(message=message) == prompt
+
+
+def test_the_local_providers_overflows_state_the_prompt_where_their_server_does() -> None:
+    """Every imitation that carries the prompt's count reads back as it (llama.cpp's from its JSON
+    ``n_prompt_tokens`` too); those whose server says no number (OpenAI's newer wording, Gemini, a 413)
+    state none, and an error that is no overflow states none either."""
+    silent = {
+        "openai_new",
+        "request_too_large",
+        "gemini",
+        "vertex",
+        "ollama",
+        "ollama_new",
+        "bedrock",
+        "groq",
+        "xai",
+        "cohere",
+        "lmstudio",
+    }
+    for name in OVERFLOW_FORMATS:
+        error = overflow_error(name, 3210, 4096, 1000)
+        expected = None if name in silent else 3210
+        assert stated_prompt_tokens(status_code=error.status, body=error.body) == expected, name
+    body = {"error": {"n_prompt_tokens": 3000}}
+    assert stated_prompt_tokens(body=body) is None  # (no overflow said)
+    assert (
+        stated_prompt_tokens(
+            message="Rate limit: you requested 5000 tokens (4000 in the messages", status_code=429
+        )
+        is None
+    )

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from runtime.context.estimate import STAND_IN_COUNT_RATIO
-from runtime.provider import LocalProvider
+from runtime.provider import LocalProvider, Turn
 from tests.conftest import Recorder
 from tests.scenarios.test_answer_cap import note
 
@@ -143,3 +143,61 @@ def test_a_restarted_compactor_keeps_the_ratio_the_session_learned(
     assert _refused(vllm_like) == []
     (summary,) = _summaries(vllm_like)
     assert summary.prompt_tokens + summary.body["max_tokens"] <= WINDOW
+
+
+SUMMARIZER = "openai/agentcell-summarizer"  # unknown too: cl100k stands in for its tokenizer
+
+
+@pytest.mark.parametrize("wording", ["vllm", "vllm_new", "openai", "anthropic"])
+def test_a_refused_summarizer_request_teaches_the_ratio_it_states_and_is_sent_again(
+    wording: str, rt: Any
+) -> None:
+    """A summarizer of another model, whose count ratio nothing has taught yet, is asked first for a summary
+    that fills its window: fitted at the stand-in default (1.25) where the server counts 1.5 × ours, it is
+    refused. The refusal states the server's count of the prompt (each server's wording): the compactor
+    learns the ratio from it and sends the request once more, sized at it, and the summary is the model's.
+    Before, the compaction fell back to a deterministic summary."""
+    with LocalProvider(
+        context_window=WINDOW, overflow_format=wording, prompt_ratio=SERVER_RATIO, refuse_answer_overflow=True
+    ) as provider:
+        config = {"compaction.auto": False, "compaction.summarizer_model": SUMMARIZER}
+        sid = start(rt, provider, {SUMMARIZER: WINDOW}, **config)
+        for i in range(6):
+            result = rt.prompt(sid, note(i)).result(timeout=60)
+            assert result.status == "ok", (i, result.error)
+        compacted = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+        assert compacted.compacted and not compacted.fallback, compacted
+        first, again = _summaries(provider)
+        assert (first.outcome, again.outcome) == ("overflow", "ok")
+        assert first.prompt_tokens + first.body["max_tokens"] > WINDOW  # sized at 1.25
+        assert again.prompt_tokens + again.body["max_tokens"] <= WINDOW  # sized at what the refusal said
+        assert len(_refused(provider)) == 1
+
+
+def test_a_refused_summarizer_request_teaches_the_window_it_states_and_is_sent_again(rt: Any) -> None:
+    """The user gave the summarizer model a window of 8,192 tokens; its llama.cpp slot has 2,048. The
+    first summary request, sized for 8,192, is refused with llama.cpp's n_ctx: the compactor takes that
+    window and sends the request again, sized for it, and the summary is the model's (before: a fallback)."""
+    with LocalProvider(context_window=16_384, overflow_format="llamacpp") as provider:
+        provider.add_responder(
+            SUMMARIZER.split("/")[1], lambda m, t: Turn(text="## Goal\nthe notes"), context_window=2_048
+        )
+        config = {"compaction.auto": False, "compaction.summarizer_model": SUMMARIZER}
+        windows = {MODEL: 16_384, SUMMARIZER: 8_192}
+        sid = str(
+            rt.start_session(
+                model=MODEL,
+                api_base=provider.url,
+                api_key="sk-local",
+                tools=None,
+                config={"models.context_windows": windows, **config},
+            )
+        )
+        for i in range(8):
+            result = rt.prompt(sid, note(i)).result(timeout=60)
+            assert result.status == "ok", (i, result.error)
+        compacted = rt.compact(sid, keep_recent_tokens=100).result(timeout=60)
+        assert compacted.compacted and not compacted.fallback, compacted
+        first, again = [r for r in provider.request_log if r.model == "agentcell-summarizer"]
+        assert (first.outcome, again.outcome) == ("overflow", "ok")
+        assert first.prompt_tokens > 2_048 >= again.prompt_tokens + again.body["max_tokens"]
