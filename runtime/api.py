@@ -324,11 +324,17 @@ class RuntimeAPI(Protocol):
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
+        bulk: bool = True,
     ) -> Subscription:
         """Subscribe to one session, several, or all (``"*"``), optionally to some event types.
 
         With ``callback`` events are pushed to it; otherwise iterate the subscription (``for`` or
         ``async for``). Close it (or use ``with``) when done. ``include_children`` adds the events of
         the sessions' sub-agents (and theirs), each with ``parent_session_id`` and ``parent_call_id``.
+
+        ``bulk=False`` (all sessions only): no ``session_stopped`` for each hosted session when the runtime
+        stops; the subscription's end says it stopped. A session stopped on its own still says so. For a
+        subscriber that keeps state for the few sessions in a turn: with it, a million idle sessions stop
+        without a million events.
         """
         ...

@@ -592,6 +592,7 @@ class Runtime(RuntimeAPI):
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
+        bulk: bool = True,
     ) -> Subscription:
         self._require_started()
         if types is not None:
@@ -600,7 +601,12 @@ class Runtime(RuntimeAPI):
             if unknown:
                 raise ValueError(f"unknown event types: {', '.join(sorted(unknown))}")
         return self.bus.subscribe(
-            sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
+            sessions,
+            types,
+            callback=callback,
+            queue_size=queue_size,
+            include_children=include_children,
+            bulk=bulk,
         )
 
 

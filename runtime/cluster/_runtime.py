@@ -700,12 +700,19 @@ class ClusterRuntime(RuntimeAPI):
         callback: Callable[[ev.Event], Any] | None = None,
         queue_size: int | None = None,
         include_children: bool = False,
+        bulk: bool = True,
     ) -> Subscription:
         """Subscribe to sessions on every shard, as ``Runtime.subscribe``: the same filters, order per
         session, bounded queue and ``subscriber_lagged`` notices. Events published once this returns are
-        not missed. ``include_children`` adds the events of the sessions' sub-agents (on their shards)."""
+        not missed. ``include_children`` adds the events of the sessions' sub-agents (on their shards);
+        with ``bulk=False`` no shard's stop sends a ``session_stopped`` for each of its sessions."""
         return self._relay(
-            sessions, types, callback=callback, queue_size=queue_size, include_children=include_children
+            sessions,
+            types,
+            callback=callback,
+            queue_size=queue_size,
+            include_children=include_children,
+            bulk=bulk,
         )
 
     def _relay(
@@ -719,8 +726,8 @@ class ClusterRuntime(RuntimeAPI):
         bulk: bool = True,
         linger: float = 0.0,
     ) -> Subscription:
-        """:meth:`subscribe`, and ``bulk`` as ``EventBus.subscribe`` takes it (the front's spans'). ``linger``
-        is not needed: a front's callbacks run on a pool that reads each subscription's events in batches."""
+        """:meth:`subscribe` (the front's spans' too). ``linger`` is not needed: a front's callbacks run on
+        a pool that reads each subscription's events in batches."""
         self._fleet.require_started()
         check_types(types)
         size = queue_size if queue_size is not None else self.config.bus.subscriber_queue

@@ -150,6 +150,7 @@ class RuntimeMetrics:
         self._turns: dict[str, float] = {}  # session id -> its running turn's start time
         self._requests: dict[str, tuple[float, str]] = {}  # session id -> its open provider call
         self._lost = 0  # events this subscription lost (a runtime without a local bus reports these)
+        self._stop = threading.Event()  # set by close()
         config = getattr(runtime, "config", None)
         cap = config.telemetry.metrics_max_models if config is not None else 100
         self._models = BoundedLabels(cap, configured_models(runtime))
@@ -221,10 +222,11 @@ class RuntimeMetrics:
             self.tool_calls,
             self.tool_duration,
         )
-        self._subscription = runtime.subscribe("*", EVENT_TYPES, queue_size=queue_size)
+        # (bulk=False: the runtime's stop makes no session_stopped for each idle session for it; the
+        # subscription's end tells it that nothing runs any more, see drain)
+        self._subscription = runtime.subscribe("*", EVENT_TYPES, queue_size=queue_size, bulk=False)
         self.registry = prom.CollectorRegistry()
         self.registry.register(self)
-        self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._drain_every, args=(interval,), name="agentcell-metrics", daemon=True
         )
@@ -280,11 +282,15 @@ class RuntimeMetrics:
     def drain(self) -> None:
         """Count every event queued so far."""
         with self._lock:
+            ended = self._subscription.closed and not self._stop.is_set()  # before the drain: all is queued
             for event in self._subscription.drain():
                 try:
                     self._count(event)
                 except Exception:  # a metric must never stop the counting of the rest
                     log.exception("metrics: could not count a %s event", event.type)
+            if ended:  # the runtime stopped: no turn nor call runs (what a session_stopped of each did)
+                self._turns.clear()
+                self._requests.clear()
 
     def _drain_every(self, interval: float) -> None:
         while not self._stop.wait(interval):

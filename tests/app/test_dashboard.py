@@ -265,3 +265,44 @@ def test_one_failed_turn_is_one_error_on_the_board(
     found = eventually(lambda: (r := rows(client)["fails"])["turns"] == 1 and r)
     assert found["errors"] == 1, found  # its error event, not also its agent_end
     assert found["title"] == "hello"
+
+
+def test_an_open_board_lets_a_runtime_stop_without_an_event_for_every_idle_session(
+    rt: Any, session: Any, script: Any
+) -> None:
+    """The dashboard's board follows every session, yet the runtime's stop publishes no ``session_stopped``
+    for each idle one (a million idle sessions would be a million events); the stop still clears its rows,
+    so a session resumed after a restart shows only what happened since."""
+    from runtime.provider.script import Turn
+
+    board = SessionBoard.for_runtime(rt)
+    model = script(Turn(text="Hi."), Turn(text="Again."))
+    sid = session(model, session_id="talked")
+    idle = [rt.start_session(model="openai/idle") for _ in range(20)]
+    assert rt.prompt(sid, "hello").result(timeout=30).status == "ok"
+
+    def counted() -> bool:
+        """the turn reached the board"""
+        return any(r["id"] == sid and r["turns"] == 1 for r in board.snapshot()["sessions"])
+
+    eventually(counted)
+    stops: list[str] = []
+
+    class Stops:
+        """A sink that sees every event published, and asks for none in bulk."""
+
+        def __call__(self, event: Any) -> None:
+            if event.type == "session_stopped":
+                stops.append(event.session_id)
+
+        def wants(self, session_id: str, kind: str) -> bool:
+            return False
+
+    rt.bus.add_sink(Stops())
+    rt.stop()
+    assert stops == [sid]  # (its transcript's clean end; on dce1364: 21)
+    assert all(rt.bus.last_seq(s) <= 1 for s in idle)  # (their session_started at most)
+    rt.start()
+    rt.resume_session(sid)
+    (row,) = (r for r in board.snapshot()["sessions"] if r["id"] == sid)
+    assert (row["turns"], row["title"]) == (0, None)

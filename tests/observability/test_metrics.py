@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.apps.server import ApiServer
+from runtime.observability.metrics import RuntimeMetrics
 from runtime.provider.script import Fault, ToolCallSpec, Turn
 from tests.conftest import RPM
 from tests.observability.conftest import Seen
@@ -297,3 +298,40 @@ def test_serve_with_metrics_public_lets_a_scraper_in_without_the_token(tmp_path:
         samples = scrape(served.url, token=None)
         assert value(samples, "agentcell_sessions_hosted") == 0
         assert httpx.get(f"{served.url}/sessions", timeout=10).status_code == 401
+
+
+def test_a_hand_built_metrics_lets_a_runtime_stop_without_an_event_for_every_idle_session(
+    rt: Any, provider: Any
+) -> None:
+    """``RuntimeMetrics(rt)`` (not ``rt.metrics()``, which the stop closes first) makes the runtime's stop
+    publish no ``session_stopped`` for each idle session it hosts, and still shows nothing running after it:
+    the turn the stop cut off ends aborted, its call cancelled."""
+    metrics = RuntimeMetrics(rt)
+    idle = [rt.start_session(model="openai/idle") for _ in range(20)]
+    provider.add_script("metrics-stop", [Turn(fault=Fault(kind="hang"))])
+    sid = rt.start_session(model="openai/metrics-stop", api_base=provider.url, api_key="sk-local")
+    with rt.subscribe(sid, {"request_start"}) as started:  # (one session's: not every session's stop)
+        rt.prompt(sid, "hello")
+        assert started.get(timeout=30) is not None
+    assert metrics.registry.get_sample_value("agentcell_sessions_running") == 1.0
+    stops: list[str] = []
+
+    class Stops:
+        """A sink that sees every event published, and asks for none in bulk."""
+
+        def __call__(self, event: Any) -> None:
+            if event.type == "session_stopped":
+                stops.append(event.session_id)
+
+        def wants(self, session_id: str, kind: str) -> bool:
+            return False
+
+    rt.bus.add_sink(Stops())
+    rt.stop()
+    assert stops == [sid]  # (its transcript's clean end; on dce1364: 21)
+    assert all(rt.bus.last_seq(s) <= 1 for s in idle)  # (their session_started at most)
+    sample = metrics.registry.get_sample_value
+    assert sample("agentcell_sessions_running") == 0.0
+    assert sample("agentcell_turns_total", {"status": "aborted"}) == 1.0
+    assert sample("agentcell_provider_calls_total", {"model": "other", "outcome": "cancelled"}) == 1.0
+    metrics.close()

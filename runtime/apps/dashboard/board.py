@@ -155,11 +155,18 @@ class SessionBoard:
 
     def _subscribe(self) -> None:
         with self._lock:
-            if self._subscription is not None and not getattr(self._subscription, "closed", False):
-                return
+            if self._subscription is not None:
+                if not getattr(self._subscription, "closed", False):
+                    return
+                # it ended: the runtime stopped, and its sessions with it (bulk=False below: its stop
+                # tells no session_stopped of each idle session to the board)
+                self._subscription = None
+                self._rows.clear()
             if not getattr(self.runtime, "running", False):
                 return
-            self._subscription = self.runtime.subscribe("*", STREAM_TYPES, callback=self._on_event)
+            self._subscription = self.runtime.subscribe(
+                "*", STREAM_TYPES, callback=self._on_event, bulk=False
+            )
 
     def close(self) -> None:
         with self._lock:
