@@ -78,6 +78,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentcell.cluster")
 
+SPAN_HOLD = 2.0
+"""Seconds the front's spans wait at most for a delegating call's span before they make its sub-agent's
+turn a root span: the two sessions' events can come from two shards once a failover put them apart (a
+sub-agent lives on its parent's shard, whose one stream keeps their order; design §10.6)."""
+
 __all__ = ["ClusterRuntime"]
 
 _RESUME_KEYS = ("tools", "workspace", "api_key", "api_base", "approval", "require_approval")
@@ -194,7 +199,7 @@ class ClusterRuntime(RuntimeAPI):
                 "shards, which carry no prompt or answer text: the spans record none"
             )
             telemetry = msgspec.structs.replace(telemetry, record_content=False)
-        tracing = tracing_for(telemetry, self._tracer_provider)
+        tracing = tracing_for(telemetry, self._tracer_provider, hold=SPAN_HOLD)
         if tracing is not None:
             self._fleet.config = self.config.with_overrides({"telemetry.tracing": "off"})
         return tracing

@@ -35,12 +35,12 @@ def sdk_configured() -> bool:
     return not isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider))
 
 
-def tracing_for(config: TelemetryConfig, provider: Any = None) -> Tracing | None:
+def tracing_for(config: TelemetryConfig, provider: Any = None, *, hold: float = 0.0) -> Tracing | None:
     """The runtime's :class:`Tracing`, or None when it does not trace.
 
     ``provider`` (a ``TracerProvider``) is used when given, unless ``telemetry.tracing = "off"``. Otherwise
     ``"auto"`` traces when an SDK's tracer provider is set globally when the runtime starts, and ``"on"``
-    always traces on the global provider (one set later is used from then on).
+    always traces on the global provider (one set later is used from then on). ``hold``: as ``Tracing``'s.
     """
     if config.tracing == "off":
         return None
@@ -52,4 +52,4 @@ def tracing_for(config: TelemetryConfig, provider: Any = None) -> Tracing | None
         raise ConfigError(
             f"telemetry.tracing needs the opentelemetry-api package (pip install opentelemetry-api): {exc}"
         ) from None
-    return Tracing.for_provider(provider, record_content=config.record_content)
+    return Tracing.for_provider(provider, record_content=config.record_content, hold=hold)

@@ -13,7 +13,9 @@ timestamps. Nothing on the turn's path knows of spans: the turn machine, the age
 gateway and the tools publish their events as they do without tracing. The facts a span needs are fields
 of its events (the turn's ``model`` and ``steps``, a call's ``provider``, ``server_address``, ``attempts``,
 ``pool``, a tool error's kind, ...); the spans' parents are the events' own links (a turn's session and
-``turn_id``, a sub-agent's ``parent_call_id``).
+``turn_id``, a sub-agent's ``parent_call_id``). Where a sub-agent's events can come before its delegating
+call's (a cluster front: events of two shards), ``hold`` keeps them back until that call's span is open,
+for a bounded time.
 
 Delivery is the bus's (design §1.4): publishing never waits for the spans. The subscription's queue holds
 :data:`QUEUE_SIZE` events (it takes no deltas); its thread applies the rules as they come. If it falls that
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -86,6 +89,9 @@ LINGER = 0.05
 """Seconds the spans' thread waits before it sleeps on an empty queue (``EventBus.subscribe``'s ``linger``):
 woken for each event, it was woken 5-8 times a turn, each a thread switch (``benchmarks.bench_spans``)."""
 
+HELD_EVENTS = 10_000
+"""Events of one sub-agent held at most; past that they are made at once (the turn a root span)."""
+
 INCOMPLETE = "agentcell.span.incomplete"
 
 _Rule = TypeVar("_Rule", bound=Callable[..., None])
@@ -128,6 +134,15 @@ class _Chat:
         """End it when the call ended: ``latency`` after its start (the gateway's count), else at ``ts``
         (its end event's time, which may come later: a turn's comes once the answer is recorded)."""
         self.span.end(end_time=_ns(min(ts, self.started + latency) if latency > 0 else ts))
+
+
+@dataclass
+class _Held:
+    """A sub-agent's events that came before the span of the call that delegated to it."""
+
+    call: tuple[str, str]  # (parent session, call id)
+    until: float  # time.monotonic() past which they are made without it
+    events: list[ev.Event]
 
 
 @dataclass
@@ -175,18 +190,26 @@ class Tracing:
     actors put what spans record of prompts and answers: None unless ``record_content``.
     """
 
-    def __init__(self, tracer: trace.Tracer, *, record_content: bool = False) -> None:
+    def __init__(self, tracer: trace.Tracer, *, record_content: bool = False, hold: float = 0.0) -> None:
+        """``hold`` (seconds): where a sub-agent's ``agent_start`` may come before the ``tool_execution_start``
+        of the call that delegated to it (events of two shards: a cluster front), its events wait that long
+        at most for that call's span, so its turn is that call's child, not a root span. One bus publishes
+        the call's start first: 0 there (a call not open by then is over, and the turn a root span)."""
         self.tracer = tracer
         self.record_content = record_content
         self.content: ContentTap | None = ContentTap() if record_content else None
         self.lost = 0
         """Events the subscription lost by falling behind (each ``subscriber_lagged``'s ``dropped``)."""
         self._sessions: dict[str, _Session] = {}
+        self._held: dict[str, _Held] = {}  # sub-agent session id -> its events waiting for their parent
+        self._hold = hold
         self._subscription: Subscription | None = None
         self._lock = threading.Lock()  # (the subscription's thread applies the rules; close ends the rest)
 
     @classmethod
-    def for_provider(cls, provider: trace.TracerProvider | None, *, record_content: bool = False) -> Tracing:
+    def for_provider(
+        cls, provider: trace.TracerProvider | None, *, record_content: bool = False, hold: float = 0.0
+    ) -> Tracing:
         """Spans on ``provider``'s tracer (None: the global provider, resolved when spans start)."""
         from runtime._version import __version__
 
@@ -194,7 +217,7 @@ class Tracing:
             tracer = trace.get_tracer(INSTRUMENTATION, __version__)
         else:
             tracer = provider.get_tracer(INSTRUMENTATION, __version__)
-        return cls(tracer, record_content=record_content)
+        return cls(tracer, record_content=record_content, hold=hold)
 
     # -- the subscription -------------------------------------------------------------------------------
     def attach(self, subscribe: Callable[..., Subscription], *, queue_size: int = QUEUE_SIZE) -> None:
@@ -208,7 +231,19 @@ class Tracing:
         """Wait until the spans of every event published so far are made (False if ``timeout`` passed
         first). Every event of a turn is published before its handle resolves, so after
         ``handle.result()`` a flush sees the turn's spans ended (and handed to the span processors)."""
-        return self._subscription is None or self._subscription.flush(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._subscription is not None and not self._subscription.flush(timeout):
+            return False
+        while True:  # what is held is made within its hold
+            with self._lock:
+                self._release(time.monotonic())
+                if not self._held:
+                    return True
+                until = min(held.until for held in self._held.values())
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            time.sleep(max(0.001, min(until, deadline if deadline is not None else until) - now))
 
     def close(self, timeout: float = 10.0, *, at: float | None = None) -> None:
         """Make the spans of the events published so far, stop reading, and end the spans left open (their
@@ -219,24 +254,65 @@ class Tracing:
                 log.warning("tracing: the spans of some events were not made within %s s", timeout)
             self._subscription.close()
         with self._lock:
+            self._release(None)
             for sid in list(self._sessions):
                 self._end_session(sid, at)
 
     def handle(self, event: ev.Event) -> None:
         """Apply the rule of ``event``'s type (if any); a rule that fails is logged, never raised."""
+        with self._lock:
+            if self._held:
+                self._release(time.monotonic())
+            held = self._held.get(event.session_id)
+            if held is not None:  # (after the ones before it)
+                held.events.append(event)
+                if len(held.events) >= HELD_EVENTS:
+                    self._release_held(event.session_id)
+                return
+            if self._hold and isinstance(event, ev.AgentStart) and self._orphan(event):
+                call = (event.parent_session_id or "", event.parent_call_id or "")
+                self._held[event.session_id] = _Held(call, time.monotonic() + self._hold, [event])
+                return
+            self._apply(event)
+
+    def _apply(self, event: ev.Event) -> None:
+        """The rule of ``event``'s type, then the sub-agents held for the call it starts; lock held."""
+        self._apply_rule(event)
+        if self._held and isinstance(event, ev.ToolExecutionStart):
+            call = (event.session_id, event.call_id)
+            for sid in [sid for sid, held in self._held.items() if held.call == call]:
+                self._release_held(sid)
+
+    def _apply_rule(self, event: ev.Event) -> None:
         try:
-            with self._lock:
-                if isinstance(event, ev.SubscriberLagged):  # (sent whatever the filter)
-                    self._lagged(event)
-                    return
-                rule = _RULES.get(type(event))
-                if rule is not None:
-                    rule(self, event)
-                    session = self._sessions.get(event.session_id)
-                    if session is not None and session.idle:  # (a million sessions leave no trace here)
-                        del self._sessions[event.session_id]
+            if isinstance(event, ev.SubscriberLagged):  # (sent whatever the filter)
+                self._lagged(event)
+                return
+            rule = _RULES.get(type(event))
+            if rule is not None:
+                rule(self, event)
+                session = self._sessions.get(event.session_id)
+                if session is not None and session.idle:  # (a million sessions leave no trace here)
+                    del self._sessions[event.session_id]
         except Exception:  # a span must never stop the spans of the rest
             log.exception("tracing: could not apply the span rule of a %s event", event.type)
+
+    def _orphan(self, event: ev.AgentStart) -> bool:
+        """Whether a sub-agent's turn names a delegating call whose span is not open."""
+        if event.parent_session_id is None or event.parent_call_id is None:
+            return False
+        delegating = self._sessions.get(event.parent_session_id)
+        return delegating is None or event.parent_call_id not in delegating.tools
+
+    def _release(self, now: float | None) -> None:
+        """Make the held events whose hold ended by ``now`` (None: all of them); lock held."""
+        for sid in [sid for sid, held in self._held.items() if now is None or held.until <= now]:
+            self._release_held(sid)
+
+    def _release_held(self, sid: str) -> None:
+        held = self._held.pop(sid)
+        for event in held.events:
+            self._apply(event)
 
     @property
     def open_sessions(self) -> int:

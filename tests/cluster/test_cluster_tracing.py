@@ -7,6 +7,7 @@ A module of its own, with a cluster runtime of its own (its tracer provider is t
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -64,6 +65,17 @@ def test_each_turn_is_one_trace_at_the_front_wherever_it_runs_and_stop_ends_a_cu
         result = rt.prompt(sid, "Add 1+2 and 2+3.").result(timeout=60)
         assert result.status == "ok" and result.text == ANSWER, result.error
 
+    # a sub-agent (on its parent's shard): its turn is a child of the delegating call, in the parent's trace
+    provider.add_script("cluster-child", [Turn(text="The answer is 42.")])
+    task = json.dumps({"profile": "researcher", "task": "Find it."})
+    delegating = ToolCallSpec(name="agent", arguments=task, id="call_d1")
+    provider.add_script("cluster-parent", [Turn(tool_calls=(delegating,)), Turn(text="It is 42.")])
+    agents = {"researcher": {"description": "finds", "model": "openai/cluster-child", "tools": "none"}}
+    parent = rt.start_session(
+        model="openai/cluster-parent", api_base=provider.url, api_key="sk-local", agents=agents
+    )
+    assert rt.prompt(parent, "What is the answer?").result(timeout=60).text == "It is 42."
+
     provider.add_script("cluster-hang", [Turn(fault=Fault(kind="hang"))])
     hung = sids[0]
     rt.set_model(hung, "openai/cluster-hang")
@@ -74,6 +86,12 @@ def test_each_turn_is_one_trace_at_the_front_wherever_it_runs_and_stop_ends_a_cu
     rt.stop()  # (the spans of every event the shards sent are made before it returns)
 
     spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.attributes["agentcell.session.id"] == parent and s.parent is None]
+    family = [s for s in spans if s.context.trace_id == root.context.trace_id]
+    (tool,) = [s for s in family if s.name == "execute_tool agent"]
+    (child,) = [s for s in family if s.parent is not None and s.parent.span_id == tool.context.span_id]
+    assert child.name == "invoke_agent agentcell" and child.attributes["agentcell.session.id"] != parent
+    spans = [s for s in spans if s not in family]
     turns = [s for s in spans if s.name == "invoke_agent agentcell"]
     assert sorted(t.attributes["agentcell.session.id"] for t in turns) == sorted([*sids, hung])
     for turn in turns:

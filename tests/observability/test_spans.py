@@ -229,6 +229,97 @@ def test_a_sub_agents_turn_is_a_child_of_the_delegating_call_and_a_lone_compacti
     assert compaction.attributes["agentcell.compaction.messages_before"] == 2
 
 
+def delegation(child: str, call: str, ts: float) -> list[ev.Event]:
+    """A sub-agent's turn (with a provider call) for the parent's call ``call``, from ``ts`` on."""
+    turn = dict(session_id=child, turn_id=f"t-{child}")
+    return [
+        ev.AgentStart(**turn, ts=ts, model="openai/c", parent_session_id=SID, parent_call_id=call),
+        ev.RequestStart(**turn, ts=ts + 0.1, attempt=1, model="openai/c", messages=1, estimated_tokens=5),
+        ev.TurnEnd(**turn, ts=ts + 0.2, stop_reason="stop", usage=Usage(input_tokens=5, output_tokens=1)),
+        ev.AgentEnd(**turn, ts=ts + 0.3, status="ok"),
+    ]
+
+
+def test_a_sub_agents_events_that_come_before_the_delegating_call_wait_for_its_span() -> None:
+    """On a cluster front the events of two shards can cross (a failover can put a sub-agent on another
+    shard than its parent): a sub-agent's events that come before its delegating call's start wait for
+    that call's span, so the turn is still its child, not a root span; a grandchild's as well. Events whose
+    call never comes are made after the hold, as a root (a sub-agent prompted directly, long after)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing.for_provider(provider, hold=0.2)
+    parent = dict(session_id=SID, turn_id="t1")
+    grandchild = delegation("grandchild", "g1", 3.0)
+    grandchild[0] = ev.AgentStart(  # (delegated by the child's call g1)
+        session_id="grandchild",
+        turn_id="t-grandchild",
+        ts=3.0,
+        model="openai/c",
+        parent_session_id="child",
+        parent_call_id="g1",
+    )
+    child = delegation("child", "d1", 2.5)
+    child_call = ev.ToolExecutionStart(
+        session_id="child", turn_id="t-child", ts=2.7, call_id="g1", name="agent", arguments="{}"
+    )
+    feed(
+        tracing,
+        *grandchild,  # first: two levels down
+        child[0],
+        child_call,
+        ev.ToolExecutionEnd(
+            session_id="child",
+            turn_id="t-child",
+            ts=3.4,
+            call_id="g1",
+            name="agent",
+            is_error=False,
+            duration=0.7,
+            output_chars=2,
+        ),
+        *child[1:],
+        *delegation("late", "gone", 9.0),  # its call never comes
+        ev.AgentStart(**parent, ts=1.0, model="openai/m"),
+        ev.ToolExecutionStart(**parent, ts=2.0, call_id="d1", name="agent", arguments="{}"),
+        ev.ToolExecutionEnd(
+            **parent, ts=5.0, call_id="d1", name="agent", is_error=False, duration=3, output_chars=2
+        ),
+        ev.AgentEnd(**parent, ts=6.0, status="ok"),
+    )
+    assert tracing.flush(5.0)  # (the late one's hold ends)
+    made = exporter.get_finished_spans()
+
+    def turn_of(sid: str) -> Any:
+        return next(
+            s
+            for s in made
+            if s.name.startswith("invoke_agent") and s.attributes["agentcell.session.id"] == sid
+        )
+
+    def tool_of(sid: str) -> Any:
+        return next(
+            s
+            for s in made
+            if s.name.startswith("execute_tool") and s.attributes["agentcell.session.id"] == sid
+        )
+
+    root = turn_of(SID)
+    assert root.parent is None
+    assert turn_of("child").parent.span_id == tool_of(SID).context.span_id
+    assert turn_of("grandchild").parent.span_id == tool_of("child").context.span_id
+    assert {s.context.trace_id for s in made if s.attributes["agentcell.session.id"] != "late"} == {
+        root.context.trace_id
+    }
+    for sid in ("child", "grandchild", "late"):
+        (chat,) = [
+            s for s in made if s.name == "chat openai/c" and s.attributes["agentcell.session.id"] == sid
+        ]
+        assert chat.parent.span_id == turn_of(sid).context.span_id
+    assert turn_of("late").parent is None and turn_of("late").start_time == 9 * NS
+    assert len(made) == 9
+
+
 def test_an_overflow_compaction_s_span_says_its_cause_and_no_other_compaction_s_does(
     spans: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
