@@ -81,7 +81,8 @@ log = logging.getLogger("agentcell.cluster")
 SPAN_HOLD = 2.0
 """Seconds the front's spans wait at most for a delegating call's span before they make its sub-agent's
 turn a root span: the two sessions' events can come from two shards once a failover put them apart (a
-sub-agent lives on its parent's shard, whose one stream keeps their order; design §10.6)."""
+sub-agent lives on its parent's shard, whose one stream keeps their order, until a failover resumes one the
+front knows at its own place; design §10.6)."""
 
 __all__ = ["ClusterRuntime"]
 
