@@ -211,6 +211,7 @@ def test_a_call_killed_after_its_effect_is_not_run_again_and_the_turn_finishes(
 
 
 @pytest.mark.slow  # 14 child processes (a minute on a quiet machine, three on a busy one)
+@pytest.mark.timeout(600)  # (the suite's 120 s cut it short beside 2 busy loops, load 3-19)
 def test_kill_9_at_random_points_of_a_tool_heavy_turn_then_resume(
     provider: Any, rt: Any, sessions_dir: Path, counters: Path, plan_model: str
 ) -> None:
