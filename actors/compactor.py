@@ -403,6 +403,7 @@ class Compactor(SessionActor):
             me.tell(_SummaryDone(job_id, index, result, model, counted))
 
         manual = getattr(job.request, "trigger", None) == "manual"
+        ratio = job.sized[0] if job.replan is not None else None  # (a compaction's: sized at it)
         if request.prefix:
             summarized = job.plan.summarized[: request.prefix]
             call = self.summarizer.cached(
@@ -413,6 +414,7 @@ class Compactor(SessionActor):
                 request.max_tokens,
                 manual=manual,
                 done=done,
+                count_ratio=ratio,
             )
         else:
             purpose: SummaryPurpose = (
@@ -427,6 +429,7 @@ class Compactor(SessionActor):
                 purpose=purpose,
                 manual=manual,
                 done=done,
+                count_ratio=ratio,
             )
         job.calls.append(call)
 

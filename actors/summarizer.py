@@ -72,6 +72,7 @@ class Summarizer:
         *,
         manual: bool,
         done: Callable[[CompletionResult, str, int], None],
+        count_ratio: float | None = None,
     ) -> CallHandle:
         """A summary of ``summarized`` asked the way the session asks its own ``model``: its system prompt,
         tools and messages as the agent sends them (the prefix the provider cached), then ``prompt``."""
@@ -97,6 +98,7 @@ class Summarizer:
             tools=tools,
             cache=hints,
             include_reasoning=spec.config.agent.send_reasoning,
+            count_ratio=count_ratio,
         )
 
     def isolated(
@@ -110,13 +112,23 @@ class Summarizer:
         purpose: SummaryPurpose,
         manual: bool,
         done: Callable[[CompletionResult, str, int], None],
+        count_ratio: float | None = None,
     ) -> CallHandle:
         """A summarizer call of its own: ``system`` and ``prompt``, nothing of the conversation."""
         from runtime.messages import system as system_message
         from runtime.messages import user
 
         messages = [system_message(system), user(prompt)]
-        return self.call(model, counter, messages, max_tokens, purpose=purpose, manual=manual, done=done)
+        return self.call(
+            model,
+            counter,
+            messages,
+            max_tokens,
+            purpose=purpose,
+            manual=manual,
+            done=done,
+            count_ratio=count_ratio,
+        )
 
     def call(
         self,
@@ -131,10 +143,11 @@ class Summarizer:
         tools: list[dict[str, Any]] | None = None,
         cache: CacheHints | None = None,
         include_reasoning: bool = False,
+        count_ratio: float | None = None,
     ) -> CallHandle:
         """Send ``messages`` to ``model``; ``done`` gets the result, the model and our count of the request
         (its messages, reply priming and tools: what its server's ``usage.input_tokens`` counts), on the
-        gateway's loop."""
+        gateway's loop. ``count_ratio``: what the request was sized at, for its ``summary_request``."""
         from runtime.capacity import Priority
         from runtime.gateway import Admission, CompletionRequest
 
@@ -176,6 +189,7 @@ class Summarizer:
                 max_tokens=max_tokens,
                 server_address=address,
                 server_port=port,
+                count_ratio=count_ratio,
             )
         )
 

@@ -543,7 +543,8 @@ class SummaryRequest(Event, frozen=True, tag="summary_request"):
     """A compaction (``purpose`` ``summary``) or a tool archive (``tool_summary``, design §5.9) asks the
     summarizer ``model`` for a summary: ``request_id`` names the call in its ``summary_response`` (or
     ``request_failed``) and ``provider_retry`` events; ``max_tokens``, ``server_address`` and
-    ``server_port`` as a ``request_start`` says them."""
+    ``server_port`` as a ``request_start`` says them; ``count_ratio`` the server's count ÷ ours a compaction's
+    request was sized at (design §4.5: learned, else the model's default; None for a tool archive's)."""
 
     request_id: str
     purpose: str
@@ -551,6 +552,7 @@ class SummaryRequest(Event, frozen=True, tag="summary_request"):
     max_tokens: int | None = None
     server_address: str | None = None
     server_port: int | None = None
+    count_ratio: float | None = None
 
 
 class SummaryResponse(Event, frozen=True, tag="summary_response"):

@@ -480,3 +480,33 @@ def test_a_prompt_over_the_window_on_the_messages_api_is_an_overflow_that_states
     assert answer.transport == "anthropic"
     assert answer.error is not None and answer.error.kind == "overflow", answer.error
     assert answer.error.window == llama_server.ctx_per_slot and answer.attempts == 1
+
+
+def test_the_summarizers_requests_are_sized_with_the_ratio_learned_from_smollm2s_counts(
+    real_rt: Any, events: Recorder, llama_server: LlamaServer
+) -> None:
+    """SmolLM2's tokenizer counts our prompts ~1.14-1.26 × cl100k (our stand-in count): the session learns
+    that ratio from the server's usage at its first reply (a prompt of ~270 tokens of notes), and each of
+    its compactions' summarizer requests (the real model writes the summaries) is sized with the learned
+    ratio, not the stand-in default, as its ``summary_request`` says; the server refuses none of them, nor
+    any other request (its own log says so), and no summary is a fallback."""
+    from runtime.context.estimate import STAND_IN_COUNT_RATIO
+
+    log = _ServerLog(llama_server)
+    sid = real_rt.start_session(model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM, config=SHORT)
+    results = [
+        real_rt.prompt(sid, f"My notes: {NOTES} Tell me about {topic}.").result(timeout=900)
+        for topic in TOPICS[:5]
+    ]
+    assert [r.status for r in results] == ["ok"] * 5, [r.error for r in results if r.status != "ok"]
+    ends = events.of("compaction_end", sid)
+    assert ends and not any(e.fallback for e in ends), ends
+    asked = [e for e in events.of("summary_request", sid) if e.purpose == "summary"]
+    assert asked
+    sized = [e.count_ratio for e in asked]
+    assert all(r is not None and r != STAND_IN_COUNT_RATIO and 1.0 <= r <= 1.6 for r in sized), sized
+    failed = {e.request_id for e in events.of("request_failed", sid)}
+    assert not failed & {e.request_id for e in asked}
+    assert len(events.of("summary_response", sid)) >= len(asked)
+    assert log.refused() == [], f"the server refused requests of {log.requests()}"
+    assert _refusals(events, sid) == 0

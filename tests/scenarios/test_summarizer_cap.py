@@ -150,7 +150,7 @@ SUMMARIZER = "openai/agentcell-summarizer"  # unknown too: cl100k stands in for 
 
 @pytest.mark.parametrize("wording", ["vllm", "vllm_new", "openai", "anthropic"])
 def test_a_refused_summarizer_request_teaches_the_ratio_it_states_and_is_sent_again(
-    wording: str, rt: Any
+    wording: str, rt: Any, recorder: Recorder
 ) -> None:
     """A summarizer of another model, whose count ratio nothing has taught yet, is asked first for a summary
     that fills its window: fitted at the stand-in default (1.25) where the server counts 1.5 × ours, it is
@@ -172,6 +172,9 @@ def test_a_refused_summarizer_request_teaches_the_ratio_it_states_and_is_sent_ag
         assert first.prompt_tokens + first.body["max_tokens"] > WINDOW  # sized at 1.25
         assert again.prompt_tokens + again.body["max_tokens"] <= WINDOW  # sized at what the refusal said
         assert len(_refused(provider)) == 1
+        # the summary_request events say the ratio each was sized at: the default, then the one learned
+        sized = [e.count_ratio for e in recorder.of("summary_request", sid)]
+        assert sized[0] == STAND_IN_COUNT_RATIO and len(sized) == 2 and sized[1] > SERVER_RATIO - 0.1, sized
 
 
 def test_a_refused_summarizer_request_teaches_the_window_it_states_and_is_sent_again(rt: Any) -> None:
