@@ -12,7 +12,9 @@ every session's ``seq`` after the stop, less before). Configurations:
 - ``traced_drain``: the same, and an all-sessions subscriber of ``agent_start`` and ``agent_end`` as ``serve``
   has;
 - ``every_event``: an all-sessions subscriber of every event type (a user's ``subscribe()``: it asked for
-  each session's ``session_stopped``, and gets them).
+  each session's ``session_stopped``, and gets them);
+- ``metrics_board``: a hand-built ``RuntimeMetrics(rt)`` and the dashboard's board (``SessionBoard``), as a
+  server with its page open has (no tracing).
 
 Run: ``python -m benchmarks.bench_stop`` (``--sizes 10000,100000,1000000``; ``--configs traced,none``).
 """
@@ -33,7 +35,7 @@ from typing import Any
 from benchmarks._common import format_table, write_results
 
 NAME = "stop"
-CONFIGS = ("none", "traced", "traced_drain", "every_event")
+CONFIGS = ("none", "traced", "traced_drain", "every_event", "metrics_board")
 SIZES = (10_000, 100_000)
 
 
@@ -56,6 +58,12 @@ def measure(config: str, n: int) -> dict[str, Any]:
             rt.subscribe("*", ("agent_start", "agent_end"), callback=lambda event: None)
         elif config == "every_event":
             rt.subscribe("*", queue_size=2 * n + 10)
+        elif config == "metrics_board":
+            from runtime.apps.dashboard import SessionBoard
+            from runtime.observability.metrics import RuntimeMetrics
+
+            RuntimeMetrics(rt, queue_size=2 * n + 10)
+            SessionBoard.for_runtime(rt)
         sids = [rt.start_session(model="openai/idle") for _ in range(n)]
         rt.flush()
         bus = rt.bus
