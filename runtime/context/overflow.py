@@ -142,13 +142,7 @@ def overflow_reason(
 ) -> str | None:
     """Why the error is an overflow (the rule or phrase that matched), or None when it is not one."""
     try:
-        facts = _Facts()
-        facts.add_text(message)
-        facts.add_status(status_code)
-        facts.add_code(code)
-        facts.add_body(body, 0)
-        if error is not None:
-            facts.add_exception(error)
+        facts = _Facts.of(error, message, status_code, code, body)
         return facts.verdict()
     except Exception:  # a classifier must never turn one error into two
         return None
@@ -179,13 +173,7 @@ def stated_window(
     wrong window is exactly that). Never raises.
     """
     try:
-        facts = _Facts()
-        facts.add_text(message)
-        facts.add_status(status_code)
-        facts.add_code(code)
-        facts.add_body(body, 0)
-        if error is not None:
-            facts.add_exception(error)
+        facts = _Facts.of(error, message, status_code, code, body)
         text = "\n".join(facts.texts)
         budget = _output_budget(text)
         if facts.verdict() is None and budget is None:
@@ -223,13 +211,7 @@ def stated_prompt_tokens(
     input tokens", "prompt is too long: N tokens > …", ...). Never raises.
     """
     try:
-        facts = _Facts()
-        facts.add_text(message)
-        facts.add_status(status_code)
-        facts.add_code(code)
-        facts.add_body(body, 0)
-        if error is not None:
-            facts.add_exception(error)
+        facts = _Facts.of(error, message, status_code, code, body)
         text = "\n".join(facts.texts)
         if facts.verdict() is None and _output_budget(text) is None:
             return None
@@ -249,6 +231,25 @@ def stated_prompt_tokens(
 
 class _Facts:
     """What an error says, gathered from every place it may say it."""
+
+    @classmethod
+    def of(
+        cls,
+        error: BaseException | None,
+        message: str | None,
+        status: int | None,
+        code: str | None,
+        body: object,
+    ) -> _Facts:
+        """What ``error`` and the loose facts beside it say (the public functions' arguments)."""
+        facts = cls()
+        facts.add_text(message)
+        facts.add_status(status)
+        facts.add_code(code)
+        facts.add_body(body, 0)
+        if error is not None:
+            facts.add_exception(error)
+        return facts
 
     def __init__(self) -> None:
         self.texts: list[str] = []
