@@ -51,12 +51,34 @@ def real_rt(tmp_path: Path) -> Iterator[Any]:
         yield r
 
 
+class _Caught(Recorder):
+    """A recorder whose reads come after its callback has seen every event published so far: the callback runs
+    on the subscription's thread, so right after ``handle.result()`` it may not yet hold the turn's last events
+    (a race seen in the default suite's tests under load)."""
+
+    subscription: Any = None
+
+    def caught(self) -> list[Any]:
+        if self.subscription is not None:
+            assert self.subscription.flush(60), "the events' callback did not catch up within 60 s"
+        with self._cond:
+            return list(self.events)
+
+    def types(self, session_id: str | None = None) -> list[str]:
+        self.caught()
+        return super().types(session_id)
+
+    def of(self, kind: str, session_id: str | None = None) -> list[Any]:
+        self.caught()
+        return super().of(kind, session_id)
+
+
 @pytest.fixture
-def events(real_rt: Any) -> Iterator[Recorder]:
-    rec = Recorder()
-    sub = real_rt.subscribe(callback=rec)
+def events(real_rt: Any) -> Iterator[_Caught]:
+    rec = _Caught()
+    rec.subscription = real_rt.subscribe(callback=rec)
     yield rec
-    sub.close()
+    rec.subscription.close()
 
 
 def _turns(rt: Any, sid: str, count: int, timeout: float = 600) -> list[Any]:
@@ -66,11 +88,11 @@ def _turns(rt: Any, sid: str, count: int, timeout: float = 600) -> list[Any]:
     return results
 
 
-def _refusals(events: Recorder, sid: str) -> int:
+def _refusals(events: _Caught, sid: str) -> int:
     """The session's requests the server refused as larger than its context: a request with no answer
     (no ``turn_end``) that the emergency compaction of an overflow error followed. An emergency compaction
     a turn makes before its request (it would not fit the session's limit) is no refusal."""
-    mine = [e for e in events.events if e.session_id == sid]
+    mine = [e for e in events.caught() if e.session_id == sid]
     return len(agents_refused(mine))
 
 
@@ -89,7 +111,7 @@ class _ServerLog:
 
 
 def test_a_newcomers_session_finds_the_window_and_never_overflows(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """``model="openai/smollm2"``, an api_base, nothing configured: the window comes from the server's
     /props (2,048 tokens on one slot), every one of 30 turns ends ok, and the server refuses nothing, across
@@ -113,7 +135,7 @@ def test_a_newcomers_session_finds_the_window_and_never_overflows(
 
 
 def test_a_newcomer_without_discovery_learns_the_window_from_the_first_refusal(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """Discovery off (or a server that does not say): the first refusal names llama.cpp's n_ctx, the
     session learns it (``window_learned``), compacts with the real model and goes on: every one of 12 turns
@@ -142,7 +164,7 @@ def test_a_newcomer_without_discovery_learns_the_window_from_the_first_refusal(
 
 
 def test_tools_and_tool_calls_go_through_the_servers_jinja_template(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """The protocol, not the model's wisdom (SmolLM2's template has no tool calling, and it does not call
     tools): a session with a tool gets its turn answered (the server takes the tool schema through
@@ -195,7 +217,7 @@ def test_tools_and_tool_calls_go_through_the_servers_jinja_template(
 
 
 def test_a_stream_is_aborted_midway_and_the_slot_is_free_again(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     sid = real_rt.start_session(model=MODEL, api_base=llama_server.url, system_prompt=SYSTEM)
     handle = real_rt.prompt(sid, "Write a long story about a dragon who learns to bake bread.")
@@ -226,7 +248,7 @@ def _slots_idle(server: LlamaServer, within: float) -> bool:
 
 
 def test_a_real_overflow_is_compacted_by_the_real_model_and_retried(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """A window believed larger than the server's (configured wrong: 8,000): a prompt the server must
     refuse, the window learned from its n_ctx, a compaction whose summary the real model writes, and the
@@ -259,7 +281,7 @@ def test_a_real_overflow_is_compacted_by_the_real_model_and_retried(
 
 
 def test_sessions_share_the_servers_four_slots(
-    real_rt: Any, events: Recorder, llama_server_np4: LlamaServer
+    real_rt: Any, events: _Caught, llama_server_np4: LlamaServer
 ) -> None:
     """Four sessions at once on ``-np 4``: each discovers its slot's 1,024 tokens, every turn is answered,
     nothing is refused."""
@@ -286,7 +308,7 @@ def test_sessions_share_the_servers_four_slots(
 
 
 def test_sessions_compacting_on_small_slots_are_never_refused_once_they_know_the_window(
-    real_rt: Any, events: Recorder, llama_server_np4: LlamaServer
+    real_rt: Any, events: _Caught, llama_server_np4: LlamaServer
 ) -> None:
     """Four newcomers' sessions at once on four slots of 1,024 tokens, each compacting its context with the
     real model as summarizer again and again (answers of at most 128 tokens, a prompt of ~250 tokens of
@@ -377,7 +399,7 @@ ANTHROPIC_MODEL = "anthropic/smollm2"
 
 @pytest.mark.parametrize("transport", ["auto", "litellm"])
 def test_a_session_on_an_anthropic_model_talks_to_llama_cpp_over_the_messages_api(
-    transport: str, real_rt: Any, events: Recorder, llama_server: LlamaServer
+    transport: str, real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """Three turns on the native Anthropic transport (``auto``), one through litellm's Anthropic path."""
     sid = real_rt.start_session(
@@ -483,7 +505,7 @@ def test_a_prompt_over_the_window_on_the_messages_api_is_an_overflow_that_states
 
 
 def test_the_summarizers_requests_are_sized_with_the_ratio_learned_from_smollm2s_counts(
-    real_rt: Any, events: Recorder, llama_server: LlamaServer
+    real_rt: Any, events: _Caught, llama_server: LlamaServer
 ) -> None:
     """SmolLM2's tokenizer counts our prompts ~1.14-1.26 × cl100k (our stand-in count): the session learns
     that ratio from the server's usage at its first reply (a prompt of ~270 tokens of notes), and each of
