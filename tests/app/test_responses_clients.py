@@ -298,6 +298,37 @@ def test_a_response_id_survives_a_kill_mid_stream_and_can_be_continued(
     assert "remember me" in texts and "go on" in texts  # the first input was kept, the thread went on
 
 
+def test_a_first_response_whose_session_a_kill_left_unwritten_goes_on_in_a_session_of_its_own(
+    client: openai.OpenAI, rt: Any, provider: Any, script: Any
+) -> None:
+    """What a server SIGKILLed right after a thread's first ``response.created`` can leave: the response's record
+    (written before the first byte) naming a session the log writer had not yet written. Going on from it
+    starts the thread again with that response's input, not a 500 ``SessionNotFound`` (seen under load in the
+    kill test above)."""
+    from runtime.apps.responses.api import ResponseRecord
+    from runtime.apps.responses.records import Records, new_response_id
+    from runtime.messages import new_id
+
+    model = script(Turn(text="continued after the crash"), Turn(text="nothing more"))
+    record = ResponseRecord(
+        id=new_response_id(), session_id=new_id(), model=model, input_items=[user("remember me")]
+    )
+    Records(rt.sessions_path).save_response(record)  # in_progress, as the killed server left it
+    interrupted = client.responses.retrieve(record.id)
+    assert interrupted.status == "failed" and interrupted.error is not None
+    again = client.responses.create(model=model, input="go on", previous_response_id=record.id)
+    assert again.status == "completed" and again.output_text == "continued after the crash"
+    texts = [str(m.get("content")) for m in sent(provider, model)[-1]]
+    assert "remember me" in texts and "go on" in texts  # the first input was kept, the thread went on
+    later = client.responses.create(model=model, input="and then?", previous_response_id=again.id)
+    assert [str(m.get("content")) for m in sent(provider, model)[-1]][-3:] == [
+        "go on",
+        "continued after the crash",
+        "and then?",
+    ]
+    assert later.status == "completed" and later.output_text == "nothing more"
+
+
 def as_input(items: list[Any]) -> list[dict[str, Any]]:
     """Output items as a client sends them back (what it was given, without nulls)."""
     return [i.model_dump(exclude_none=True) for i in items]

@@ -39,6 +39,7 @@ from runtime.apps.responses.records import ConversationRecord, Records, new_resp
 from runtime.apps.responses.runs import STREAM_END, Run, Stateless, run_turn
 from runtime.apps.responses.sealing import Sealer
 from runtime.apps.responses.threads import Thread, Threads, chain, extend, seed
+from runtime.errors import SessionNotFound
 from runtime.messages import Message
 from runtime.served import served
 
@@ -264,6 +265,10 @@ class FrontDoor:
         awaiting = previous.awaiting if previous else conversation.awaiting if conversation else []
         session_id = previous.session_id if previous else conversation.session_id if conversation else None
         start_leaf = previous.leaf_id if previous else conversation.leaf_id if conversation else None
+        if previous is not None and previous.interrupted and not await self._stored(previous.session_id):
+            # the server stopped before the session of a thread's first response was written: the thread
+            # starts again in a session of its own, with that response's input sent again (run.replay)
+            session_id = start_leaf = None
         digests: list[bytes] = []
         thread: Thread | None = None
         sent = parsed.messages
@@ -373,6 +378,14 @@ class FrontDoor:
                 code="model_not_found",
             )
         return model, None
+
+    async def _stored(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a session of this runtime (hosted, or stored and now hosted again)."""
+        try:
+            await self.hosted(session_id)
+        except SessionNotFound:
+            return False
+        return True
 
     async def _start_session(self, model: str, profile: Any, instructions: str | None) -> str:
         tools: Any = None
