@@ -111,6 +111,18 @@ class Recorder:
         self.wait_for(lambda evs: sum(e.type == kind for e in evs) >= count, timeout)
 
 
+class StopsSeen(list[str]):
+    """A bus sink that sees every ``session_stopped`` published (the ids, in order) and asks for none in bulk:
+    what a runtime's stop makes for the sessions it hosts, whoever the events are made for."""
+
+    def __call__(self, event: Event) -> None:
+        if event.type == "session_stopped":
+            self.append(event.session_id)
+
+    def wants(self, session_id: str, kind: str) -> bool:
+        return False
+
+
 def wait_until(check: Callable[[], object], what: str = "the condition", timeout: float = 30.0) -> None:
     """Poll ``check`` until it is true; fail saying ``what`` was not met within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

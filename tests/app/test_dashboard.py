@@ -23,6 +23,7 @@ from runtime.apps.cli import build_parser
 from runtime.apps.dashboard import PAGES, STREAM_TYPES, SessionBoard, read_asset
 from runtime.apps.server import ApiServer
 from runtime.events import EVENT_TYPES
+from tests.conftest import StopsSeen
 
 TOKEN = "dashboard-token-1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,19 +287,8 @@ def test_an_open_board_lets_a_runtime_stop_without_an_event_for_every_idle_sessi
         return any(r["id"] == sid and r["turns"] == 1 for r in board.snapshot()["sessions"])
 
     eventually(counted)
-    stops: list[str] = []
-
-    class Stops:
-        """A sink that sees every event published, and asks for none in bulk."""
-
-        def __call__(self, event: Any) -> None:
-            if event.type == "session_stopped":
-                stops.append(event.session_id)
-
-        def wants(self, session_id: str, kind: str) -> bool:
-            return False
-
-    rt.bus.add_sink(Stops())
+    stops = StopsSeen()
+    rt.bus.add_sink(stops)
     rt.stop()
     assert stops == [sid]  # (its transcript's clean end; on dce1364: 21)
     assert all(rt.bus.last_seq(s) <= 1 for s in idle)  # (their session_started at most)

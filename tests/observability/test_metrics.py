@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.apps.server import ApiServer
 from runtime.observability.metrics import RuntimeMetrics
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.conftest import RPM
+from tests.conftest import RPM, StopsSeen
 from tests.observability.conftest import Seen
 from tests.serve import serve_process
 
@@ -314,19 +314,8 @@ def test_a_hand_built_metrics_lets_a_runtime_stop_without_an_event_for_every_idl
         rt.prompt(sid, "hello")
         assert started.get(timeout=30) is not None
     assert metrics.registry.get_sample_value("agentcell_sessions_running") == 1.0
-    stops: list[str] = []
-
-    class Stops:
-        """A sink that sees every event published, and asks for none in bulk."""
-
-        def __call__(self, event: Any) -> None:
-            if event.type == "session_stopped":
-                stops.append(event.session_id)
-
-        def wants(self, session_id: str, kind: str) -> bool:
-            return False
-
-    rt.bus.add_sink(Stops())
+    stops = StopsSeen()
+    rt.bus.add_sink(stops)
     rt.stop()
     assert stops == [sid]  # (its transcript's clean end; on dce1364: 21)
     assert all(rt.bus.last_seq(s) <= 1 for s in idle)  # (their session_started at most)

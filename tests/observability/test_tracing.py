@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, StatusCode
 
 from runtime.provider.script import Fault, ToolCallSpec, Turn
-from tests.conftest import RPM
+from tests.conftest import RPM, StopsSeen
 from tests.observability.conftest import Traced
 
 PROMPT = "Add these three pairs for me, please: 1+2, 2+3, 3+4."
@@ -360,19 +360,8 @@ def test_stop_ends_a_cut_off_turns_spans_without_an_event_for_every_idle_session
     tr.rt.prompt(sid, "hello")
     tr.recorder.wait_type("request_start", timeout=30)
     tr.recorder.close()  # (an all-sessions subscriber of every event asks for every session's stop)
-    stops: list[str] = []
-
-    class Stops:
-        """A sink that sees every event published, and asks for none in bulk."""
-
-        def __call__(self, event: Any) -> None:
-            if event.type == "session_stopped":
-                stops.append(event.session_id)
-
-        def wants(self, session_id: str, kind: str) -> bool:
-            return False
-
-    tr.rt.bus.add_sink(Stops())
+    stops = StopsSeen()
+    tr.rt.bus.add_sink(stops)
     assert tr.spans() == []  # the turn and its call are open
     before = time.time_ns()
     tr.rt.stop()
