@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from actors import protocol as p
 from actors.protocol import CompactorJob, Outcome
 from runtime.context.estimate import ContextEstimate
-from runtime.messages import Usage
+from runtime.messages import Message, Usage
 
 if TYPE_CHECKING:
+    from runtime.events import CompactionTrigger
     from runtime.gateway import CallHandle
 
 __all__ = ["Job", "JobAnswer"]
 
 JobAnswer: TypeAlias = "Outcome | p.ContextView | None"  # an Outcome, or MaybeArchiveTools' answer
+PlanInputs: TypeAlias = "tuple[list[Message], CompactionTrigger, bool, int | None, str | None]"
 
 
 @dataclass
@@ -39,9 +41,12 @@ class Job:
     calls: list[CallHandle] = field(default_factory=list)  # the summarizer calls in flight
     number: int = 0  # the compaction's number in its artifacts' names
     spent: Usage = field(default_factory=Usage)  # what its summarizer calls cost (design §4.1)
-    # A compaction's plan made again (its summarizer requests sized anew), once, after a refusal taught the
-    # compactor the summarizer's count ratio or window; None for a job that is no compaction
-    replan: Callable[[], Any] | None = None
+    # What a compaction's plan is made from (its messages, trigger, emergency, keep, instructions), to make it
+    # again (its summarizer requests sized anew) once a refusal taught the compactor the summarizer's count
+    # ratio or window; None for a job that is no compaction. (Data, not a closure over the job: a job that
+    # held a function holding the job was a cycle, freed only by the collector, and a long session kept
+    # ~50 bytes a turn more: tests/scenarios/test_long_session.py.)
+    planned_from: PlanInputs | None = None
     sized: tuple[float, int] = (1.0, 0)  # the count ratio and the window its requests were sized with
     refused: list[int] = field(default_factory=list)  # the requests the summarizer refused as too large
     retried: bool = False

@@ -309,11 +309,8 @@ class Compactor(SessionActor):
         # estimate that triggered may rest on a provider's usage, which no count of ours can match).
         tokens_before = job.tokens_before = self.estimate.full(messages)
 
-        def replan() -> comp.CompactionPlan | comp.NothingToCompact:
-            return self._plan(job, messages, trigger, emergency, keep, instructions)
-
-        job.replan = replan
-        plan = replan()
+        job.planned_from = (messages, trigger, emergency, keep, instructions)
+        plan = self._plan(job, *job.planned_from)
         if isinstance(plan, comp.NothingToCompact):
             if trigger in ("threshold", "usage_overflow"):  # nothing to do is not news: stay quiet
                 self._no_progress_at = self._leaf(tuple(messages))
@@ -403,7 +400,7 @@ class Compactor(SessionActor):
             me.tell(_SummaryDone(job_id, index, result, model, counted))
 
         manual = getattr(job.request, "trigger", None) == "manual"
-        ratio = job.sized[0] if job.replan is not None else None  # (a compaction's: sized at it)
+        ratio = job.sized[0] if job.planned_from is not None else None  # (a compaction's: sized at it)
         if request.prefix:
             summarized = job.plan.summarized[: request.prefix]
             call = self.summarizer.cached(
@@ -439,7 +436,7 @@ class Compactor(SessionActor):
             return
         result = done.result
         self._learn_ratio(done)
-        if result.error is not None and result.error.kind == "overflow" and job.replan is not None:
+        if result.error is not None and result.error.kind == "overflow" and job.planned_from is not None:
             self._learn_from_refusal(done)
             job.refused.append(done.index)
         text = None if result.error is not None or result.message is None else result.message.text.strip()
@@ -458,13 +455,13 @@ class Compactor(SessionActor):
         """Send the requests the summarizer refused again, once, sized anew, when their refusals taught a
         higher count ratio or a smaller window than they were sized with (design §5.4); False when there is
         nothing to retry (the compaction then finishes, falling back for what was refused)."""
-        if not job.refused or job.retried or job.replan is None:
+        if not job.refused or job.retried or job.planned_from is None:
             return False
         ratio, window = job.sized
         if not (self._summarizer_ratio() > ratio or self.summarizer_window < window):
             return False  # the refusals stated nothing new: sent again, they would be refused again
         job.retried = True
-        plan = job.replan()
+        plan = self._plan(job, *job.planned_from)
         if isinstance(plan, comp.NothingToCompact) or not plan.requests:
             return False
         # (the same cut, so the same requests: only the refused ones go again, unless their number changed)
